@@ -1,0 +1,23 @@
+"""Avro events in single-object encoding.
+
+Wire format (Avro spec, "Single object encoding"): ``C3 01`` + the 8-byte little-endian
+CRC-64-AVRO fingerprint of the writer schema's Parsing Canonical Form + the Avro binary body.
+The fingerprint -> schema map is built from the ``*.avsc`` files beside this module, so no
+registry server is needed. A reader decodes with its own (newest) schema of the same name, so a
+writer schema that evolved by adding a field with a default still decodes (fastavro resolution).
+
+Public API::
+
+    encode(record, "Response") -> bytes
+    decode(data) -> (schema_name, record)
+"""
+
+from rollstream.schemas.codec import (
+    REGISTRY,
+    SchemaRegistry,
+    decode,
+    encode,
+    fingerprint_of,
+)
+
+__all__ = ["REGISTRY", "SchemaRegistry", "decode", "encode", "fingerprint_of"]

@@ -1,0 +1,152 @@
+"""Single-object encoding codec and the fingerprint -> schema registry."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import fastavro
+from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
+
+from rollstream.exceptions import (
+    DecodeError,
+    EncodeError,
+    SchemaNotFoundError,
+    UnknownFingerprintError,
+)
+
+MAGIC = b"\xc3\x01"
+HEADER_LEN = 10  # 2 magic bytes + 8-byte fingerprint
+SCHEMA_DIR = Path(__file__).parent
+NAMESPACE = "rollstream.events"
+
+
+def fingerprint_of(schema: Any) -> bytes:
+    """CRC-64-AVRO fingerprint (8 bytes, little-endian) of a schema's Parsing Canonical Form.
+
+    ``schema`` must be self-contained (named types expanded).
+    """
+    # fastavro returns the hex of the little-endian byte sequence, i.e. the wire bytes.
+    return bytes.fromhex(fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO"))
+
+
+class SchemaRegistry:
+    """Schemas by short name (``"Response"``) and by fingerprint.
+
+    Several writer schemas may share one name (older versions kept for evolution); the reader
+    schema for a name is the one loaded from this package's files.
+    """
+
+    def __init__(self) -> None:
+        self._named: dict[str, Any] = {}  # fastavro named-schema store
+        self._reader: dict[str, Any] = {}  # short name -> parsed reader schema
+        self._by_fp: dict[bytes, tuple[str, Any]] = {}  # fingerprint -> (name, parsed writer)
+        self._fp_of: dict[str, bytes] = {}  # short name -> fingerprint of the current schema
+
+    @classmethod
+    def from_directory(cls, directory: Path = SCHEMA_DIR) -> "SchemaRegistry":
+        registry = cls()
+        pending = {p.name: json.loads(p.read_text()) for p in sorted(directory.glob("*.avsc"))}
+        # Files reference each other's named types: parse until a pass makes no progress.
+        while pending:
+            progressed = False
+            for fname, raw in list(pending.items()):
+                try:
+                    registry.add(raw)
+                except fastavro.schema.UnknownType:
+                    continue
+                del pending[fname]
+                progressed = True
+            if not progressed:
+                raise SchemaNotFoundError(f"unresolvable named types in {sorted(pending)}")
+        return registry
+
+    def add(self, raw: dict, *, current: bool = True) -> str:
+        """Register a schema (JSON mapping); returns its short name.
+
+        ``current=False`` registers an older writer version: it decodes, but never encodes.
+        """
+        named = self._named if current else dict(self._named)
+        parsed = parse_schema(raw, named_schemas=named)
+        expanded = parse_schema(raw, named_schemas=dict(named), expand=True, _force=True)
+        name = parsed["name"].rsplit(".", 1)[-1]
+        fp = fingerprint_of(expanded)
+        self._by_fp[fp] = (name, expanded)
+        if current:
+            self._reader[name] = expanded
+            self._fp_of[name] = fp
+        return name
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._reader)
+
+    def schema(self, name: str) -> Any:
+        try:
+            return self._reader[name]
+        except KeyError:
+            raise SchemaNotFoundError(f"no schema named {name!r}; known: {self.names}") from None
+
+    def fingerprint(self, name: str) -> bytes:
+        self.schema(name)
+        return self._fp_of[name]
+
+    def encode(self, record: dict, name: str) -> bytes:
+        """Encode ``record`` as a single object of schema ``name``.
+
+        Raises EncodeError when the record does not match the schema.
+        """
+        schema = self.schema(name)
+        buf = io.BytesIO()
+        buf.write(MAGIC)
+        buf.write(self._fp_of[name])
+        try:
+            fastavro.schemaless_writer(buf, schema, record)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise EncodeError(f"record does not match schema {name}: {exc}") from exc
+        return buf.getvalue()
+
+    def decode(self, data: bytes) -> tuple[str, dict]:
+        """Decode single-object bytes into ``(schema_name, record)``.
+
+        Raises DecodeError for bytes that are not single-object Avro or do not parse, and
+        UnknownFingerprintError when the writer schema is unknown.
+        """
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise DecodeError(f"expected bytes, got {type(data).__name__}")
+        data = bytes(data)
+        if len(data) < HEADER_LEN or data[:2] != MAGIC:
+            raise DecodeError("not Avro single-object encoding (missing C3 01 marker)")
+        fp = data[2:HEADER_LEN]
+        try:
+            name, writer = self._by_fp[fp]
+        except KeyError:
+            raise UnknownFingerprintError(
+                f"unknown writer schema fingerprint 0x{int.from_bytes(fp, 'little'):016x}"
+            ) from None
+        reader = self._reader[name]
+        buf = io.BytesIO(data[HEADER_LEN:])
+        try:
+            record = fastavro.schemaless_reader(
+                buf, writer, None if writer is reader else reader
+            )
+        except Exception as exc:  # fastavro raises many types on truncated/corrupt bodies
+            raise DecodeError(f"corrupt {name} body: {type(exc).__name__}: {exc}") from exc
+        if buf.tell() != len(data) - HEADER_LEN:
+            raise DecodeError(f"corrupt {name} body: {len(data) - HEADER_LEN - buf.tell()} trailing bytes")
+        return name, record
+
+
+REGISTRY = SchemaRegistry.from_directory()
+
+
+def encode(record: dict, name: str) -> bytes:
+    """Encode with the package registry; see SchemaRegistry.encode."""
+    return REGISTRY.encode(record, name)
+
+
+def decode(data: bytes) -> tuple[str, dict]:
+    """Decode with the package registry; see SchemaRegistry.decode."""
+    return REGISTRY.decode(data)

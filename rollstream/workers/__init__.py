@@ -1,0 +1,1 @@
+"""Plain Kafka workers (kafka-python): generation, reward, and the shared consume/produce shell."""

@@ -1,0 +1,210 @@
+"""The thin Kafka shell every plain worker shares.
+
+consume a batch -> decode (undecodable -> dead-letter) -> handler -> produce outputs ->
+flush -> commit. Offsets are committed only after every output of the batch is acknowledged, so
+a killed worker re-processes (never loses) its last batch; downstream recognises redelivered
+events by their deterministic identity.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+from kafka import KafkaConsumer, KafkaProducer
+
+from rollstream.exceptions import DecodeError, UnknownFingerprintError
+from rollstream.schemas import decode, encode
+from rollstream.topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Output:
+    """One event to produce: schema ``schema`` encoded on ``topic`` under ``key``."""
+
+    topic: str
+    key: str
+    schema: str
+    record: dict
+
+
+@dataclass(frozen=True)
+class Input:
+    """A decoded input event and where it came from."""
+
+    schema: str
+    record: dict
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+
+
+BatchHandler = Callable[[Sequence[Input]], Iterable[Output]]
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def worker_id(stage: str) -> str:
+    return f"{stage}-{socket.gethostname()}-{os.getpid()}"
+
+
+def make_producer(bootstrap: str, **kwargs) -> KafkaProducer:
+    return KafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        linger_ms=5,
+        max_request_size=16 * 1024 * 1024,
+        **kwargs,
+    )
+
+
+def dead_letter(
+    topics: Topics, *, topic: str, partition: int, offset: int, key: bytes | None,
+    value: bytes | None, reason: str, error: str, worker: str,
+) -> Output:
+    """A dead-letter event that keeps the original bytes and says why."""
+    return Output(
+        topic=topics.dead_letter,
+        key=topic,
+        schema="DeadLetter",
+        record={
+            "source_topic": topic, "partition": partition, "offset": offset, "key": key,
+            "payload": value or b"", "reason": reason, "error": error[:2000], "worker": worker,
+            "created_ms": now_ms(),
+        },
+    )
+
+
+class EventWorker:
+    """Run ``handler`` over ``input_topic`` until stopped.
+
+    ``expected_schema`` names the only schema the handler accepts; anything else is
+    dead-lettered with reason ``invalid_event``. A handler exception dead-letters the whole batch
+    with reason ``handler_error`` (bytes kept), and the worker goes on.
+    """
+
+    def __init__(
+        self,
+        *,
+        bootstrap: str,
+        topics: Topics,
+        input_topic: str,
+        group_id: str,
+        expected_schema: str,
+        handler: BatchHandler,
+        stage: str,
+        max_batch: int = 16,
+        poll_timeout_ms: int = 200,
+    ) -> None:
+        self.topics = topics
+        self.input_topic = input_topic
+        self.expected_schema = expected_schema
+        self.handler = handler
+        self.worker = worker_id(stage)
+        self.max_batch = max_batch
+        self.poll_timeout_ms = poll_timeout_ms
+        self.stop_event = threading.Event()
+        self.processed = 0
+        self.dead_lettered = 0
+        self.consumer = KafkaConsumer(
+            input_topic,
+            bootstrap_servers=bootstrap,
+            group_id=group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=max_batch,
+            max_poll_interval_ms=30 * 60 * 1000,  # a CPU generation batch can take minutes
+            client_id=self.worker,
+        )
+        self.producer = make_producer(bootstrap, client_id=self.worker)
+
+    def stop(self, *_: object) -> None:
+        self.stop_event.set()
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+
+    def _decode(self, msg) -> tuple[Input | None, Output | None]:
+        try:
+            schema, record = decode(msg.value)
+        except UnknownFingerprintError as exc:
+            reason, error = "unknown_schema", str(exc)
+        except DecodeError as exc:
+            reason, error = "undecodable", str(exc)
+        else:
+            if schema == self.expected_schema:
+                return Input(schema, record, msg.topic, msg.partition, msg.offset, msg.key, msg.value), None
+            reason, error = "invalid_event", f"expected {self.expected_schema}, got {schema}"
+        return None, dead_letter(
+            self.topics, topic=msg.topic, partition=msg.partition, offset=msg.offset,
+            key=msg.key, value=msg.value, reason=reason, error=error, worker=self.worker,
+        )
+
+    def process(self, messages: Sequence) -> list[Output]:
+        """Decode and handle one batch of raw messages; returns every output to produce."""
+        inputs: list[Input] = []
+        outputs: list[Output] = []
+        for msg in messages:
+            inp, dl = self._decode(msg)
+            if dl is not None:
+                outputs.append(dl)
+            else:
+                inputs.append(inp)
+        if inputs:
+            try:
+                outputs.extend(self.handler(inputs))
+            except Exception as exc:  # one bad batch never kills the worker
+                log.exception("handler failed on %s[%d]@%d", inputs[0].topic, inputs[0].partition, inputs[0].offset)
+                outputs.extend(
+                    dead_letter(
+                        self.topics, topic=i.topic, partition=i.partition, offset=i.offset,
+                        key=i.key, value=i.value, reason="handler_error",
+                        error=f"{type(exc).__name__}: {exc}", worker=self.worker,
+                    )
+                    for i in inputs
+                )
+        self.processed += len(inputs)
+        self.dead_lettered += sum(1 for o in outputs if o.topic == self.topics.dead_letter)
+        return outputs
+
+    def produce(self, outputs: Iterable[Output]) -> None:
+        for out in outputs:
+            self.producer.send(out.topic, key=out.key.encode(), value=encode(out.record, out.schema))
+        self.producer.flush()
+
+    def run(self, max_idle_s: float | None = None) -> None:
+        """Loop until stop() (or SIGTERM), or until ``max_idle_s`` pass with no input."""
+        idle_since = time.monotonic()
+        try:
+            while not self.stop_event.is_set():
+                polled = self.consumer.poll(timeout_ms=self.poll_timeout_ms, max_records=self.max_batch)
+                messages = [m for batch in polled.values() for m in batch]
+                if not messages:
+                    if max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
+                        break
+                    continue
+                idle_since = time.monotonic()
+                self.produce(self.process(messages))
+                self.consumer.commit()  # only after every output is acknowledged
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        try:
+            self.producer.flush()
+            self.producer.close()
+        finally:
+            self.consumer.close()
