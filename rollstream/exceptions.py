@@ -35,3 +35,7 @@ class BatchUnderfilledError(RollstreamError):
     def __init__(self, message: str, event: dict | None = None):
         super().__init__(message)
         self.event = event or {}
+
+
+class TopicPartitionsMismatch(RollstreamError):
+    """Topics that must be co-partitioned have different partition counts (or are missing)."""

@@ -18,6 +18,7 @@ TOPICS: dict[str, tuple[str, bool]] = {
     "responses.rewarded": ("rlvr", False),
     "groups.accepted": ("rlvr", False),
     "groups.rejected": ("rlvr", False),
+    "groups.validation": ("rlvr", False),
     "prompt.outcomes": ("single", False),
     "batches": ("single", False),
     "policy.versions": ("single", True),

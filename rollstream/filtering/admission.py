@@ -1,0 +1,167 @@
+"""Admission: credit-based prompt concurrency and the bounded resampling budget, as pure state.
+
+A prompt is a transaction: admitted (takes a credit) -> commit or abort on ``prompt.outcomes``
+(returns the credit). For the training step being filled (``rollout_batch_size`` accepted
+groups), admission:
+
+* keeps at most ``max_running_prompts`` prompts in flight;
+* stops admitting once ``accepted + in_flight`` covers the batch plus
+  ``max_additional_running_prompts`` (no refill wave: a rejection frees exactly one slot, so
+  exactly one new prompt replaces it);
+* spends at most ``max_prompts_per_batch`` training prompts on one batch. When the budget is
+  spent and nothing of the step is in flight while the batch is short, the step ends with a
+  ``BatchUnderfilled`` verdict instead of resampling forever (the reference has no cap:
+  reference-behaviour.md section b.6, caveat 10).
+
+Accepted groups are never thrown away: a group accepted beyond the target counts towards the
+next step. Validation prompts take a slot but never count towards a batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Union
+
+
+@dataclass(frozen=True)
+class AdmissionLimits:
+    rollout_batch_size: int
+    max_running_prompts: int
+    max_prompts_per_batch: int
+    max_additional_running_prompts: int = 0  # over-provisioning beyond the batch's deficit
+    max_steps: int | None = None  # stop admitting training prompts after this many batches
+
+    def __post_init__(self) -> None:
+        for name in ("rollout_batch_size", "max_running_prompts", "max_prompts_per_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_prompts_per_batch < self.rollout_batch_size:
+            raise ValueError("max_prompts_per_batch must be >= rollout_batch_size")
+
+
+@dataclass
+class AdmissionState:
+    step: int = 0
+    in_flight: dict[str, int] = field(default_factory=dict)  # prompt_id -> step (-1 = val)
+    admitted_in_step: int = 0
+    accepted_in_step: int = 0
+    rejected_in_step: dict[str, int] = field(default_factory=dict)
+    prompts_admitted: int = 0
+    val_admitted: int = 0
+    finished: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "AdmissionState":
+        return cls(**data)
+
+    def train_in_flight(self) -> int:
+        return sum(1 for s in self.in_flight.values() if s >= 0)
+
+
+@dataclass(frozen=True)
+class StepComplete:
+    step: int
+    accepted: int
+    prompts_consumed: int
+    rejected_by_reason: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class BatchUnderfilled:
+    step: int
+    accepted: int
+    target: int
+    prompts_consumed: int
+    rejected_by_reason: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class UnknownOutcome:
+    prompt_id: str
+
+
+AdmissionEffect = Union[StepComplete, BatchUnderfilled, UnknownOutcome]
+
+
+def can_admit(state: AdmissionState, limits: AdmissionLimits, mode: str = "train") -> bool:
+    """Whether a prompt of ``mode`` may be admitted now."""
+    if len(state.in_flight) >= limits.max_running_prompts:
+        return False
+    if mode == "val":
+        return True
+    if state.finished:
+        return False
+    return (
+        state.accepted_in_step + state.train_in_flight()
+        < limits.rollout_batch_size + limits.max_additional_running_prompts
+        and state.admitted_in_step < limits.max_prompts_per_batch
+    )
+
+
+def admit(state: AdmissionState, prompt_id: str, mode: str = "train") -> AdmissionState:
+    """Take a credit for ``prompt_id``; call only when can_admit says so."""
+    if mode == "val":
+        state.in_flight[prompt_id] = -1
+        state.val_admitted += 1
+    else:
+        state.in_flight[prompt_id] = state.step
+        state.admitted_in_step += 1
+    state.prompts_admitted += 1
+    return state
+
+
+def reject_before_generation(state: AdmissionState, reason: str, mode: str = "train") -> AdmissionState:
+    """A prompt filtered at admission (e.g. prompt_too_long): it consumes budget, never a slot."""
+    if mode != "val":
+        state.admitted_in_step += 1
+        state.rejected_in_step[reason] = state.rejected_in_step.get(reason, 0) + 1
+    return state
+
+
+def on_outcome(
+    state: AdmissionState, limits: AdmissionLimits, prompt_id: str, committed: bool, reason: str
+) -> tuple[AdmissionState, list[AdmissionEffect]]:
+    """Return the prompt's credit; may complete or underfill the step."""
+    step = state.in_flight.pop(prompt_id, None)
+    if step is None:
+        return state, [UnknownOutcome(prompt_id)]
+    if step < 0:  # validation
+        return state, []
+    if step == state.step:
+        if committed:
+            state.accepted_in_step += 1
+        else:
+            state.rejected_in_step[reason] = state.rejected_in_step.get(reason, 0) + 1
+    elif committed:  # a late prompt of an earlier (underfilled) step: keep its group
+        state.accepted_in_step += 1
+    return check_step(state, limits)
+
+
+def check_step(state: AdmissionState, limits: AdmissionLimits) -> tuple[AdmissionState, list[AdmissionEffect]]:
+    """Close the step if its batch is full, or if the budget is spent and nothing is pending."""
+    effects: list[AdmissionEffect] = []
+    target = limits.rollout_batch_size
+    if state.finished:
+        return state, effects
+    if state.accepted_in_step >= target:
+        effects.append(StepComplete(state.step, target, state.admitted_in_step, dict(state.rejected_in_step)))
+        carry = state.accepted_in_step - target
+        _advance(state, limits, carry)
+    elif state.admitted_in_step >= limits.max_prompts_per_batch and state.train_in_flight() == 0:
+        effects.append(BatchUnderfilled(
+            state.step, state.accepted_in_step, target, state.admitted_in_step, dict(state.rejected_in_step)
+        ))
+        _advance(state, limits, 0)
+    return state, effects
+
+
+def _advance(state: AdmissionState, limits: AdmissionLimits, carry: int) -> None:
+    state.step += 1
+    state.accepted_in_step = carry
+    state.admitted_in_step = 0
+    state.rejected_in_step = {}
+    if limits.max_steps is not None and state.step >= limits.max_steps:
+        state.finished = True

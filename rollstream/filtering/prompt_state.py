@@ -1,0 +1,197 @@
+"""The per-prompt transaction of response aggregation, as a pure state machine.
+
+``step(state, rewarded_response, config) -> (state, effects)``; the stream processor persists
+``state`` (None = deleted) and carries out the effects. Same code runs in ``whatif``, tests and
+benchmarks.
+
+Lifecycle (reference-behaviour.md sections a-c, with our differences):
+
+1. The first response of a prompt opens the state expecting sample indices
+   ``0 .. num_return_sequences-1`` (round 0).
+2. Each response is checked by the response filter (validation bypasses it). A redelivered or
+   unexpected sample index is ignored and reported as a duplicate.
+3. When every expected sample of the open round has arrived: if fewer than
+   ``num_return_sequences`` responses were accepted, request exactly the missing count as a
+   replacement round for the same prompt (new, deterministic sample indices), unless
+   ``max_response_rounds`` rounds (in total, first one included) are used, in which case the
+   prompt is aborted with ``response_retries_exhausted`` (the reference crashes here).
+4. A complete group goes to the query filter (validation bypasses it): commit or abort.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Union
+
+from rollstream.filtering.decision import Decision
+from rollstream.filtering.query_filters import decide_query
+from rollstream.filtering.reasons import RejectReason
+from rollstream.filtering.response_filters import decide_response
+
+REWARD_METRIC = "response_level_reward"
+
+
+@dataclass(frozen=True)
+class DomainFilters:
+    """What the aggregator needs to decide one domain's prompts."""
+
+    num_return_sequences: int
+    response_filter_config: Mapping[str, Any] = field(default_factory=lambda: {"type": "default"})
+    query_filter_config: Mapping[str, Any] = field(default_factory=lambda: {"type": "no_filter"})
+    max_response_rounds: int = 5
+    val_num_return_sequences: int = 1
+
+    @property
+    def metric(self) -> str:
+        """Field the query filter reads: response_level_reward or a key of the reward's scores."""
+        return self.query_filter_config.get("metric", REWARD_METRIC)
+
+
+@dataclass
+class PromptState:
+    prompt_id: str
+    domain: str
+    mode: str
+    num_return_sequences: int
+    rounds: int = 1
+    expected: list[int] = field(default_factory=list)
+    accepted: dict[str, float] = field(default_factory=dict)  # sample_index -> filter metric
+    rewards: dict[str, float] = field(default_factory=dict)  # sample_index -> response_level_reward
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
+    responses_generated: int = 0
+    next_sample_index: int = 0
+    policy_version: int = -1  # oldest policy version among accepted responses
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "PromptState":
+        return cls(**data)
+
+    @property
+    def accepted_indices(self) -> list[int]:
+        return sorted(int(i) for i in self.accepted)
+
+
+# ---- effects -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResponseAccepted:
+    sample_index: int
+
+
+@dataclass(frozen=True)
+class ResponseRejected:
+    sample_index: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class DuplicateResponse:
+    sample_index: int
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """Ask for ``num_return_sequences`` more samples of the prompt."""
+
+    round: int  # 0-based round number of the new request
+    num_return_sequences: int
+    sample_offset: int
+
+
+@dataclass(frozen=True)
+class Decided:
+    """The prompt's transaction ends: commit (accepted) or abort."""
+
+    accepted: bool
+    reason: str
+    values: Mapping[str, float]
+    sample_indices: list[int]
+    rounds: int
+    responses_generated: int
+    rejected_responses: Mapping[str, int]
+    policy_version: int
+
+
+Effect = Union[ResponseAccepted, ResponseRejected, DuplicateResponse, Replacement, Decided]
+
+
+def _metric_value(rewarded: Mapping[str, Any], metric: str) -> float:
+    if metric == REWARD_METRIC:
+        value = rewarded.get(REWARD_METRIC)
+    else:
+        value = (rewarded.get("scores") or {}).get(metric)
+    return math.nan if value is None else float(value)
+
+
+def open_state(rewarded: Mapping[str, Any], filters: DomainFilters) -> PromptState:
+    response = rewarded["response"]
+    val = response.get("mode", "train") == "val"
+    n = filters.val_num_return_sequences if val else filters.num_return_sequences
+    return PromptState(
+        prompt_id=response["prompt_id"], domain=response["domain"], mode=response.get("mode", "train"),
+        num_return_sequences=n, expected=list(range(n)), next_sample_index=n,
+    )
+
+
+def step(
+    state: PromptState | None, rewarded: Mapping[str, Any], filters: DomainFilters
+) -> tuple[PromptState | None, list[Effect]]:
+    """Apply one RewardedResponse record; returns the new state (None once decided) and effects."""
+    if state is None:
+        state = open_state(rewarded, filters)
+    response = rewarded["response"]
+    index = int(response["sample_index"])
+    if index not in state.expected:
+        return state, [DuplicateResponse(index)]
+    state.expected.remove(index)
+    state.responses_generated += 1
+    effects: list[Effect] = []
+    validation = state.mode == "val"
+    decision = Decision.accept() if validation else decide_response(rewarded, filters.response_filter_config)
+    if decision.keep:
+        state.accepted[str(index)] = _metric_value(rewarded, filters.metric)
+        reward = rewarded.get(REWARD_METRIC)
+        state.rewards[str(index)] = math.nan if reward is None else float(reward)
+        version = int(response.get("policy_version", 0))
+        state.policy_version = version if state.policy_version < 0 else min(state.policy_version, version)
+        effects.append(ResponseAccepted(index))
+    else:
+        state.rejected_by_reason[decision.reason] = state.rejected_by_reason.get(decision.reason, 0) + 1
+        effects.append(ResponseRejected(index, decision.reason))
+    if state.expected:
+        return state, effects
+    return _round_complete(state, filters, effects)
+
+
+def _round_complete(
+    state: PromptState, filters: DomainFilters, effects: list[Effect]
+) -> tuple[PromptState | None, list[Effect]]:
+    missing = state.num_return_sequences - len(state.accepted)
+    if missing > 0:
+        if state.rounds < filters.max_response_rounds:
+            replacement = Replacement(state.rounds, missing, state.next_sample_index)
+            state.expected = list(range(state.next_sample_index, state.next_sample_index + missing))
+            state.next_sample_index += missing
+            state.rounds += 1
+            return state, [*effects, replacement]
+        decision = Decision.reject(
+            RejectReason.RESPONSE_RETRIES_EXHAUSTED,
+            accepted=float(len(state.accepted)), needed=float(state.num_return_sequences),
+            rounds=float(state.rounds),
+        )
+    elif state.mode == "val":
+        decision = Decision.accept()
+    else:
+        metrics = [state.accepted[str(i)] for i in state.accepted_indices]
+        decision = decide_query(metrics, filters.query_filter_config)
+    return None, [*effects, Decided(
+        accepted=decision.keep, reason=decision.reason, values=dict(decision.values),
+        sample_indices=state.accepted_indices, rounds=state.rounds,
+        responses_generated=state.responses_generated,
+        rejected_responses=dict(state.rejected_by_reason), policy_version=max(state.policy_version, 0),
+    )]

@@ -1,0 +1,119 @@
+"""Query (prompt-group) filters: one decision over the rewards of all responses to a prompt.
+
+Semantics follow the reference system (reference-behaviour.md section b):
+
+* ``mean_filter`` drops when ``mean <= threshold_down`` or ``mean >= threshold_up``
+  (inclusive; defaults -1 and +inf).
+* ``std_filter`` drops when ``std <= std_threshold`` (inclusive; default -1), with the
+  unbiased (n-1) standard deviation.
+* Mean and std are computed in float32 by torch and compared against float32-rounded
+  thresholds, so borderline decisions match the reference exactly (vectors ``query_filter``).
+* A group of one response is kept: its std is undefined and its mean alone says nothing
+  about within-group advantage.
+
+Where we differ on purpose (ARCHITECTURE.md section 6):
+
+* A non-finite reward rejects the group with ``invalid_reward`` (the reference keeps it,
+  because every comparison with NaN is false).
+* An unknown ``type`` is a ConfigError at start-up (the reference silently keeps).
+* Integer rewards are converted to float (the reference raises RuntimeError).
+* There is no "one-element list holding the whole group" quirk: the input is always the flat
+  list of per-response rewards.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from rollstream.exceptions import ConfigError
+from rollstream.filtering.decision import Decision
+from rollstream.filtering.reasons import RejectReason
+from rollstream.filtering.registry import QUERY_FILTERS
+
+QueryFilterFn = Callable[[torch.Tensor, Mapping[str, Any]], Decision]
+"""(rewards: (n,) float32 tensor, filter_args) -> Decision."""
+
+
+def _f32(x: float) -> float:
+    return float(torch.tensor(float(x), dtype=torch.float32))
+
+
+@QUERY_FILTERS.register("no_filter")
+def no_filter(rewards: torch.Tensor, filter_args: Mapping[str, Any]) -> Decision:
+    return Decision.accept()
+
+
+@QUERY_FILTERS.register("mean_filter")
+def mean_filter(rewards: torch.Tensor, filter_args: Mapping[str, Any]) -> Decision:
+    down = _f32(filter_args.get("threshold_down", -1.0))
+    up = _f32(filter_args.get("threshold_up", math.inf))
+    mean = float(rewards.mean())
+    values = {"mean": mean, "threshold_down": down, "threshold_up": up}
+    if mean <= down:
+        return Decision.reject(RejectReason.MEAN_TOO_LOW, **values)
+    if mean >= up:
+        return Decision.reject(RejectReason.MEAN_TOO_HIGH, **values)
+    return Decision.accept(**values)
+
+
+@QUERY_FILTERS.register("std_filter")
+def std_filter(rewards: torch.Tensor, filter_args: Mapping[str, Any]) -> Decision:
+    threshold = _f32(filter_args.get("std_threshold", -1.0))
+    std = float(rewards.std())  # unbiased, like torch's default in the reference
+    values = {"std": std, "std_threshold": threshold, "mean": float(rewards.mean())}
+    if std <= threshold:
+        return Decision.reject(RejectReason.ZERO_STD, **values)
+    return Decision.accept(**values)
+
+
+def resolve_query_filter(config: Mapping[str, Any]) -> QueryFilterFn:
+    """The filter function a ``query_filter_config`` names (registered name or import path).
+
+    A custom filter is any callable ``(rewards: torch.Tensor (n,) float32, filter_args) ->
+    bool | Decision`` where True keeps. Raises UnknownFilterError (a ConfigError).
+    """
+    name = config.get("type", "no_filter")
+    fn = QUERY_FILTERS.get_filter(name)
+    if name in QUERY_FILTERS:
+        return fn
+
+    def custom(rewards: torch.Tensor, filter_args: Mapping[str, Any]) -> Decision:
+        out = fn(rewards, filter_args)
+        if isinstance(out, Decision):
+            return out
+        return Decision.accept() if out else Decision.reject(RejectReason.CUSTOM_QUERY_FILTER)
+
+    return custom
+
+
+def decide_query(rewards: Sequence[float], config: Mapping[str, Any]) -> Decision:
+    """Decide one prompt group from its per-response rewards.
+
+    Args:
+        rewards: one float per response of the prompt, in sample order.
+        config: the domain's ``query_filter_config`` mapping ``{type, filter_args}``.
+
+    Returns: Decision (keep, reason, values used).
+    Raises: ValueError for an empty group; ConfigError for an unknown type.
+    """
+    if len(rewards) == 0:
+        raise ValueError("query filter needs at least one reward (empty group)")
+    fn = resolve_query_filter(config)
+    values = torch.as_tensor([float(r) for r in rewards], dtype=torch.float32)
+    if not bool(torch.isfinite(values).all()):
+        bad = int((~torch.isfinite(values)).sum())
+        return Decision.reject(RejectReason.INVALID_REWARD, non_finite=float(bad), n=float(len(rewards)))
+    if len(rewards) == 1:
+        return Decision.accept(mean=float(values[0]), n=1.0)
+    filter_args = config.get("filter_args") or {}
+    if not isinstance(filter_args, Mapping):
+        raise ConfigError(f"query_filter_config.filter_args must be a mapping, got {filter_args!r}")
+    return fn(values, filter_args)
+
+
+def query_filter(rewards: Sequence[float], query_filter_config: Mapping[str, Any]) -> bool:
+    """True keeps the prompt group (reference entry-point semantics); see decide_query."""
+    return decide_query(rewards, query_filter_config).keep

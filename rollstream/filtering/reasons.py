@@ -1,0 +1,32 @@
+"""One taxonomy of rejection reasons, at every unit (prompt, response, group, batch)."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class RejectReason(str, Enum):
+    # prompt level (admission, before generation)
+    PROMPT_TOO_LONG = "prompt_too_long"
+    # response level
+    ENGINE_ERROR = "engine_error"
+    TRUNCATED = "truncated"
+    EMPTY_RESPONSE = "empty_response"
+    INVALID_FORMAT = "invalid_format"
+    INVALID_REWARD = "invalid_reward"
+    CUSTOM_RESPONSE_FILTER = "custom_response_filter"
+    # prompt transaction
+    RESPONSE_RETRIES_EXHAUSTED = "response_retries_exhausted"
+    # query (group) level
+    MEAN_TOO_LOW = "mean_too_low"
+    MEAN_TOO_HIGH = "mean_too_high"
+    ZERO_STD = "zero_std"
+    CUSTOM_QUERY_FILTER = "custom_query_filter"
+    # batch level
+    BATCH_UNDERFILLED = "batch_underfilled"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+ACCEPTED = "accepted"

@@ -1,0 +1,89 @@
+"""Response filters: one decision per rewarded response, before the group is complete.
+
+The reference declares ``rewards.<domain>.response_filter_config`` but never reads it
+(reference-behaviour.md section c); here it is wired. ``type: default`` applies these rules in
+order, each switchable in ``filter_args`` (all on by default except ``reject_invalid_format``):
+
+=====================  ==============================================  ====================
+rule                   rejects when                                    reason
+=====================  ==============================================  ====================
+reject_engine_error    finish_reason is ``error`` or ``abort``         engine_error
+reject_empty           no response tokens, or only whitespace text     empty_response
+reject_truncated       finish_reason is ``length`` (hit max tokens)    truncated
+reject_invalid_reward  response_level_reward is NaN or +-inf           invalid_reward
+reject_invalid_format  reward meta ``invalid_format`` is ``true``       invalid_format
+=====================  ==============================================  ====================
+
+``type: no_filter`` keeps everything. Any other type is an import path to a callable
+``(rewarded_response: dict, filter_args) -> bool | Decision`` (True keeps).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping
+
+from rollstream.exceptions import ConfigError
+from rollstream.filtering.decision import Decision
+from rollstream.filtering.reasons import RejectReason
+from rollstream.filtering.registry import RESPONSE_FILTERS
+
+ResponseFilterFn = Callable[[Mapping[str, Any], Mapping[str, Any]], Decision]
+
+DEFAULT_RULES = {
+    "reject_engine_error": True,
+    "reject_empty": True,
+    "reject_truncated": True,
+    "reject_invalid_reward": True,
+    "reject_invalid_format": False,
+}
+
+
+@RESPONSE_FILTERS.register("no_filter")
+def keep_all(rewarded: Mapping[str, Any], filter_args: Mapping[str, Any]) -> Decision:
+    return Decision.accept()
+
+
+@RESPONSE_FILTERS.register("default")
+def default_response_filter(rewarded: Mapping[str, Any], filter_args: Mapping[str, Any]) -> Decision:
+    rules = {**DEFAULT_RULES, **filter_args}
+    response = rewarded["response"]
+    finish = response.get("finish_reason", "")
+    if rules["reject_engine_error"] and finish in ("error", "abort"):
+        return Decision.reject(RejectReason.ENGINE_ERROR)
+    if rules["reject_empty"] and (
+        not response.get("response_token_ids") or not response.get("response_text", "x").strip()
+    ):
+        return Decision.reject(RejectReason.EMPTY_RESPONSE)
+    if rules["reject_truncated"] and finish == "length":
+        return Decision.reject(RejectReason.TRUNCATED, response_tokens=float(len(response["response_token_ids"])))
+    reward = rewarded.get("response_level_reward")
+    if rules["reject_invalid_reward"] and (reward is None or not math.isfinite(reward)):
+        return Decision.reject(RejectReason.INVALID_REWARD)
+    if rules["reject_invalid_format"] and str(rewarded.get("meta", {}).get("invalid_format", "")).lower() == "true":
+        return Decision.reject(RejectReason.INVALID_FORMAT)
+    return Decision.accept()
+
+
+def resolve_response_filter(config: Mapping[str, Any]) -> ResponseFilterFn:
+    """The filter a ``response_filter_config`` names. Raises UnknownFilterError."""
+    name = config.get("type", "default")
+    fn = RESPONSE_FILTERS.get_filter(name)
+    unknown = set(config.get("filter_args") or {}) - set(DEFAULT_RULES)
+    if name == "default" and unknown:
+        raise ConfigError(f"response_filter_config.filter_args: unknown rules {sorted(unknown)}; valid: {sorted(DEFAULT_RULES)}")
+    if name in RESPONSE_FILTERS:
+        return fn
+
+    def custom(rewarded: Mapping[str, Any], filter_args: Mapping[str, Any]) -> Decision:
+        out = fn(rewarded, filter_args)
+        if isinstance(out, Decision):
+            return out
+        return Decision.accept() if out else Decision.reject(RejectReason.CUSTOM_RESPONSE_FILTER)
+
+    return custom
+
+
+def decide_response(rewarded: Mapping[str, Any], config: Mapping[str, Any]) -> Decision:
+    """Decide one RewardedResponse record with the domain's ``response_filter_config``."""
+    return resolve_response_filter(config)(rewarded, config.get("filter_args") or {})

@@ -1,0 +1,36 @@
+"""Publish a config's datasets to the prompts topic."""
+
+from __future__ import annotations
+
+from rollstream.config import RLVRConfig
+from rollstream.data import interleave, load_prompts
+from rollstream.schemas import encode
+from rollstream.topics import Topics
+from rollstream.workers.base import make_producer, now_ms
+
+
+def config_prompts(config: RLVRConfig) -> list[dict]:
+    """Every dataset's prompts; training prompts interleaved by domain_interleave_probs, then val."""
+    train: dict[str, list[dict]] = {}
+    val: list[dict] = []
+    for ds in config.datasets:
+        prompts = load_prompts(ds.source, ds.domain, ds.num_samples, config.seed, mode=ds.mode, config=ds.config or None)
+        if ds.mode == "val":  # own ids: a val prompt must never share a transaction with a train one
+            val.extend({**p, "prompt_id": f"val/{p['prompt_id']}"} for p in prompts)
+        else:
+            train.setdefault(ds.domain, []).extend(prompts)
+    probs = {d: config.domain_interleave_probs.get(d, 1.0) for d in train}
+    mixed = interleave(train, probs, config.seed) if train else []
+    return mixed + val
+
+
+def produce_prompts(config: RLVRConfig, bootstrap: str, prompts: list[dict] | None = None) -> int:
+    topics = Topics(config.kafka.topic_prefix)
+    producer = make_producer(bootstrap)
+    records = config_prompts(config) if prompts is None else prompts
+    for record in records:
+        producer.send(topics.prompts, key=record["prompt_id"].encode(),
+                      value=encode({**record, "created_ms": now_ms()}, "Prompt"))
+    producer.flush()
+    producer.close()
+    return len(records)

@@ -1,0 +1,227 @@
+"""`rollstream run`: the whole RLVR pipeline on one machine.
+
+Starts the embedded broker unless one is configured, creates the topics, starts one process per
+stage (admission, aggregator, generation, reward), publishes the config's prompts, and acts as
+the trainer's batch builder until ``max_steps`` batches are built. It cannot loop forever: the
+admission's resampling budget (``max_prompts_per_batch``) ends a hopeless step with a
+``batch_underfilled`` verdict, which ships a partial batch (``min_fill_ratio``) or ends the run,
+and ``time_limit_s`` bounds the wall clock. The summary is computed from the topics afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+from kafka import KafkaConsumer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from rollstream.config import RLVRConfig
+from rollstream.exceptions import RollstreamError
+from rollstream.readback import read_values
+from rollstream.schemas import decode
+from rollstream.stages import Stage
+from rollstream.topics import TOPICS, Topics
+
+
+class StageDied(RollstreamError):
+    """A stage process exited while the run needed it."""
+
+
+class StageProcesses:
+    """One subprocess per stage, logs under ``log_dir``; SIGTERM on close, then SIGKILL."""
+
+    def __init__(self, config_path: Path, bootstrap: str, log_dir: Path) -> None:
+        self.config_path, self.bootstrap, self.log_dir = config_path, bootstrap, log_dir
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, stage: Stage) -> None:
+        log = open(self.log_dir / f"{stage.value}.log", "wb")
+        self.procs[stage.value] = subprocess.Popen(
+            [sys.executable, "-m", "rollstream.cli", "worker", stage.value,
+             "--config", str(self.config_path), "--bootstrap", self.bootstrap],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    def check(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                tail = (self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()[-30:]
+                raise StageDied(f"stage {name} exited with {proc.returncode}; log tail:\n" + "\n".join(tail))
+
+    def close(self, timeout: float = 15.0) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _underfilled_events(consumer: KafkaConsumer) -> list[dict]:
+    out = []
+    for msgs in consumer.poll(timeout_ms=0).values():
+        for m in msgs:
+            try:
+                name, record = decode(m.value)
+            except RollstreamError:
+                continue
+            if name == "Batch" and record["status"] == "underfilled":
+                out.append(record)
+    return out
+
+
+def run_pipeline(config: RLVRConfig, summary_json: Path | None = None, console: Console | None = None,
+                 run_dir: Path | None = None) -> dict:
+    """Run the pipeline; returns the summary dict (also written to ``summary_json``)."""
+    from rollstream.broker import EmbeddedBroker, create_topics
+    from rollstream.producer import produce_prompts
+    from rollstream.trainer.consumer import BatchBuilder
+
+    console = console or Console()
+    started = time.monotonic()
+    run_dir = run_dir or Path("runs") / config.name
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    (run_dir / "logs").mkdir(parents=True)
+    config_path = run_dir / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+
+    broker = None
+    bootstrap = config.kafka.bootstrap_servers
+    if bootstrap is None:
+        broker = EmbeddedBroker(run_dir / "kafka")
+        with console.status("starting the local Kafka broker"):
+            bootstrap = broker.start()
+        console.print(f"local Kafka broker at {bootstrap} (log {broker.log_path})")
+    topics = Topics(config.kafka.topic_prefix)
+    stages = StageProcesses(config_path, bootstrap, run_dir / "logs")
+    builder = None
+    batches: list[dict] = []
+    outcome = "complete"
+    detail = ""
+    try:
+        create_topics(bootstrap, topics.all(config.kafka.partitions))
+        for stage in Stage:
+            stages.start(stage)
+        n_prompts = produce_prompts(config, bootstrap)
+        console.print(f"published {n_prompts} prompts to {topics.prompts}")
+        builder = BatchBuilder(bootstrap, topics, config.rollout_batch_size, group_id=f"{topics.prefix}trainer",
+                               manifest_path=run_dir / "batches.jsonl")
+        batch_events = KafkaConsumer(topics.batches, bootstrap_servers=bootstrap, group_id=None,
+                                     auto_offset_reset="earliest", enable_auto_commit=False)
+        deadline = started + config.time_limit_s
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} groups"),
+                      TimeElapsedColumn(), console=console) as progress:
+            bar = progress.add_task("filling batches", total=config.max_steps * config.rollout_batch_size)
+            while len(batches) < config.max_steps:
+                stages.check()
+                if time.monotonic() > deadline:
+                    outcome, detail = "timed_out", f"time_limit_s={config.time_limit_s} reached"
+                    break
+                batch = builder.next_batch(timeout_s=1.0)
+                if batch is None:
+                    for event in _underfilled_events(batch_events):
+                        ratio = event["accepted_groups"] / event["target_groups"]
+                        if ratio >= config.min_fill_ratio and event["accepted_groups"] > 0:
+                            batch = builder.take_partial(timeout_s=30.0)
+                        else:
+                            outcome = "batch_underfilled"
+                            detail = (f"step {event['step']}: {event['accepted_groups']}/{event['target_groups']} groups "
+                                      f"after {event['prompts_consumed']} prompts (min_fill_ratio {config.min_fill_ratio}); "
+                                      f"rejected: {event['rejected_by_reason']}")
+                    if batch is None:
+                        progress.update(bar, completed=len(batches) * config.rollout_batch_size + builder.buffered)
+                        if outcome != "complete":
+                            break
+                        continue
+                entry = builder.commit(batch)
+                batches.append(entry)
+                progress.update(bar, completed=sum(b["accepted_groups"] for b in batches),
+                                description=f"batch {entry['step']} built ({entry['status']})")
+        batch_events.close()
+    finally:
+        if builder is not None:
+            builder.close()
+        stages.close()
+    try:
+        summary = summarize(config, bootstrap, topics, batches, outcome, detail, time.monotonic() - started)
+    finally:
+        if broker is not None:
+            broker.stop()
+    print_summary(summary, console)
+    for path in {run_dir / "summary.json", *( [summary_json] if summary_json else [] )}:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def summarize(config: RLVRConfig, bootstrap: str, topics: Topics, batches: list[dict], outcome: str,
+              detail: str, elapsed: float) -> dict:
+    """The run summary, derived from the durable events on the topics."""
+    requests = read_values(bootstrap, topics.generation_requests)
+    responses = read_values(bootstrap, topics.responses)
+    accepted = read_values(bootstrap, topics.groups_accepted)
+    rejected = read_values(bootstrap, topics.groups_rejected)
+    validation = read_values(bootstrap, topics.groups_validation)
+    dead = read_values(bootstrap, topics.dead_letter)
+    prompts_admitted = len({r["prompt_id"] for r in requests if r["round"] == 0})
+    domains = {d: {"accepted": 0, "rejected": 0} for d in config.rewards}
+    by_reason: dict[str, int] = {}
+    for g in accepted:
+        domains[g["domain"]]["accepted"] += 1
+    for g in rejected:
+        domains[g["domain"]]["rejected"] += 1
+        by_reason[g["reason"]] = by_reason.get(g["reason"], 0) + 1
+    decided = len(accepted) + len(rejected)
+    accepted_responses = sum(len(g["responses"]) for g in accepted)
+    train_responses = sum(1 for r in responses if r.get("mode", "train") == "train")
+    return {
+        "outcome": outcome,
+        "detail": detail,
+        "elapsed_seconds": round(elapsed, 2),
+        "prompts_admitted": prompts_admitted,
+        "responses_generated": len(responses),
+        "replacement_requests": sum(1 for r in requests if r["round"] > 0),
+        "replacement_responses_requested": sum(r["num_return_sequences"] for r in requests if r["round"] > 0),
+        "groups_accepted": len(accepted),
+        "groups_rejected": dict(sorted(by_reason.items())),
+        "domains": domains,
+        "batches": [
+            {"step": b["step"], "status": b["status"], "groups": b["accepted_groups"],
+             "responses_per_group": b["responses_per_group"], "fill_seconds": round(b["fill_seconds"], 2)}
+            for b in batches
+        ],
+        "retention_rate": round(len(accepted) / decided, 4) if decided else 0.0,
+        "responses_per_accepted_response": round(train_responses / accepted_responses, 3) if accepted_responses else None,
+        "validation": {"original": len(validation), "rejected": 0, "accepted": len(validation)},
+        "dead_letters": len(dead),
+    }
+
+
+def print_summary(summary: dict, console: Console) -> None:
+    table = Table(title=f"rollstream run: {summary['outcome']}", show_header=False)
+    for key in ("elapsed_seconds", "prompts_admitted", "responses_generated", "replacement_requests",
+                "groups_accepted", "retention_rate", "responses_per_accepted_response", "dead_letters"):
+        table.add_row(key, str(summary[key]))
+    table.add_row("groups_rejected", ", ".join(f"{k}={v}" for k, v in summary["groups_rejected"].items()) or "-")
+    for domain, counts in summary["domains"].items():
+        table.add_row(f"domain {domain}", f"accepted={counts['accepted']} rejected={counts['rejected']}")
+    for b in summary["batches"]:
+        table.add_row(f"batch {b['step']}", f"{b['groups']} groups x {b['responses_per_group']} responses, "
+                                            f"filled in {b['fill_seconds']} s ({b['status']})")
+    if summary["detail"]:
+        table.add_row("detail", summary["detail"])
+    console.print(table)

@@ -1,0 +1,90 @@
+"""What both faust apps share: app construction, raw topics, dead-lettering, seeds."""
+
+from __future__ import annotations
+
+import logging
+import zlib
+
+import faust
+
+from rollstream.exceptions import DecodeError, UnknownFingerprintError
+from rollstream.schemas import decode, encode
+from rollstream.workers.base import dead_letter, now_ms, worker_id
+
+log = logging.getLogger(__name__)
+
+
+def make_app(app_id: str, bootstrap: str, partitions: int, store: str = "memory://") -> faust.App:
+    return faust.App(
+        app_id,
+        broker=f"kafka://{bootstrap}",
+        store=store,
+        key_serializer="raw",
+        value_serializer="raw",
+        topic_partitions=partitions,
+        topic_replication_factor=1,
+        table_standby_replicas=0,
+        consumer_auto_offset_reset="earliest",
+        producer_acks=-1,
+        web_enabled=False,
+        stream_wait_empty=False,
+        broker_commit_interval=1.0,
+    )
+
+
+def raw_topic(app: faust.App, name: str, partitions: int | None = None) -> faust.TopicT:
+    return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
+                     value_serializer="raw", partitions=partitions)
+
+
+def derive_seed(run_seed: int, prompt_id: str, round_: int) -> int:
+    """Deterministic sampling seed of one generation request."""
+    return zlib.crc32(f"{run_seed}/{prompt_id}/{round_}".encode())
+
+
+class Emitter:
+    """Encodes and sends events from inside an agent; undecodable input goes to dead-letter."""
+
+    def __init__(self, app: faust.App, topics, stage: str) -> None:
+        self.app = app
+        self.topics = topics
+        self.worker = worker_id(stage)
+        self._topic_objs: dict[str, faust.TopicT] = {}
+        self.dead_lettered = 0
+
+    def _topic(self, name: str) -> faust.TopicT:
+        if name not in self._topic_objs:
+            self._topic_objs[name] = raw_topic(self.app, name)
+        return self._topic_objs[name]
+
+    async def send(self, topic: str, key: str, record: dict, schema: str) -> None:
+        # force=True: publish now instead of at commit time; faust flushes the producer before
+        # it commits the source offsets, so delivery still precedes the commit.
+        await self._topic(topic).send(key=key.encode(), value=encode(record, schema), force=True)
+
+    async def dead_letter(self, event, reason: str, error: str) -> None:
+        msg = event.message
+        out = dead_letter(
+            self.topics, topic=msg.topic, partition=msg.partition, offset=msg.offset,
+            key=event.key, value=event.value, reason=reason, error=error, worker=self.worker,
+        )
+        self.dead_lettered += 1
+        log.warning("dead-letter %s[%d]@%d: %s: %s", msg.topic, msg.partition, msg.offset, reason, error)
+        await self.send(out.topic, out.key, out.record, out.schema)
+
+    async def decode_or_dead_letter(self, event, expected: str) -> dict | None:
+        try:
+            name, record = decode(event.value)
+        except UnknownFingerprintError as exc:
+            await self.dead_letter(event, "unknown_schema", str(exc))
+            return None
+        except DecodeError as exc:
+            await self.dead_letter(event, "undecodable", str(exc))
+            return None
+        if name != expected:
+            await self.dead_letter(event, "invalid_event", f"expected {expected}, got {name}")
+            return None
+        return record
+
+
+__all__ = ["Emitter", "derive_seed", "make_app", "now_ms", "raw_topic"]

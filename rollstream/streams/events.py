@@ -1,0 +1,73 @@
+"""Pure builders of the records the stream processors emit (dicts matching the .avsc files)."""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from rollstream.filtering.prompt_state import Decided, Replacement
+from rollstream.filtering.reasons import ACCEPTED
+from rollstream.workers.base import now_ms
+
+
+def generation_request(prompt: Mapping, *, round_: int, num_return_sequences: int,
+                       sample_offset: int, seed: int) -> dict:
+    """A GenerationRequest for ``prompt`` (a Prompt record, or a Response carrying its fields)."""
+    return {
+        "prompt_id": prompt["prompt_id"], "domain": prompt["domain"], "mode": prompt.get("mode", "train"),
+        "prompt": prompt["prompt"], "ground_truth": prompt.get("ground_truth", ""), "round": round_,
+        "num_return_sequences": num_return_sequences, "sample_offset": sample_offset, "seed": seed,
+        "created_ms": now_ms(),
+    }
+
+
+def replacement_request(response: Mapping, replacement: Replacement, seed: int) -> dict:
+    return generation_request(
+        response, round_=replacement.round, num_return_sequences=replacement.num_return_sequences,
+        sample_offset=replacement.sample_offset, seed=seed,
+    )
+
+
+def group_record(
+    *, prompt: Mapping, decided_accepted: bool, reason: str, values: Mapping[str, float],
+    responses: Sequence[Mapping], filter_config: str, filter_config_hash: str, policy_version: int,
+    rounds: int, responses_generated: int, prompt_token_ids: Sequence[int] = (),
+) -> dict:
+    return {
+        "group_key": prompt["prompt_id"], "kind": "rlvr", "prompt_id": prompt["prompt_id"],
+        "domain": prompt["domain"], "mode": prompt.get("mode", "train"), "accepted": decided_accepted,
+        "reason": reason, "decision_values": {k: float(v) for k, v in values.items()},
+        "filter_config": filter_config, "filter_config_hash": filter_config_hash,
+        "policy_version": policy_version, "rounds": rounds, "responses_generated": responses_generated,
+        "prompt": prompt["prompt"], "ground_truth": prompt.get("ground_truth", ""),
+        "prompt_token_ids": list(prompt_token_ids), "responses": list(responses), "created_ms": now_ms(),
+    }
+
+
+def decided_group(response: Mapping, decided: Decided, responses: Sequence[Mapping],
+                  filter_config: str, filter_config_hash: str) -> dict:
+    """The Group record of a decided prompt; ``response`` is any Response of the prompt."""
+    return group_record(
+        prompt=response, decided_accepted=decided.accepted, reason=decided.reason,
+        values={**decided.values, **{f"rejected_responses/{k}": v for k, v in decided.rejected_responses.items()}},
+        responses=responses, filter_config=filter_config, filter_config_hash=filter_config_hash,
+        policy_version=decided.policy_version, rounds=decided.rounds,
+        responses_generated=decided.responses_generated,
+        prompt_token_ids=response.get("prompt_token_ids", ()),
+    )
+
+
+def prompt_outcome(prompt: Mapping, *, committed: bool, reason: str, rounds: int, responses_generated: int) -> dict:
+    return {
+        "prompt_id": prompt["prompt_id"], "domain": prompt["domain"], "mode": prompt.get("mode", "train"),
+        "outcome": "commit" if committed else "abort", "reason": reason if not committed else ACCEPTED,
+        "rounds": rounds, "responses_generated": responses_generated, "created_ms": now_ms(),
+    }
+
+
+def batch_event(*, step: int, status: str, target: int, accepted: int, prompts_consumed: int = 0,
+                rejected_by_reason: Mapping[str, int] | None = None) -> dict:
+    return {
+        "step": step, "status": status, "target_groups": target, "accepted_groups": accepted,
+        "prompts_consumed": prompts_consumed, "rejected_by_reason": dict(rejected_by_reason or {}),
+        "group_keys": [], "offsets": {}, "fill_seconds": 0.0, "created_ms": now_ms(),
+    }

@@ -1,0 +1,18 @@
+"""Stable names of the stateful parts. faust derives changelog topics from the app id and the
+table name (``<app id>-<table>-changelog``): renaming either orphans state, so treat these as a
+contract and migrate with a note."""
+
+from __future__ import annotations
+
+from rollstream.topics import Topics
+
+ADMISSION_APP = "admission"
+AGGREGATOR_APP = "aggregator"
+ADMISSION_TABLE = "admission-state"  # one key, ADMISSION_KEY, on partition 0
+ADMISSION_KEY = b"admission"
+PROMPT_STATE_TABLE = "prompt-state"  # prompt_id -> PromptState JSON
+PROMPT_RESPONSES_TABLE = "prompt-responses"  # "prompt_id/sample_index" -> accepted RewardedResponse bytes
+
+
+def app_id(topics: Topics, app: str) -> str:
+    return f"{topics.prefix}{app}"

@@ -1,0 +1,269 @@
+"""Rollout batches and GRPO advantages: pure torch, no Kafka.
+
+Capabilities and entry points:
+
+- ``check_group(group)``: is one decoded ``Group`` record trainable? Raises ``ValueError`` saying why.
+- ``build_batch(groups, step, pad_token_id)``: decoded ``Group`` records -> padded ``RolloutBatch``
+  with per-token advantages.
+- ``grpo_advantages(rewards)``: group-normalised advantages, for a ``(G, n)`` tensor or for groups of
+  unequal size.
+
+Layout (B = sum of responses over the groups, rows ordered by group, then by ``sample_index``)::
+
+    prompt    | response
+    0 0 p p p | r r r 0 0      prompt_ids left-padded, response_ids right-padded
+    0 0 1 1 1 | 1 1 1 0 0      prompt_mask, response_mask
+
+Left-padded prompts make every response start at column P of ``cat([prompt_ids, response_ids])``,
+so the logprob of response token t is read at position ``P - 1 + t`` for every row.
+
+References:
+
+- GRPO advantage: Shao et al. 2024, "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in
+  Open Language Models", section 4.1.2 (outcome supervision).
+- Mean-only variant (``norm_by_std=False``): Liu et al. 2025, "Understanding R1-Zero-Like Training:
+  A Critical Perspective" (Dr. GRPO).
+- Unbiased std (n - 1) as torch's default, like the reference query filter:
+  reference-behaviour.md section (b).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Sequence, overload
+
+import torch
+from torch import Tensor
+
+GRPO_EPS = 1e-6
+"""Added to the group std before dividing, so a near-constant group cannot blow up."""
+
+
+@dataclass
+class RolloutBatch:
+    """One training step's rollouts: ``G`` accepted groups, ``B`` response rows.
+
+    Tensors (all on the CPU when built; see ``to``):
+
+    - ``prompt_ids``: ``(B, P) int64``, left-padded with ``pad_token_id``.
+    - ``prompt_mask``: ``(B, P) int64``, 1 = real prompt token, 0 = padding.
+    - ``response_ids``: ``(B, T) int64``, right-padded with ``pad_token_id``.
+    - ``response_mask``: ``(B, T) float32``, 1 = valid response token, 0 = padding.
+    - ``infer_logprobs``: ``(B, T) float32``, the inference engine's log p(token) (nats); 0.0 at
+      padding, so padding stays finite for the train-infer correction (reference-behaviour.md (h)).
+    - ``response_level_rewards``: ``(B,) float32``, the scalar reward of each response.
+    - ``advantages``: ``(B, T) float32``, the response's GRPO advantage broadcast over its valid
+      tokens, 0 at padding.
+    - ``group_index``: ``(B,) int64``, index in ``group_keys`` of the row's group.
+
+    Python lists:
+
+    - ``group_keys``: ``G`` group keys, in batch order.
+    - ``prompt_ids_str``: ``B`` prompt ids (the ``prompt_id`` string of each row).
+    - ``sample_index``: ``B`` sample indices within the prompt.
+    - ``policy_versions``: ``B`` policy versions that generated each row.
+
+    ``step`` is the training step the batch belongs to.
+    """
+
+    prompt_ids: Tensor
+    prompt_mask: Tensor
+    response_ids: Tensor
+    response_mask: Tensor
+    infer_logprobs: Tensor
+    response_level_rewards: Tensor
+    advantages: Tensor
+    group_index: Tensor
+    group_keys: list[str]
+    prompt_ids_str: list[str]
+    sample_index: list[int]
+    policy_versions: list[int]
+    step: int
+
+    @property
+    def batch_size(self) -> int:
+        """B, the number of response rows."""
+        return int(self.response_ids.shape[0])
+
+    @property
+    def num_groups(self) -> int:
+        """G, the number of groups."""
+        return len(self.group_keys)
+
+    @property
+    def responses_per_group(self) -> list[int]:
+        """Rows per group, in ``group_keys`` order (groups may differ in size)."""
+        return torch.bincount(self.group_index, minlength=self.num_groups).tolist()
+
+    def to(self, device: torch.device | str) -> "RolloutBatch":
+        """A copy with every tensor moved to ``device``; lists and step are shared."""
+        moved = {
+            f.name: (v.to(device) if isinstance(v := getattr(self, f.name), Tensor) else v)
+            for f in fields(self)
+        }
+        return RolloutBatch(**moved)
+
+
+def check_group(group: dict) -> None:
+    """Raise ``ValueError`` unless ``group`` (a decoded ``Group`` record) can go into a batch.
+
+    A trainable group has at least one response; every response has prompt tokens (its own or the
+    group's), as many ``infer_logprobs`` as ``response_token_ids``, a finite
+    ``response_level_reward`` and a ``sample_index`` unique within the group.
+    """
+    key = group.get("group_key", "?")
+    responses = group.get("responses") or []
+    if not responses:
+        raise ValueError(f"group {key!r} has no responses")
+    seen: set[int] = set()
+    for rr in responses:
+        resp = rr["response"]
+        idx = resp["sample_index"]
+        if idx in seen:
+            raise ValueError(f"group {key!r}: sample_index {idx} appears twice")
+        seen.add(idx)
+        n_tok, n_lp = len(resp["response_token_ids"]), len(resp["infer_logprobs"])
+        if n_tok != n_lp:
+            raise ValueError(
+                f"group {key!r} sample {idx}: {n_tok} response tokens but {n_lp} infer_logprobs"
+            )
+        if not (resp["prompt_token_ids"] or group.get("prompt_token_ids")):
+            raise ValueError(f"group {key!r} sample {idx}: no prompt tokens")
+        reward = rr["response_level_reward"]
+        if not math.isfinite(reward):
+            raise ValueError(
+                f"group {key!r} sample {idx}: non-finite response_level_reward {reward} "
+                "(such groups must be rejected upstream with reason invalid_reward)"
+            )
+
+
+def build_batch(groups: Sequence[dict], step: int, pad_token_id: int) -> RolloutBatch:
+    """Pad decoded ``Group`` records into one ``RolloutBatch`` and compute its advantages.
+
+    Args:
+        groups: decoded ``Group`` records (``rollstream.events.Group``), each with ``responses``, a
+            list of ``RewardedResponse`` records. Groups may hold different numbers of responses.
+        step: training step recorded on the batch.
+        pad_token_id: token id written at padded positions of ``prompt_ids`` / ``response_ids``.
+
+    Returns:
+        A ``RolloutBatch``; rows are ordered by group (in ``groups`` order), then by
+        ``sample_index``. ``advantages`` are ``grpo_advantages`` of each group's rewards.
+
+    Raises:
+        ValueError: ``groups`` is empty, or a group fails ``check_group`` (no responses,
+            logprob/token length mismatch, non-finite reward, repeated sample_index).
+    """
+    if not groups:
+        raise ValueError("build_batch needs at least one group, got an empty sequence")
+    rows: list[tuple[int, dict, list[int]]] = []  # (group index, Response record, prompt tokens)
+    rewards: list[list[float]] = []
+    for gi, group in enumerate(groups):
+        check_group(group)
+        ordered = sorted(group["responses"], key=lambda rr: rr["response"]["sample_index"])
+        for rr in ordered:
+            resp = rr["response"]
+            rows.append((gi, resp, resp["prompt_token_ids"] or group["prompt_token_ids"]))
+        rewards.append([rr["response_level_reward"] for rr in ordered])
+
+    B = len(rows)
+    P = max(len(prompt) for _, _, prompt in rows)
+    T = max(len(resp["response_token_ids"]) for _, resp, _ in rows)
+    prompt_ids = torch.full((B, P), pad_token_id, dtype=torch.int64)
+    prompt_mask = torch.zeros((B, P), dtype=torch.int64)
+    response_ids = torch.full((B, T), pad_token_id, dtype=torch.int64)
+    response_mask = torch.zeros((B, T), dtype=torch.float32)
+    infer_logprobs = torch.zeros((B, T), dtype=torch.float32)
+    for b, (_, resp, prompt) in enumerate(rows):  # one slice copy per row, never per token
+        if prompt:
+            prompt_ids[b, P - len(prompt):] = torch.tensor(prompt, dtype=torch.int64)
+            prompt_mask[b, P - len(prompt):] = 1
+        n = len(resp["response_token_ids"])
+        if n:
+            response_ids[b, :n] = torch.tensor(resp["response_token_ids"], dtype=torch.int64)
+            infer_logprobs[b, :n] = torch.tensor(resp["infer_logprobs"], dtype=torch.float32)
+            response_mask[b, :n] = 1.0
+
+    group_rewards = [torch.tensor(r, dtype=torch.float32) for r in rewards]
+    row_advantages = torch.cat(grpo_advantages(group_rewards))  # (B,)
+    return RolloutBatch(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=response_ids,
+        response_mask=response_mask,
+        infer_logprobs=infer_logprobs,
+        response_level_rewards=torch.cat(group_rewards),
+        advantages=row_advantages[:, None] * response_mask,
+        group_index=torch.tensor([gi for gi, _, _ in rows], dtype=torch.int64),
+        group_keys=[g["group_key"] for g in groups],
+        prompt_ids_str=[resp["prompt_id"] for _, resp, _ in rows],
+        sample_index=[resp["sample_index"] for _, resp, _ in rows],
+        policy_versions=[resp["policy_version"] for _, resp, _ in rows],
+        step=step,
+    )
+
+
+@overload
+def grpo_advantages(rewards: Tensor, eps: float = ..., norm_by_std: bool = ...) -> Tensor: ...
+@overload
+def grpo_advantages(
+    rewards: Sequence[Tensor], eps: float = ..., norm_by_std: bool = ...
+) -> list[Tensor]: ...
+
+
+def grpo_advantages(rewards, eps: float = GRPO_EPS, norm_by_std: bool = True):
+    """GRPO group-normalised advantages: ``A_i = (r_i - mean(r)) / (std(r) + eps)`` per group.
+
+    Args:
+        rewards: ``(G, n)`` float tensor, one row per group of ``n`` responses; or a sequence of
+            ``G`` 1-D tensors ``(n_g,)`` for groups of unequal size. Integer rewards are cast to
+            float32.
+        eps: added to the std before dividing.
+        norm_by_std: divide by ``std + eps`` (GRPO); False keeps only ``r - mean`` (Dr. GRPO).
+
+    Returns:
+        Advantages shaped like ``rewards``: a ``(G, n)`` tensor, or a list of ``(n_g,)`` tensors.
+        A group of size 1 (std undefined) and a group whose rewards are all equal get exactly 0.
+
+    Raises:
+        ValueError: a reward is NaN or infinite, or ``rewards`` is not 2-D / a sequence of 1-D.
+
+    Note:
+        Formula: Shao et al. 2024, DeepSeekMath, section 4.1.2. The std is torch's default unbiased
+        estimator (denominator n - 1), as in the reference (reference-behaviour.md (b)).
+        ``norm_by_std=False``: Liu et al. 2025 (Dr. GRPO). Constant groups are set to 0 exactly
+        instead of ``(r - mean) / eps``, which float32 rounding of the mean can make non-zero.
+    """
+    if isinstance(rewards, Tensor):
+        return _grpo_2d(_as_float(rewards, 2), eps, norm_by_std, offset=0)
+    out: list[Tensor] = []
+    for g, r in enumerate(rewards):  # one vectorised call per group; never per token
+        out.append(_grpo_2d(_as_float(r, 1)[None, :], eps, norm_by_std, offset=g)[0])
+    return out
+
+
+def _as_float(r: Tensor, dim: int) -> Tensor:
+    if not isinstance(r, Tensor) or r.dim() != dim:
+        got = f"{r.dim()}-D tensor" if isinstance(r, Tensor) else type(r).__name__
+        raise ValueError(f"grpo_advantages expects {'a (G, n)' if dim == 2 else 'per-group 1-D'} "
+                         f"reward tensors, got a {got}")
+    return r if r.is_floating_point() else r.to(torch.float32)
+
+
+def _grpo_2d(r: Tensor, eps: float, norm_by_std: bool, offset: int) -> Tensor:
+    """``r``: (G, n) floating rewards; ``offset`` numbers groups in error messages."""
+    bad = ~torch.isfinite(r)
+    if bad.any():
+        g, i = (int(x) for x in bad.nonzero()[0])
+        raise ValueError(
+            f"non-finite reward {r[g, i].item()} in group {g + offset} at position {i}; "
+            "NaN/inf rewards must be rejected upstream (reason invalid_reward)"
+        )
+    if r.shape[1] <= 1:
+        return torch.zeros_like(r)  # std of one sample is undefined: no learning signal
+    centred = r - r.mean(dim=1, keepdim=True)
+    if norm_by_std:
+        centred = centred / (r.std(dim=1, keepdim=True) + eps)  # unbiased, n - 1
+    constant = r.amax(dim=1, keepdim=True) == r.amin(dim=1, keepdim=True)
+    return centred.masked_fill(constant, 0.0)

@@ -1,0 +1,428 @@
+"""The trainer's Kafka shell: accepted groups in, one ``RolloutBatch`` per step out.
+
+``BatchBuilder`` consumes ``groups.accepted`` (kafka-python, auto-commit off) and hands out batches
+of exactly ``rollout_batch_size`` complete groups; the caller trains on a batch and then confirms it
+with ``commit(batch)``. Only then are offsets committed, the manifest line appended and a ``Batch``
+event published, so a restarted trainer neither trains a group twice nor skips one
+(ARCHITECTURE.md section 7).
+
+Offset rule: per partition, the committed offset is the lowest offset whose record is not yet done
+(buffered for a later batch, or in a batch handed out but not committed), or the next offset to
+read when every consumed record is done. Done means: in a committed batch, a recognised duplicate,
+or dead-lettered. Groups consumed beyond a batch stay buffered for the next one.
+
+Edge cases:
+
+- A group whose ``group_key`` was already seen (redelivery) is skipped and counted in
+  ``duplicates``. The keys of every manifest line are loaded at start, so groups trained before a
+  crash between manifest write and offset commit are recognised too.
+- An event that does not decode, is not a ``Group``, is not accepted, or fails ``check_group`` goes
+  to ``dead-letter`` with its reason (``undecodable``, ``unknown_schema``, ``invalid_event``).
+- ``take_partial()`` ships what is buffered when admission reported ``batch_underfilled`` and
+  ``min_fill_ratio`` allows it; the manifest status is then ``partial``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+from kafka import ConsumerRebalanceListener, KafkaConsumer
+from kafka.structs import OffsetAndMetadata, TopicPartition
+
+from rollstream.exceptions import DecodeError, UnknownFingerprintError
+from rollstream.schemas import decode, encode
+from rollstream.topics import Topics
+from rollstream.trainer.batch import RolloutBatch, build_batch, check_group
+from rollstream.workers.base import dead_letter, make_producer, now_ms, worker_id
+
+log = logging.getLogger(__name__)
+
+DEDUP_WINDOW = 100_000
+"""Group keys remembered to recognise redelivered groups (bounded, so memory stays flat)."""
+
+POLL_TIMEOUT_S = 0.2
+"""Longest single poll inside ``next_batch``; the loop re-checks its deadline after each."""
+
+MAX_POLL_INTERVAL_MS = 30 * 60 * 1000
+"""A training step between two polls may take minutes; the group must not evict us meanwhile."""
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A consumed, valid group not yet in a committed batch."""
+
+    group: dict
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class _Outstanding:
+    """A batch handed out by ``next_batch``/``take_partial``, awaiting ``commit``."""
+
+    items: list[_Pending]
+    status: str
+    fill_seconds: float
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, builder: "BatchBuilder") -> None:
+        self.builder = builder
+
+    def on_partitions_revoked(self, revoked):
+        self.builder._on_revoked(revoked)
+
+    def on_partitions_assigned(self, assigned):
+        self.builder._on_assigned(assigned)
+
+
+class BatchBuilder:
+    """Collect accepted groups from Kafka into training batches; commit when the caller confirms.
+
+    Args:
+        bootstrap: Kafka bootstrap servers.
+        topics: topic names; reads ``topics.groups_accepted``, writes ``topics.batches`` and
+            ``topics.dead_letter``.
+        rollout_batch_size: groups per batch (B = groups x responses per group).
+        group_id: Kafka consumer group; a new builder with the same id resumes after the last
+            committed batch.
+        manifest_path: JSON-lines file; one line per committed batch. Read at start to restore
+            the step counter and the seen group keys.
+        pad_token_id: padding token for ``build_batch``.
+        start_step: first step number; default: last manifest step + 1, or 0.
+        max_poll_records: records fetched per poll.
+        dedup_window: how many group keys are remembered for duplicate detection.
+
+    Raises:
+        ValueError: ``rollout_batch_size`` < 1.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: Topics,
+        rollout_batch_size: int,
+        group_id: str = "rollstream-trainer",
+        manifest_path: Path | None = None,
+        pad_token_id: int = 0,
+        *,
+        start_step: int | None = None,
+        max_poll_records: int = 500,
+        dedup_window: int = DEDUP_WINDOW,
+    ) -> None:
+        if rollout_batch_size < 1:
+            raise ValueError(f"rollout_batch_size must be >= 1, got {rollout_batch_size}")
+        self.topics = topics
+        self.topic = topics.groups_accepted
+        self.rollout_batch_size = rollout_batch_size
+        self.pad_token_id = pad_token_id
+        self.manifest_path = Path(manifest_path) if manifest_path is not None else None
+        self.max_poll_records = max_poll_records
+        self.dedup_window = dedup_window
+        self.worker = worker_id("trainer")
+
+        self.consumed = 0  # records read, whatever became of them
+        self.duplicates = 0  # redelivered groups skipped
+        self.dead_lettered = 0  # records sent to dead-letter
+
+        self._seen: OrderedDict[str, None] = OrderedDict()  # group keys, oldest first
+        self._buffer: list[_Pending] = []  # valid groups not yet in a batch, in consumption order
+        self._outstanding: dict[int, _Outstanding] = {}  # step -> batch awaiting commit
+        self._not_done: dict[int, set[int]] = {}  # partition -> offsets buffered or outstanding
+        self._position: dict[int, int] = {}  # partition -> last consumed offset + 1
+        self._committed: dict[int, int] = {}  # partition -> offset we last committed
+        self._fill_started: float | None = None  # monotonic time of this step's first poll
+        self._rewind: dict[int, int] = {}  # partition -> first offset dropped at revocation
+
+        last_step = self._load_manifest()
+        if start_step is not None:
+            self.step = start_step
+        else:
+            self.step = 0 if last_step is None else last_step + 1
+
+        self.consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=max_poll_records,
+            max_poll_interval_ms=MAX_POLL_INTERVAL_MS,
+            client_id=self.worker,
+        )
+        self.consumer.subscribe([self.topic], listener=_Rebalance(self))
+        self.producer = make_producer(bootstrap, client_id=self.worker)
+
+    # -- public API -------------------------------------------------------------------------
+
+    @property
+    def buffered(self) -> int:
+        """Complete groups consumed and waiting for a batch."""
+        return len(self._buffer)
+
+    def next_batch(self, timeout_s: float) -> RolloutBatch | None:
+        """Poll until ``rollout_batch_size`` complete groups are buffered; build and return a batch.
+
+        Returns None when ``timeout_s`` passes first; the buffered groups and the step's fill
+        clock are kept for the next call. The batch is outstanding until ``commit(batch)``.
+        """
+        if self._fill_started is None:
+            self._fill_started = time.monotonic()
+        deadline = time.monotonic() + timeout_s
+        while len(self._buffer) < self.rollout_batch_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            self._poll(min(remaining, POLL_TIMEOUT_S))
+        return self._build(self.rollout_batch_size, "complete")
+
+    def take_partial(self, timeout_s: float = 0.0) -> RolloutBatch | None:
+        """Build a batch from the complete groups buffered now (at most ``rollout_batch_size``).
+
+        For the case where admission published ``batch_underfilled`` and ``min_fill_ratio`` allows
+        a partial batch; the caller checks the ratio. Polls for up to ``timeout_s`` first (stopping
+        early when full). Returns None when nothing is buffered. The manifest status is
+        ``partial``, or ``complete`` if the buffer happened to be full.
+        """
+        if self._fill_started is None:
+            self._fill_started = time.monotonic()
+        deadline = time.monotonic() + timeout_s
+        while len(self._buffer) < self.rollout_batch_size and time.monotonic() < deadline:
+            self._poll(min(deadline - time.monotonic(), POLL_TIMEOUT_S))
+        if not self._buffer:
+            return None
+        n = min(len(self._buffer), self.rollout_batch_size)
+        return self._build(n, "complete" if n == self.rollout_batch_size else "partial")
+
+    def commit(self, batch: RolloutBatch) -> dict:
+        """Confirm ``batch`` was trained: write its manifest line, publish ``Batch``, commit offsets.
+
+        Order: manifest line (fsynced) -> ``Batch`` event and pending dead letters acknowledged ->
+        offsets committed. A crash in between re-delivers the groups, which the manifest's keys
+        then mark as duplicates.
+
+        Returns the manifest entry: ``step``, ``status``, ``target_groups``, ``accepted_groups``,
+        ``group_keys``, ``offsets`` (partition as str -> next offset committed), ``fill_seconds``,
+        ``responses_per_group``, ``created_ms``.
+
+        Raises:
+            ValueError: ``batch`` is not an outstanding batch of this builder (e.g. committed).
+        """
+        out = self._outstanding.pop(batch.step, None)
+        if out is None:
+            raise ValueError(
+                f"step {batch.step} is not an outstanding batch of this builder "
+                f"(outstanding: {sorted(self._outstanding)}); was it committed already?"
+            )
+        for item in out.items:
+            self._not_done.get(item.partition, set()).discard(item.offset)
+        assigned = [tp for tp in self.consumer.assignment() if tp.topic == self.topic]
+        committable = self._committable()
+        to_commit = {tp.partition: committable[tp.partition] for tp in assigned
+                     if tp.partition in committable}
+        # partitions not read from since assignment sit at their committed (or reset) offset
+        offsets = {tp.partition: to_commit[tp.partition] if tp.partition in to_commit
+                   else self.consumer.position(tp) for tp in assigned}
+        entry = {
+            "step": batch.step,
+            "status": out.status,
+            "target_groups": self.rollout_batch_size,
+            "accepted_groups": len(out.items),
+            "group_keys": [item.group["group_key"] for item in out.items],
+            "offsets": {str(p): o for p, o in sorted(offsets.items())},
+            "fill_seconds": out.fill_seconds,
+            "responses_per_group": [len(item.group["responses"]) for item in out.items],
+            "created_ms": now_ms(),
+        }
+        self._append_manifest(entry)
+        event = {k: entry[k] for k in (
+            "step", "status", "target_groups", "accepted_groups", "group_keys", "offsets",
+            "fill_seconds", "created_ms")}
+        self.producer.send(self.topics.batches, key=str(batch.step).encode(),
+                           value=encode(event, "Batch"))
+        self.producer.flush()  # the Batch event and every dead letter before their offsets
+        self._commit_offsets(to_commit)
+        return entry
+
+    def metrics(self) -> dict[str, float]:
+        """Counters under ``trainer/batch/``."""
+        return {
+            "trainer/batch/consumed": self.consumed,
+            "trainer/batch/duplicates": self.duplicates,
+            "trainer/batch/dead_lettered": self.dead_lettered,
+            "trainer/batch/buffered": len(self._buffer),
+            "trainer/batch/outstanding": len(self._outstanding),
+        }
+
+    def close(self) -> None:
+        """Flush pending dead letters and close the clients; uncommitted batches are redelivered."""
+        try:
+            self.producer.flush()
+            self.producer.close()
+        finally:
+            self.consumer.close(autocommit=False)
+
+    def __enter__(self) -> "BatchBuilder":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _poll(self, timeout_s: float) -> None:
+        polled = self.consumer.poll(
+            timeout_ms=max(1, int(timeout_s * 1000)), max_records=self.max_poll_records
+        )
+        for records in polled.values():
+            for msg in records:
+                self._ingest(msg)
+
+    def _ingest(self, msg) -> None:
+        self.consumed += 1
+        self._position[msg.partition] = msg.offset + 1
+        group, reason, error = self._decode(msg)
+        if group is None:
+            log.warning("dead-lettering %s[%d]@%d: %s: %s",
+                        msg.topic, msg.partition, msg.offset, reason, error)
+            out = dead_letter(self.topics, topic=msg.topic, partition=msg.partition,
+                              offset=msg.offset, key=msg.key, value=msg.value, reason=reason,
+                              error=error, worker=self.worker)
+            self.producer.send(out.topic, key=out.key.encode(), value=encode(out.record, out.schema))
+            self.dead_lettered += 1
+            return
+        key = group["group_key"]
+        if key in self._seen:
+            self.duplicates += 1
+            log.info("skipping duplicate group %r at %s[%d]@%d", key, msg.topic, msg.partition,
+                     msg.offset)
+            return
+        self._remember(key)
+        self._not_done.setdefault(msg.partition, set()).add(msg.offset)
+        self._buffer.append(_Pending(group, msg.partition, msg.offset))
+
+    @staticmethod
+    def _decode(msg) -> tuple[dict | None, str, str]:
+        """(group, "", "") for a trainable accepted group, else (None, reason, error)."""
+        try:
+            schema, record = decode(msg.value)
+        except UnknownFingerprintError as exc:
+            return None, "unknown_schema", str(exc)
+        except DecodeError as exc:
+            return None, "undecodable", str(exc)
+        if schema != "Group":
+            return None, "invalid_event", f"expected Group, got {schema}"
+        if not record["accepted"]:
+            return None, "invalid_event", (
+                f"group {record['group_key']!r} on the accepted topic is not accepted "
+                f"(reason {record['reason']!r})")
+        try:
+            check_group(record)
+        except ValueError as exc:
+            return None, "invalid_event", str(exc)
+        return record, "", ""
+
+    def _remember(self, key: str) -> None:
+        self._seen[key] = None
+        self._seen.move_to_end(key)
+        while len(self._seen) > self.dedup_window:
+            self._seen.popitem(last=False)
+
+    def _build(self, n: int, status: str) -> RolloutBatch:
+        items, self._buffer = self._buffer[:n], self._buffer[n:]
+        started = self._fill_started
+        fill_seconds = 0.0 if started is None else time.monotonic() - started
+        self._fill_started = None
+        batch = build_batch([item.group for item in items], self.step, self.pad_token_id)
+        self._outstanding[batch.step] = _Outstanding(items, status, fill_seconds)
+        self.step += 1
+        return batch
+
+    def _committable(self) -> dict[int, int]:
+        """Partition -> highest offset such that every record before it is done."""
+        return {
+            p: min(self._not_done[p]) if self._not_done.get(p) else pos
+            for p, pos in self._position.items()
+        }
+
+    def _commit_offsets(self, offsets: dict[int, int]) -> None:
+        todo = {p: o for p, o in offsets.items() if self._committed.get(p) != o}
+        if not todo:
+            return
+        self.consumer.commit({
+            TopicPartition(self.topic, p): OffsetAndMetadata(o, "", -1) for p, o in todo.items()
+        })
+        self._committed.update(todo)
+
+    def _on_revoked(self, revoked) -> None:
+        """Forget buffered groups of revoked partitions: their partition's next owner reads them
+        again. Runs on kafka-python's IO thread, where blocking calls (commit) are refused, so it
+        only changes memory; dead letters and duplicates read since the last commit may be read,
+        dead-lettered and counted once more."""
+        parts = {tp.partition for tp in revoked if tp.topic == self.topic}
+        dropped = [item for item in self._buffer if item.partition in parts]
+        self._buffer = [item for item in self._buffer if item.partition not in parts]
+        self._rewind = {}
+        for item in dropped:
+            self._seen.pop(item.group["group_key"], None)  # its redelivery is not a duplicate
+            self._not_done[item.partition].discard(item.offset)
+            self._rewind[item.partition] = min(item.offset, self._rewind.get(item.partition, item.offset))
+        in_flight = {item.partition for out in self._outstanding.values() for item in out.items}
+        for p in parts:
+            if p in in_flight:
+                log.warning("%s[%d] revoked while a batch holding its groups awaits commit; its "
+                            "next owner may deliver them again", self.topic, p)
+            else:
+                self._not_done.pop(p, None)
+            self._position.pop(p, None)
+            self._committed.pop(p, None)
+
+    def _on_assigned(self, assigned) -> None:
+        """A partition that comes back to us may keep its fetch position (kafka-python does):
+        rewind it to the first group dropped at revocation, or that group would be skipped."""
+        for tp in assigned:
+            if tp.topic == self.topic and tp.partition in self._rewind:
+                log.info("rewinding %s[%d] to %d after rebalance", tp.topic, tp.partition,
+                         self._rewind[tp.partition])
+                self.consumer.seek(tp, self._rewind[tp.partition])
+        self._rewind = {}
+
+    def _load_manifest(self) -> int | None:
+        """Restore seen group keys from the manifest; return its last step (None if none)."""
+        if self.manifest_path is None or not self.manifest_path.exists():
+            return None
+        last: int | None = None
+        with self.manifest_path.open() as fh:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:  # a torn last line from a crash mid-write
+                    log.warning("ignoring unreadable line %d of %s", n, self.manifest_path)
+                    continue
+                last = entry["step"] if last is None else max(last, entry["step"])
+                for key in entry.get("group_keys", []):
+                    self._remember(key)
+        return last
+
+    def _append_manifest(self, entry: dict) -> None:
+        if self.manifest_path is None:
+            return
+        self.manifest_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.manifest_path.open("a+b") as fh:
+            fh.seek(0, os.SEEK_END)
+            if fh.tell() > 0:  # after a torn line from a crash, start on a fresh line
+                fh.seek(-1, os.SEEK_END)
+                torn = fh.read(1) != b"\n"
+                fh.seek(0, os.SEEK_END)
+                if torn:
+                    fh.write(b"\n")
+            fh.write((json.dumps(entry, sort_keys=True) + "\n").encode())
+            fh.flush()
+            os.fsync(fh.fileno())

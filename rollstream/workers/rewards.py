@@ -1,0 +1,332 @@
+"""Per-domain reward functions and the reward worker.
+
+A reward function is ``fn(response_text: str, ground_truth: str) -> RewardResult``. It never
+raises: any exception while scoring gives reward NaN with ``error`` set, which the aggregator
+rejects as ``invalid_reward`` instead of training on a made-up 0.
+
+Functions (``REWARD_FUNCTIONS``):
+
+- ``gsm8k``: the model's answer is the number after its last ``#### `` (format 1), else its last
+  number (format 0); compared with math-verify to the ground truth (a number, or text ending in
+  ``#### N``).
+- ``math``: the model's last ``\\boxed{}`` (format 1), else whatever math-verify extracts from the
+  whole reply (format 0); compared with math-verify to the ground truth (LaTeX; a ``\\boxed{}``
+  in it is unwrapped).
+- ``reasoning_gym``: the ground truth is JSON ``{"task", "config", "entry"}`` (rollstream.data);
+  the task is rebuilt and its own ``score_answer(answer, entry)`` scores the reply.
+
+math-verify and threads: its ``parse``/``verify`` default timeouts use ``signal.alarm``, which
+raises ValueError outside the main thread. We pass the timeouts only in the main thread and
+``None`` elsewhere, and bound the length of what is handed to it, so the worker loop is safe in
+either.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+from rollstream.data import last_boxed
+from rollstream.topics import Topics
+from rollstream.workers.base import EventWorker, Input, Output
+
+
+NAN = float("nan")
+MATH_VERIFY_TIMEOUT_S = 5  # per parse / per comparison, main thread only (signal.alarm, int s)
+MAX_ANSWER_CHARS = 1000  # longer "answers" are garbage and can make sympy run for minutes
+MAX_RESPONSE_CHARS = 20000  # bound for whole-reply extraction fallbacks
+
+
+@dataclass
+class RewardResult:
+    """One response's reward.
+
+    response_level_reward: shaped scalar used for advantages (NaN when not computable).
+    scores: raw components; always ``acc`` (0/1 correctness) and ``format`` (0/1).
+    meta: string checks; always ``invalid_format`` ("true"/"false") and ``extracted_answer``.
+    error: why the reward is NaN, else None.
+    """
+
+    response_level_reward: float
+    scores: dict[str, float] = field(default_factory=dict)
+    meta: dict[str, str] = field(default_factory=dict)
+    error: str | None = None
+
+
+RewardFn = Callable[[str, str], RewardResult]
+
+
+def _result(reward: float, acc: bool, fmt: bool, answer: str | None, **extra_scores: float) -> RewardResult:
+    return RewardResult(
+        response_level_reward=float(reward),
+        scores={"acc": 1.0 if acc else 0.0, "format": 1.0 if fmt else 0.0, **extra_scores},
+        meta={"invalid_format": "false" if fmt else "true", "extracted_answer": (answer or "")[:MAX_ANSWER_CHARS]},
+    )
+
+
+def failed(error: str) -> RewardResult:
+    """A NaN reward carrying ``error`` (acc/format 0 so the score map keeps its keys)."""
+    return RewardResult(NAN, {"acc": 0.0, "format": 0.0},
+                        {"invalid_format": "true", "extracted_answer": ""}, error)
+
+
+def _never_raises(fn: RewardFn) -> RewardFn:
+    @functools.wraps(fn)
+    def wrapper(response_text: str, ground_truth: str) -> RewardResult:
+        try:
+            return fn(response_text, ground_truth)
+        except BaseException as exc:  # math-verify's TimeoutException is a BaseException
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            return failed(f"{type(exc).__name__}: {exc}"[:2000])
+
+    return wrapper
+
+
+# --- math-verify ---------------------------------------------------------------------------
+
+def _mv_timeout() -> int | None:
+    # signal.alarm only works in the main thread; elsewhere math-verify raises ValueError.
+    return MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+
+
+@functools.lru_cache(maxsize=1)
+def _mv():
+    import math_verify  # import lazily: pulls in sympy / latex2sympy (about 1 s)
+
+    # With timeouts off it logs a one-time warning; that is our choice off the main thread.
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    return math_verify
+
+
+def _mv_parse(text: str, latex: bool = True, expr: bool = True) -> list:
+    mv = _mv()
+    config = []
+    if latex:
+        config.append(mv.LatexExtractionConfig())
+    if expr:
+        config.append(mv.ExprExtractionConfig())
+    return mv.parse(text, extraction_config=config, parsing_timeout=_mv_timeout(), raise_on_error=False)
+
+
+def _mv_equal(gold: list, pred: list) -> bool:
+    if not gold or not pred:
+        return False
+    return bool(_mv().verify(gold, pred, timeout_seconds=_mv_timeout(), raise_on_error=False))
+
+
+# --- gsm8k ---------------------------------------------------------------------------------
+
+_NUMBER = r"-?\$?\s*\d[\d,]*(?:\.\d+)?|-?\$?\s*\.\d+"
+_HASHES = re.compile(r"####\s*(" + _NUMBER + ")")
+_ANY_NUMBER = re.compile(_NUMBER)
+
+
+def _clean_number(s: str) -> str:
+    return s.replace("$", "").replace(",", "").replace(" ", "").rstrip(".")
+
+
+def extract_gsm8k_answer(text: str) -> tuple[str | None, bool]:
+    """(answer, followed_format): the number after the last ``####``, else the last number."""
+    marked = _HASHES.findall(text)
+    if marked:
+        return _clean_number(marked[-1]), True
+    numbers = _ANY_NUMBER.findall(text[-MAX_RESPONSE_CHARS:])
+    return (_clean_number(numbers[-1]), False) if numbers else (None, False)
+
+
+@_never_raises
+def gsm8k_reward(response_text: str, ground_truth: str) -> RewardResult:
+    """1.0 when the extracted number equals the ground truth (math-verify), else 0.0.
+
+    ``ground_truth`` is a number or a GSM8K solution ending in ``#### N``; ValueError (-> NaN)
+    when it holds no number.
+    """
+    truth = ground_truth.rsplit("####", 1)[-1] if "####" in ground_truth else ground_truth
+    truth = _clean_number(truth.strip())
+    if not _ANY_NUMBER.fullmatch(truth):
+        raise ValueError(f"gsm8k ground truth is not a number: {ground_truth[-80:]!r}")
+    answer, fmt = extract_gsm8k_answer(response_text)
+    acc = answer is not None and _mv_equal(_mv_parse(truth, latex=False), _mv_parse(answer, latex=False))
+    return _result(1.0 if acc else 0.0, acc, fmt, answer)
+
+
+# --- math ----------------------------------------------------------------------------------
+
+@_never_raises
+def math_reward(response_text: str, ground_truth: str) -> RewardResult:
+    """1.0 when the reply's last ``\\boxed{}`` is equivalent to the ground truth, else 0.0.
+
+    Without a box the whole reply goes to math-verify's own extraction (format 0). ValueError
+    (-> NaN) when math-verify cannot parse the ground truth.
+    """
+    truth = last_boxed(ground_truth) or ground_truth.strip()
+    gold = _mv_parse("\\boxed{" + truth[:MAX_ANSWER_CHARS] + "}")
+    if not gold:
+        raise ValueError(f"math-verify cannot parse ground truth {ground_truth[:80]!r}")
+    boxed = last_boxed(response_text)
+    if boxed is not None:
+        answer, fmt = boxed, True
+        pred = _mv_parse("\\boxed{" + boxed[:MAX_ANSWER_CHARS] + "}")
+    else:
+        fmt = False
+        pred = _mv_parse(response_text[-MAX_RESPONSE_CHARS:])
+        # parse returns [sympy object, source string]; the string is what was extracted
+        answer = str(pred[-1]) if pred else None
+    acc = _mv_equal(gold, pred)
+    return _result(1.0 if acc else 0.0, acc, fmt, answer)
+
+
+# --- reasoning-gym -------------------------------------------------------------------------
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+
+
+def extract_final_answer(text: str) -> tuple[str | None, bool]:
+    """(answer, followed_format) for "give only the final answer" prompts.
+
+    An ``<answer>…</answer>`` tag or a ``\\boxed{}`` counts as the answer; otherwise a reply that
+    is one non-empty line is the answer (format 1), and a longer reply is scored by its last
+    non-empty line (format 0). Surrounding ``$``, ``**`` and a trailing period are stripped.
+    """
+    tags = _ANSWER_TAG.findall(text)
+    if tags:
+        return _strip_answer(tags[-1]), True
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return _strip_answer(boxed), True
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    if not lines:
+        return None, False
+    return _strip_answer(lines[-1]), len(lines) == 1
+
+
+def _strip_answer(s: str) -> str:
+    s = s.strip().strip("*$` ").strip()
+    return s[:-1].rstrip() if s.endswith(".") and not s[:-1].endswith(".") else s
+
+
+@functools.lru_cache(maxsize=256)
+def _rg_dataset(task: str, config_json: str):
+    import reasoning_gym
+
+    # Rebuilding is cheap for arithmetic tasks but not for all (some load word lists): cache.
+    return reasoning_gym.create_dataset(task, **json.loads(config_json))
+
+
+@_never_raises
+def reasoning_gym_reward(response_text: str, ground_truth: str) -> RewardResult:
+    """The task's own ``score_answer`` (0..1; partial credit is the task's choice) as the reward.
+
+    ``acc`` is 1 only for a full score (>= 1.0); ``task_score`` keeps the raw value. ValueError /
+    KeyError (-> NaN) for a ground truth that is not the JSON rollstream.data writes.
+    """
+    try:
+        truth = json.loads(ground_truth)
+        task, config, entry = truth["task"], truth["config"], truth["entry"]
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"reasoning_gym ground truth is not {{task, config, entry}} JSON: {exc}") from exc
+    dataset = _rg_dataset(task, json.dumps(config, sort_keys=True))
+    answer, fmt = extract_final_answer(response_text)
+    score = float(dataset.score_answer(answer, entry))
+    if not math.isfinite(score):
+        raise ValueError(f"{task}.score_answer returned {score}")
+    return _result(score, score >= 1.0, fmt, answer, task_score=score)
+
+
+REWARD_FUNCTIONS: dict[str, RewardFn] = {
+    "gsm8k": gsm8k_reward,
+    "math": math_reward,
+    "reasoning_gym": reasoning_gym_reward,
+}
+
+
+def get_reward_fn(name: str) -> RewardFn:
+    """The reward function registered as ``name``; ValueError listing the valid names."""
+    try:
+        return REWARD_FUNCTIONS[name]
+    except KeyError:
+        raise ValueError(f"unknown reward function {name!r}; valid: {sorted(REWARD_FUNCTIONS)}") from None
+
+
+# --- worker --------------------------------------------------------------------------------
+
+class RewardWorker:
+    """Batch handler: each ``Response`` -> one ``RewardedResponse`` on ``responses.rewarded``.
+
+    ``domain_reward_fns`` maps a domain to a reward function name; unknown names raise
+    ValueError here (at start-up), never per event. Per event:
+
+    - finish_reason ``error``: passed through, reward NaN, reward_error ``engine_error``;
+    - a domain without a function: reward NaN, reward_error ``no reward function for domain X``;
+    - otherwise the function's result (NaN + its error when scoring failed).
+
+    The response record is kept whole; reward_ms is the scoring wall time in milliseconds.
+    Other finish reasons (``length``, ``abort``) are scored as usual: the aggregator reads
+    finish_reason itself.
+    """
+
+    def __init__(self, topics: Topics, domain_reward_fns: dict[str, str]) -> None:
+        self.topics = topics
+        self.fns = {domain: get_reward_fn(name) for domain, name in domain_reward_fns.items()}
+
+    def reward(self, response: dict) -> RewardResult:
+        """Score one Response record (never raises)."""
+        if response.get("finish_reason") == "error":
+            return failed("engine_error")
+        fn = self.fns.get(response.get("domain"))
+        if fn is None:
+            return failed(f"no reward function for domain {response.get('domain')}")
+        return fn(response.get("response_text") or "", response.get("ground_truth") or "")
+
+    def __call__(self, inputs: Sequence[Input]) -> Iterable[Output]:
+        outputs = []
+        for inp in inputs:
+            response = inp.record
+            start = time.perf_counter()
+            result = self.reward(response)
+            outputs.append(Output(
+                topic=self.topics.responses_rewarded,
+                key=response["prompt_id"],
+                schema="RewardedResponse",
+                record={
+                    "response": response,
+                    "response_level_reward": float(result.response_level_reward),
+                    "scores": {k: float(v) for k, v in result.scores.items()},
+                    "meta": {k: str(v) for k, v in result.meta.items()},
+                    "reward_error": result.error,
+                    "reward_ms": (time.perf_counter() - start) * 1000.0,
+                },
+            ))
+        return outputs
+
+
+def run_reward_worker(
+    bootstrap: str,
+    topics: Topics,
+    domain_reward_fns: dict[str, str],
+    group_id: str = "rollstream-reward",
+    max_batch: int = 64,
+    max_idle_s: float | None = None,
+) -> EventWorker:
+    """Consume ``responses``, produce ``responses.rewarded`` until SIGTERM/SIGINT or ``max_idle_s``
+    seconds without input; returns the (closed) worker for its counters.
+
+    ValueError for an unknown reward function name in ``domain_reward_fns``.
+    """
+    handler = RewardWorker(topics, domain_reward_fns)
+    worker = EventWorker(
+        bootstrap=bootstrap, topics=topics, input_topic=topics.responses, group_id=group_id,
+        expected_schema="Response", handler=handler, stage="reward", max_batch=max_batch,
+    )
+    if threading.current_thread() is threading.main_thread():  # signal handlers: main thread only
+        worker.install_signal_handlers()
+    worker.run(max_idle_s=max_idle_s)
+    return worker

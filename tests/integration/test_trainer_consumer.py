@@ -1,0 +1,262 @@
+"""BatchBuilder against a real broker: exact batches, resume, duplicates, dead letters, manifest."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
+from rollstream.schemas import decode, encode
+from rollstream.trainer.consumer import BatchBuilder
+from rollstream.workers.base import make_producer
+
+pytestmark = pytest.mark.integration
+
+TOPICS = ["groups.accepted", "batches", "dead-letter"]
+RESPONSES = 4
+WAIT_S = 30.0
+
+
+def group_record(key: str, *, n: int = RESPONSES, accepted: bool = True, bad_lengths: bool = False):
+    responses = []
+    for i in range(n):
+        tokens = [100 + i, 200 + i]
+        responses.append({
+            "response": {
+                "prompt_id": key, "domain": "math", "mode": "train", "prompt": "1+1=",
+                "ground_truth": "2", "round": 0, "sample_index": i,
+                "prompt_token_ids": [1, 2, 3], "response_token_ids": tokens,
+                "infer_logprobs": [-0.5] * (len(tokens) - (1 if bad_lengths else 0)),
+                "response_text": "2", "finish_reason": "stop", "error": None,
+                "policy_version": 0, "generation_ms": 0.0, "created_ms": 0,
+            },
+            "response_level_reward": float(i % 2),
+            "scores": {}, "meta": {}, "reward_error": None, "reward_ms": 0.0,
+        })
+    return {
+        "group_key": key, "kind": "rlvr", "prompt_id": key, "domain": "math", "mode": "train",
+        "accepted": accepted, "reason": "accepted" if accepted else "all_equal",
+        "decision_values": {}, "filter_config": "{}", "filter_config_hash": "",
+        "policy_version": 0, "rounds": 1, "responses_generated": n, "prompt": "1+1=",
+        "ground_truth": "2", "prompt_token_ids": [1, 2, 3], "responses": responses,
+        "created_ms": 0,
+    }
+
+
+def produce(bootstrap, topic, items):
+    """items: group keys (encoded as accepted groups), dicts (Group records) or raw bytes."""
+    producer = make_producer(bootstrap)
+    try:
+        for item in items:
+            if isinstance(item, bytes):
+                key, value = b"junk", item
+            else:
+                record = group_record(item) if isinstance(item, str) else item
+                key, value = record["group_key"].encode(), encode(record, "Group")
+            producer.send(topic, key=key, value=value)
+        producer.flush()
+    finally:
+        producer.close()
+
+
+def read_all(bootstrap, topic, count, partitions=1):
+    """Decode ``count`` events from ``topic`` (from the beginning), in offset order per partition."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
+                             enable_auto_commit=False, consumer_timeout_ms=1000)
+    consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+    consumer.seek_to_beginning()
+    out, deadline = [], time.monotonic() + WAIT_S
+    try:
+        while len(out) < count and time.monotonic() < deadline:
+            for msg in consumer:
+                out.append(decode(msg.value)[1])
+    finally:
+        consumer.close()
+    return out
+
+
+def committed(bootstrap, topic, group_id, partition=0):
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group_id,
+                             enable_auto_commit=False)
+    try:
+        return consumer.committed(TopicPartition(topic, partition))
+    finally:
+        consumer.close()
+
+
+def wait_buffered(builder, n):
+    deadline = time.monotonic() + WAIT_S
+    while builder.buffered < n and time.monotonic() < deadline:
+        assert builder.next_batch(timeout_s=0.3) is None
+    assert builder.buffered == n
+
+
+@pytest.fixture
+def env(kafka_broker, topic_factory, tmp_path):
+    topics = topic_factory(TOPICS)
+    return kafka_broker, topics, f"trainer-{uuid.uuid4().hex[:8]}", tmp_path / "manifest.jsonl"
+
+
+def test_batches_hold_exactly_batch_size_groups_and_restart_resumes_after_last_commit(env):
+    bootstrap, topics, gid, manifest = env
+    produce(bootstrap, topics.groups_accepted, [f"g{i}" for i in range(5)])
+
+    with BatchBuilder(bootstrap, topics, 2, group_id=gid, manifest_path=manifest) as builder:
+        first = builder.next_batch(timeout_s=WAIT_S)
+        assert first.group_keys == ["g0", "g1"] and first.step == 0
+        assert first.batch_size == 2 * RESPONSES and first.response_ids.shape == (8, 2)
+        builder.commit(first)
+        second = builder.next_batch(timeout_s=WAIT_S)
+        assert second.group_keys == ["g2", "g3"] and second.step == 1
+        builder.commit(second)
+
+    assert committed(bootstrap, topics.groups_accepted, gid) == 4
+    lines = [json.loads(line) for line in manifest.read_text().splitlines()]
+    assert [(e["step"], e["status"], e["group_keys"], e["offsets"]) for e in lines] == [
+        (0, "complete", ["g0", "g1"], {"0": 2}),
+        (1, "complete", ["g2", "g3"], {"0": 4}),
+    ]
+    assert all(e["responses_per_group"] == [RESPONSES, RESPONSES] for e in lines)
+    assert all(e["fill_seconds"] >= 0 and e["target_groups"] == 2 for e in lines)
+
+    # a new builder with the same group id: g4 was consumed but never committed, so it comes back
+    produce(bootstrap, topics.groups_accepted, ["g5"])
+    with BatchBuilder(bootstrap, topics, 2, group_id=gid, manifest_path=manifest) as builder:
+        third = builder.next_batch(timeout_s=WAIT_S)
+        assert third.group_keys == ["g4", "g5"] and third.step == 2
+        assert (builder.consumed, builder.duplicates) == (2, 0)  # resumed at offset 4
+        builder.commit(third)
+
+    assert json.loads(manifest.read_text().splitlines()[-1])["offsets"] == {"0": 6}
+    events = read_all(bootstrap, topics.batches, 3)
+    assert [(e["step"], e["status"], e["group_keys"]) for e in events] == [
+        (0, "complete", ["g0", "g1"]), (1, "complete", ["g2", "g3"]),
+        (2, "complete", ["g4", "g5"]),
+    ]
+
+
+def test_batch_handed_out_but_not_committed_is_redelivered(env):
+    bootstrap, topics, gid, _ = env
+    produce(bootstrap, topics.groups_accepted, ["g0", "g1", "g2", "g3"])
+    with BatchBuilder(bootstrap, topics, 2, group_id=gid) as builder:
+        builder.commit(builder.next_batch(timeout_s=WAIT_S))
+        assert builder.next_batch(timeout_s=WAIT_S).group_keys == ["g2", "g3"]  # never committed
+    with BatchBuilder(bootstrap, topics, 2, group_id=gid) as builder:
+        assert builder.next_batch(timeout_s=WAIT_S).group_keys == ["g2", "g3"]
+
+
+def test_redelivered_group_is_ignored_and_counted(env):
+    bootstrap, topics, gid, manifest = env
+    produce(bootstrap, topics.groups_accepted, ["g0", "g1", "g0", "g2", "g1", "g3"])
+    with BatchBuilder(bootstrap, topics, 2, group_id=gid, manifest_path=manifest) as builder:
+        first = builder.next_batch(timeout_s=WAIT_S)
+        builder.commit(first)
+        second = builder.next_batch(timeout_s=WAIT_S)
+        entry = builder.commit(second)
+        assert builder.duplicates == 2
+        assert builder.metrics()["trainer/batch/duplicates"] == 2
+    assert (first.group_keys, second.group_keys) == (["g0", "g1"], ["g2", "g3"])
+    assert entry["offsets"] == {"0": 6}  # the skipped duplicates are committed past
+
+
+def test_restart_recognises_groups_of_manifest_as_duplicates(env):
+    # trained and written to the manifest, but the offset commit never happened (crash)
+    bootstrap, topics, gid, manifest = env
+    manifest.write_text(json.dumps({"step": 4, "group_keys": ["g0", "g1"]}) + "\n")
+    produce(bootstrap, topics.groups_accepted, ["g0", "g1", "g2", "g3"])
+    with BatchBuilder(bootstrap, topics, 2, group_id=gid, manifest_path=manifest) as builder:
+        batch = builder.next_batch(timeout_s=WAIT_S)
+        assert (batch.group_keys, batch.step, builder.duplicates) == (["g2", "g3"], 5, 2)
+        assert builder.commit(batch)["offsets"] == {"0": 4}
+
+
+def test_corrupt_events_go_to_dead_letter_and_the_rest_flow(env):
+    bootstrap, topics, gid, _ = env
+    produce(bootstrap, topics.groups_accepted, [
+        "g0",
+        b"not avro at all",                                   # offset 1: undecodable
+        b"\xc3\x01" + b"\x00" * 8 + b"body",                  # offset 2: unknown fingerprint
+        group_record("rej", accepted=False),                  # offset 3: not accepted
+        group_record("bad", bad_lengths=True),                # offset 4: logprob/token mismatch
+        "g1",
+    ])
+    with BatchBuilder(bootstrap, topics, 2, group_id=gid) as builder:
+        batch = builder.next_batch(timeout_s=WAIT_S)
+        assert batch.group_keys == ["g0", "g1"]
+        assert builder.commit(batch)["offsets"] == {"0": 6}
+        assert builder.dead_lettered == 4
+    letters = read_all(bootstrap, topics.dead_letter, 4)
+    assert [(d["offset"], d["reason"]) for d in letters] == [
+        (1, "undecodable"), (2, "unknown_schema"), (3, "invalid_event"), (4, "invalid_event"),
+    ]
+    assert letters[0]["payload"] == b"not avro at all"
+    assert letters[0]["source_topic"] == topics.groups_accepted
+    assert "infer_logprobs" in letters[3]["error"]
+
+
+def test_take_partial_ships_buffered_groups_with_status_partial(env):
+    bootstrap, topics, gid, manifest = env
+    produce(bootstrap, topics.groups_accepted, ["g0"])
+    with BatchBuilder(bootstrap, topics, 3, group_id=gid, manifest_path=manifest) as builder:
+        wait_buffered(builder, 1)
+        batch = builder.take_partial()
+        assert batch.group_keys == ["g0"] and batch.batch_size == RESPONSES
+        entry = builder.commit(batch)
+        assert builder.take_partial() is None
+    assert (entry["status"], entry["accepted_groups"], entry["target_groups"]) == ("partial", 1, 3)
+    (event,) = read_all(bootstrap, topics.batches, 1)
+    assert (event["status"], event["group_keys"], event["offsets"]) == ("partial", ["g0"], {"0": 1})
+
+
+def test_commit_rejects_a_batch_committed_twice(env):
+    bootstrap, topics, gid, _ = env
+    produce(bootstrap, topics.groups_accepted, ["g0"])
+    with BatchBuilder(bootstrap, topics, 1, group_id=gid) as builder:
+        batch = builder.next_batch(timeout_s=WAIT_S)
+        builder.commit(batch)
+        with pytest.raises(ValueError, match="not an outstanding batch"):
+            builder.commit(batch)
+
+
+def test_groups_spread_over_partitions_are_each_trained_once(kafka_broker, topic_factory, tmp_path):
+    topics = topic_factory(TOPICS, partitions=3)
+    gid, manifest = f"trainer-{uuid.uuid4().hex[:8]}", tmp_path / "m.jsonl"
+    keys = [f"g{i}" for i in range(9)]
+    produce(kafka_broker, topics.groups_accepted, keys)
+    seen = []
+    with BatchBuilder(kafka_broker, topics, 2, group_id=gid, manifest_path=manifest) as builder:
+        for _ in range(2):
+            batch = builder.next_batch(timeout_s=WAIT_S)
+            builder.commit(batch)
+            seen += batch.group_keys
+    with BatchBuilder(kafka_broker, topics, 5, group_id=gid, manifest_path=manifest) as builder:
+        batch = builder.next_batch(timeout_s=WAIT_S)
+        assert builder.duplicates == 0
+        entry = builder.commit(batch)
+        seen += batch.group_keys
+    assert sorted(seen) == sorted(keys)
+    assert sum(entry["offsets"].values()) == len(keys)
+
+
+def test_buffered_groups_of_revoked_partitions_go_to_the_new_owner_only(kafka_broker, topic_factory):
+    topics = topic_factory(TOPICS, partitions=2)
+    gid = f"trainer-{uuid.uuid4().hex[:8]}"
+    keys = [f"g{i}" for i in range(8)]
+    produce(kafka_broker, topics.groups_accepted, keys)
+    with BatchBuilder(kafka_broker, topics, 100, group_id=gid) as a:
+        wait_buffered(a, len(keys))
+        with BatchBuilder(kafka_broker, topics, 100, group_id=gid) as b:
+            deadline = time.monotonic() + WAIT_S
+            while time.monotonic() < deadline and not (
+                len(a.consumer.assignment()) == len(b.consumer.assignment()) == 1
+                and a.buffered + b.buffered == len(keys)
+            ):
+                a.next_batch(timeout_s=0.2)
+                b.next_batch(timeout_s=0.2)
+            held_a = a.take_partial().group_keys
+            held_b = b.take_partial().group_keys
+    assert held_a and held_b
+    assert sorted(held_a + held_b) == sorted(keys)  # each group held by exactly one builder
