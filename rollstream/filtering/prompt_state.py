@@ -9,7 +9,8 @@ Lifecycle (reference-behaviour.md sections a-c, with our differences):
 1. The first response of a prompt opens the state expecting sample indices
    ``0 .. num_return_sequences-1`` (round 0).
 2. Each response is checked by the response filter (validation bypasses it). A redelivered or
-   unexpected sample index is ignored and reported as a duplicate.
+   unexpected sample index, or any response of an already decided prompt, is ignored and
+   reported as a duplicate.
 3. When every expected sample of the open round has arrived: if fewer than
    ``num_return_sequences`` responses were accepted, request exactly the missing count as a
    replacement round for the same prompt (new, deterministic sample indices), unless
@@ -62,6 +63,7 @@ class PromptState:
     responses_generated: int = 0
     next_sample_index: int = 0
     policy_version: int = -1  # oldest policy version among accepted responses
+    decided: str | None = None  # set once decided: a closed transaction ignores redeliveries
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -138,15 +140,22 @@ def open_state(rewarded: Mapping[str, Any], filters: DomainFilters) -> PromptSta
     )
 
 
+def closed(state: PromptState, reason: str) -> PromptState:
+    """The compact record of a decided prompt, kept a while so redelivered responses (at-least-once
+    delivery after a crash or rebalance) cannot reopen the transaction."""
+    return PromptState(state.prompt_id, state.domain, state.mode, state.num_return_sequences,
+                       rounds=state.rounds, decided=reason)
+
+
 def step(
     state: PromptState | None, rewarded: Mapping[str, Any], filters: DomainFilters
-) -> tuple[PromptState | None, list[Effect]]:
-    """Apply one RewardedResponse record; returns the new state (None once decided) and effects."""
+) -> tuple[PromptState, list[Effect]]:
+    """Apply one RewardedResponse record; returns the new state (closed once decided) and effects."""
     if state is None:
         state = open_state(rewarded, filters)
     response = rewarded["response"]
     index = int(response["sample_index"])
-    if index not in state.expected:
+    if state.decided is not None or index not in state.expected:
         return state, [DuplicateResponse(index)]
     state.expected.remove(index)
     state.responses_generated += 1
@@ -170,7 +179,7 @@ def step(
 
 def _round_complete(
     state: PromptState, filters: DomainFilters, effects: list[Effect]
-) -> tuple[PromptState | None, list[Effect]]:
+) -> tuple[PromptState, list[Effect]]:
     missing = state.num_return_sequences - len(state.accepted)
     if missing > 0:
         if state.rounds < filters.max_response_rounds:
@@ -189,7 +198,7 @@ def _round_complete(
     else:
         metrics = [state.accepted[str(i)] for i in state.accepted_indices]
         decision = decide_query(metrics, filters.query_filter_config)
-    return None, [*effects, Decided(
+    return closed(state, decision.reason), [*effects, Decided(
         accepted=decision.keep, reason=decision.reason, values=dict(decision.values),
         sample_indices=state.accepted_indices, rounds=state.rounds,
         responses_generated=state.responses_generated,

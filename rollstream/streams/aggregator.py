@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+from collections import deque
 
 import faust
 
@@ -20,6 +22,8 @@ from rollstream.streams.events import decided_group, prompt_outcome, replacement
 from rollstream.topics import Topics
 
 log = logging.getLogger(__name__)
+
+DECIDED_TTL_S = 300.0  # well beyond the 1 s commit interval
 
 
 def build_aggregator_app(config: RLVRConfig, bootstrap: str, store: str = "memory://") -> faust.App:
@@ -37,6 +41,9 @@ def build_aggregator_app(config: RLVRConfig, bootstrap: str, store: str = "memor
                                 key_type=bytes, value_type=bytes,
                                 help="prompt_id/sample_index -> accepted RewardedResponse (Avro bytes)")
     stats = {"duplicates": 0, "responses_rejected": 0, "decided": 0}
+    # partition -> [(decided_at, key)]: closed transactions are purged after DECIDED_TTL_S, once
+    # every offset of the prompt is long committed and no redelivery can reach it.
+    closed_keys: dict[int, deque] = {}
 
     @app.agent(rewarded)
     async def aggregate(stream):
@@ -67,11 +74,14 @@ def build_aggregator_app(config: RLVRConfig, bootstrap: str, store: str = "memor
                     await emit.send(topics.generation_requests, pid, request, "GenerationRequest")
                 elif isinstance(effect, Decided):
                     await _emit_decision(pid, response, effect)
-            if state is None:
-                if raw_state:
-                    del state_table[key]
-            else:
+            was_open = state.decided is None or any(isinstance(e, Decided) for e in effects)
+            if was_open:
                 state_table[key] = json.dumps(state.to_dict()).encode()
+            partition_closed = closed_keys.setdefault(event.message.partition, deque())
+            if state.decided is not None and was_open:
+                partition_closed.append((time.monotonic(), key))
+            while partition_closed and time.monotonic() - partition_closed[0][0] > DECIDED_TTL_S:
+                state_table.pop(partition_closed.popleft()[1], None)
 
     async def _emit_decision(pid: str, response: dict, decided: Decided) -> None:
         accepted_responses = []

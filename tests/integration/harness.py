@@ -1,0 +1,132 @@
+"""Test harness for the stream processors on the real broker: configs, stage processes, and a
+synthetic rollout source that answers generation requests with scripted rewarded responses
+(no model), so filtering behaviour is tested exactly."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import yaml
+from kafka import KafkaConsumer
+
+from rollstream.readback import read_values
+from rollstream.run import StageProcesses
+from rollstream.schemas import decode, encode
+from rollstream.stages import Stage
+from rollstream.topics import Topics
+from rollstream.workers.base import make_producer
+
+DOMAIN = "synth"
+
+# (prompt_id, sample_index, round) -> (response_level_reward, finish_reason)
+Script = Callable[[str, int, int], tuple[float, str]]
+
+
+def write_config(tmp_path: Path, topics: Topics, partitions: int, **overrides) -> Path:
+    config = {
+        "name": "it",
+        "kafka": {"topic_prefix": topics.prefix, "partitions": partitions},
+        "rollout_batch_size": 4,
+        "num_return_sequences_in_group": 4,
+        "max_running_prompts": 8,
+        "max_prompts_per_batch": 64,
+        "max_steps": 1,
+        "rewards": {DOMAIN: {"reward_type": "gsm8k",
+                             "query_filter_config": {"type": "std_filter", "filter_args": {"std_threshold": 0.0}}}},
+        "datasets": [],
+    }
+    for key, value in overrides.items():
+        config[key] = value
+    path = tmp_path / f"config-{topics.prefix.strip('.')}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def start_stages(config_path: Path, bootstrap: str, log_dir: Path, *stages: Stage) -> StageProcesses:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs = StageProcesses(config_path, bootstrap, log_dir)
+    for stage in stages:
+        procs.start(stage)
+    return procs
+
+
+def response(prompt_id: str, sample_index: int, round_: int = 0, reward: float = 0.0,
+             finish_reason: str = "stop", tokens: int = 4, domain: str = DOMAIN, mode: str = "train",
+             scores: dict | None = None) -> dict:
+    """A RewardedResponse record."""
+    return {
+        "response": {
+            "prompt_id": prompt_id, "domain": domain, "mode": mode, "prompt": f"question {prompt_id}",
+            "ground_truth": "1", "round": round_, "sample_index": sample_index,
+            "prompt_token_ids": [1, 2, 3], "response_token_ids": list(range(10, 10 + tokens)),
+            "infer_logprobs": [-0.25] * tokens, "response_text": "answer" if tokens else "",
+            "finish_reason": finish_reason, "policy_version": 0,
+        },
+        "response_level_reward": reward,
+        "scores": scores or {"acc": float(reward >= 1.0)},
+    }
+
+
+def prompt(prompt_id: str, mode: str = "train", text: str | None = None) -> dict:
+    return {"prompt_id": prompt_id, "domain": DOMAIN, "mode": mode,
+            "prompt": text or f"What is {len(prompt_id)} + 1?", "ground_truth": "1"}
+
+
+def produce(bootstrap: str, topic: str, schema: str, records: list[dict], key_field: str = "prompt_id") -> None:
+    producer = make_producer(bootstrap)
+    for rec in records:
+        key = rec["response"][key_field] if schema == "RewardedResponse" else rec[key_field]
+        producer.send(topic, key=key.encode(), value=encode(rec, schema))
+    producer.flush()
+    producer.close()
+
+
+class SyntheticRollout(threading.Thread):
+    """Plays generation + reward: each GenerationRequest becomes num_return_sequences scripted
+    RewardedResponse events on ``responses.rewarded``. Records every request it saw."""
+
+    def __init__(self, bootstrap: str, topics: Topics, script: Script) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap, self.topics, self.script = bootstrap, topics, script
+        self.requests: list[dict] = []
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        consumer = KafkaConsumer(self.topics.generation_requests, bootstrap_servers=self.bootstrap,
+                                 group_id=f"{self.topics.prefix}synthetic", auto_offset_reset="earliest")
+        producer = make_producer(self.bootstrap)
+        try:
+            while not self.stop_event.is_set():
+                for msgs in consumer.poll(timeout_ms=200).values():
+                    for m in msgs:
+                        _, req = decode(m.value)
+                        self.requests.append(req)
+                        for i in range(req["num_return_sequences"]):
+                            index = req["sample_offset"] + i
+                            reward, finish = self.script(req["prompt_id"], index, req["round"])
+                            rec = response(req["prompt_id"], index, req["round"], reward, finish, mode=req["mode"])
+                            producer.send(self.topics.responses_rewarded, key=m.key, value=encode(rec, "RewardedResponse"))
+                producer.flush()
+        finally:
+            consumer.close()
+            producer.close()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(10)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 60.0, interval: float = 0.5, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+
+
+def count(bootstrap: str, topic: str) -> int:
+    return len(read_values(bootstrap, topic))

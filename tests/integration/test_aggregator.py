@@ -1,0 +1,155 @@
+"""Response aggregation + filters on the real broker (faust worker subprocesses, no model)."""
+
+from __future__ import annotations
+
+import pytest
+from kafka.partitioner.default import murmur2
+
+from rollstream.readback import read_values
+from rollstream.schemas import encode
+from rollstream.stages import Stage
+from rollstream.workers.base import make_producer
+
+from .harness import produce, response, start_stages, wait_for, write_config
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 4
+
+
+def partition_of(key: str, n: int = PARTITIONS) -> int:
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % n
+
+
+def same_partition_key(key: str, prefix: str) -> str:
+    return next(f"{prefix}{i}" for i in range(1000) if partition_of(f"{prefix}{i}") == partition_of(key))
+
+
+@pytest.fixture
+def aggregator(kafka_broker, topic_factory, tmp_path):
+    """Topics with 4 partitions and one aggregator worker; yields (topics, config_path)."""
+    topics = topic_factory(partitions=PARTITIONS)
+    config = write_config(tmp_path, topics, PARTITIONS)
+    stages = start_stages(config, kafka_broker, tmp_path / "logs", Stage.aggregator)
+    yield topics, config
+    stages.close()
+
+
+def test_group_emitted_only_when_complete_and_only_once(kafka_broker, aggregator):
+    topics, _ = aggregator
+    sentinel = same_partition_key("pA", "sentinel-")
+    # three of four responses, then a complete sentinel group behind them in the same partition
+    produce(kafka_broker, topics.responses_rewarded, "RewardedResponse",
+            [response("pA", i, reward=float(i == 0)) for i in range(3)]
+            + [response(sentinel, i, reward=float(i == 0)) for i in range(4)])
+    wait_for(lambda: len(read_values(kafka_broker, topics.groups_accepted)) == 1, what="sentinel group")
+    assert [g["prompt_id"] for g in read_values(kafka_broker, topics.groups_accepted)] == [sentinel]
+    # the last response and a redelivery of every pA response
+    produce(kafka_broker, topics.responses_rewarded, "RewardedResponse",
+            [response("pA", 3)] + [response("pA", i, reward=float(i == 0)) for i in range(4)]
+            + [response(sentinel + "x", i, reward=float(i == 1)) for i in range(4)])
+    wait_for(lambda: len(read_values(kafka_broker, topics.groups_accepted)) == 3, what="three groups")
+    groups = read_values(kafka_broker, topics.groups_accepted)
+    pa = [g for g in groups if g["prompt_id"] == "pA"]
+    assert len(pa) == 1
+    assert [r["response"]["sample_index"] for r in pa[0]["responses"]] == [0, 1, 2, 3]
+    assert [r["response_level_reward"] for r in pa[0]["responses"]] == [1.0, 0.0, 0.0, 0.0]
+    assert pa[0]["decision_values"]["std"] == pytest.approx(0.5)
+    assert pa[0]["filter_config_hash"] and "std_filter" in pa[0]["filter_config"]
+    outcomes = read_values(kafka_broker, topics.prompt_outcomes)
+    assert sorted(o["prompt_id"] for o in outcomes) == sorted(["pA", sentinel, sentinel + "x"])
+    assert read_values(kafka_broker, topics.groups_rejected) == []
+
+
+def test_replacements_ask_for_exactly_the_rejected_count(kafka_broker, aggregator):
+    topics, _ = aggregator
+    produce(kafka_broker, topics.responses_rewarded, "RewardedResponse", [
+        response("pR", 0, reward=1.0), response("pR", 1, finish_reason="length"),
+        response("pR", 2), response("pR", 3, finish_reason="length"),
+    ])
+    wait_for(lambda: len(read_values(kafka_broker, topics.generation_requests)) == 1, what="round 1 request")
+    [req] = read_values(kafka_broker, topics.generation_requests)
+    assert (req["prompt_id"], req["round"], req["num_return_sequences"], req["sample_offset"]) == ("pR", 1, 2, 4)
+    produce(kafka_broker, topics.responses_rewarded, "RewardedResponse", [
+        response("pR", 4, round_=1), response("pR", 5, round_=1, tokens=0),
+    ])
+    wait_for(lambda: len(read_values(kafka_broker, topics.generation_requests)) == 2, what="round 2 request")
+    req2 = read_values(kafka_broker, topics.generation_requests)[1]
+    assert (req2["round"], req2["num_return_sequences"], req2["sample_offset"]) == (2, 1, 6)
+    assert req2["seed"] != req["seed"]
+    produce(kafka_broker, topics.responses_rewarded, "RewardedResponse", [response("pR", 6, round_=2)])
+    wait_for(lambda: read_values(kafka_broker, topics.groups_accepted), what="group")
+    [group] = read_values(kafka_broker, topics.groups_accepted)
+    assert [r["response"]["sample_index"] for r in group["responses"]] == [0, 2, 4, 6]
+    assert (group["rounds"], group["responses_generated"]) == (3, 7)
+    assert group["decision_values"]["rejected_responses/truncated"] == 2.0
+    assert group["decision_values"]["rejected_responses/empty_response"] == 1.0
+
+
+def test_retries_exhausted_aborts_the_prompt_and_the_stage_keeps_going(kafka_broker, topic_factory, tmp_path):
+    topics = topic_factory(partitions=PARTITIONS)
+    config = write_config(tmp_path, topics, PARTITIONS, max_response_rounds=2)
+    stages = start_stages(config, kafka_broker, tmp_path / "logs", Stage.aggregator)
+    try:
+        produce(kafka_broker, topics.responses_rewarded, "RewardedResponse",
+                [response("pX", i, finish_reason="error") for i in range(4)])
+        wait_for(lambda: read_values(kafka_broker, topics.generation_requests), what="replacement")
+        produce(kafka_broker, topics.responses_rewarded, "RewardedResponse",
+                [response("pX", i, round_=1, finish_reason="error") for i in range(4, 8)]
+                + [response("pY", i, reward=float(i)) for i in range(4)])
+        wait_for(lambda: len(read_values(kafka_broker, topics.prompt_outcomes)) == 2, what="two outcomes")
+        [rejected] = read_values(kafka_broker, topics.groups_rejected)
+        assert (rejected["prompt_id"], rejected["reason"], rejected["rounds"]) == ("pX", "response_retries_exhausted", 2)
+        assert rejected["decision_values"]["rejected_responses/engine_error"] == 8.0
+        outcomes = {o["prompt_id"]: (o["outcome"], o["reason"]) for o in read_values(kafka_broker, topics.prompt_outcomes)}
+        assert outcomes == {"pX": ("abort", "response_retries_exhausted"), "pY": ("commit", "accepted")}
+        assert len(read_values(kafka_broker, topics.generation_requests)) == 1  # bounded: 2 rounds in total
+    finally:
+        stages.close()
+
+
+def test_corrupt_events_are_dead_lettered_and_the_rest_still_flow(kafka_broker, aggregator):
+    topics, _ = aggregator
+    producer = make_producer(kafka_broker)
+    producer.send(topics.responses_rewarded, key=b"pD", value=b"not avro at all")
+    producer.send(topics.responses_rewarded, key=b"pD", value=b"\xc3\x01" + b"\x01" * 8 + b"\x00")
+    producer.send(topics.responses_rewarded, key=b"pD", value=encode(
+        {"prompt_id": "pD", "domain": "synth", "prompt": "q"}, "Prompt"))
+    producer.send(topics.responses_rewarded, key=b"pD", value=encode(response("pD", 0, domain="nope"), "RewardedResponse"))
+    producer.flush()
+    produce(kafka_broker, topics.responses_rewarded, "RewardedResponse",
+            [response("pOK", i, reward=float(i % 2)) for i in range(4)])
+    wait_for(lambda: read_values(kafka_broker, topics.groups_accepted), what="group after corrupt events")
+    dead = read_values(kafka_broker, topics.dead_letter)
+    assert [d["reason"] for d in dead] == ["undecodable", "unknown_schema", "invalid_event", "invalid_event"]
+    assert dead[0]["payload"] == b"not avro at all" and dead[0]["source_topic"] == topics.responses_rewarded
+    assert "unknown domain 'nope'" in dead[3]["error"]
+    assert [g["prompt_id"] for g in read_values(kafka_broker, topics.groups_accepted)] == ["pOK"]
+
+
+def test_two_aggregator_processes_decide_200_prompts_exactly_once(kafka_broker, topic_factory, tmp_path):
+    topics = topic_factory(partitions=PARTITIONS)
+    config = write_config(tmp_path, topics, PARTITIONS)
+    stages = start_stages(config, kafka_broker, tmp_path / "logs", Stage.aggregator)
+    stages.procs["aggregator-2"] = stages.procs.pop("aggregator")
+    stages.start(Stage.aggregator)
+    try:
+        records = []
+        for p in range(200):
+            mixed = p % 2 == 0
+            records += [response(f"p{p:03d}", i, reward=float(mixed and i == p % 4)) for i in range(4)]
+        # interleave prompts so each partition sees many open transactions at once
+        records.sort(key=lambda r: (r["response"]["sample_index"], r["response"]["prompt_id"]))
+        produce(kafka_broker, topics.responses_rewarded, "RewardedResponse", records)
+        wait_for(lambda: len(read_values(kafka_broker, topics.prompt_outcomes)) >= 200, timeout=120, what="200 outcomes")
+        outcomes = read_values(kafka_broker, topics.prompt_outcomes)
+        assert len(outcomes) == 200
+        assert len({o["prompt_id"] for o in outcomes}) == 200
+        accepted = read_values(kafka_broker, topics.groups_accepted)
+        rejected = read_values(kafka_broker, topics.groups_rejected)
+        assert sorted(g["prompt_id"] for g in accepted) == [f"p{p:03d}" for p in range(0, 200, 2)]
+        assert sorted(g["prompt_id"] for g in rejected) == [f"p{p:03d}" for p in range(1, 200, 2)]
+        assert {g["reason"] for g in rejected} == {"zero_std"}
+        assert all(len(g["responses"]) == 4 for g in accepted)
+    finally:
+        stages.close()
