@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import yaml
-from kafka import KafkaConsumer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -27,9 +26,9 @@ from rich.table import Table
 from rollstream.config import RLVRConfig
 from rollstream.exceptions import RollstreamError
 from rollstream.readback import read_values
-from rollstream.schemas import decode
-from rollstream.stages import Stage
-from rollstream.topics import TOPICS, Topics
+from rollstream.stages import PIPELINE_STAGES, Stage
+from rollstream.topics import Topics
+from rollstream.trainer.loop import BatchEvents, LoopResult, build_batches
 
 
 class StageDied(RollstreamError):
@@ -70,25 +69,10 @@ class StageProcesses:
                 proc.wait()
 
 
-def _underfilled_events(consumer: KafkaConsumer) -> list[dict]:
-    out = []
-    for msgs in consumer.poll(timeout_ms=0).values():
-        for m in msgs:
-            try:
-                name, record = decode(m.value)
-            except RollstreamError:
-                continue
-            if name == "Batch" and record["status"] == "underfilled":
-                out.append(record)
-    return out
-
-
 def run_pipeline(config: RLVRConfig, summary_json: Path | None = None, console: Console | None = None,
                  run_dir: Path | None = None) -> dict:
     """Run the pipeline; returns the summary dict (also written to ``summary_json``)."""
-    from rollstream.broker import EmbeddedBroker, create_topics
-    from rollstream.producer import produce_prompts
-    from rollstream.trainer.consumer import BatchBuilder
+    from rollstream.broker import EmbeddedBroker
 
     console = console or Console()
     started = time.monotonic()
@@ -108,64 +92,56 @@ def run_pipeline(config: RLVRConfig, summary_json: Path | None = None, console: 
         console.print(f"local Kafka broker at {bootstrap} (log {broker.log_path})")
     topics = Topics(config.kafka.topic_prefix)
     stages = StageProcesses(config_path, bootstrap, run_dir / "logs")
-    builder = None
-    batches: list[dict] = []
-    outcome = "complete"
-    detail = ""
     try:
-        create_topics(bootstrap, topics.all(config.kafka.partitions))
-        for stage in Stage:
-            stages.start(stage)
-        n_prompts = produce_prompts(config, bootstrap)
-        console.print(f"published {n_prompts} prompts to {topics.prompts}")
-        builder = BatchBuilder(bootstrap, topics, config.rollout_batch_size, group_id=f"{topics.prefix}trainer",
-                               manifest_path=run_dir / "batches.jsonl")
-        batch_events = KafkaConsumer(topics.batches, bootstrap_servers=bootstrap, group_id=None,
-                                     auto_offset_reset="earliest", enable_auto_commit=False)
-        deadline = started + config.time_limit_s
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} groups"),
-                      TimeElapsedColumn(), console=console) as progress:
-            bar = progress.add_task("filling batches", total=config.max_steps * config.rollout_batch_size)
-            while len(batches) < config.max_steps:
-                stages.check()
-                if time.monotonic() > deadline:
-                    outcome, detail = "timed_out", f"time_limit_s={config.time_limit_s} reached"
-                    break
-                batch = builder.next_batch(timeout_s=1.0)
-                if batch is None:
-                    for event in _underfilled_events(batch_events):
-                        ratio = event["accepted_groups"] / event["target_groups"]
-                        if ratio >= config.min_fill_ratio and event["accepted_groups"] > 0:
-                            batch = builder.take_partial(timeout_s=30.0)
-                        else:
-                            outcome = "batch_underfilled"
-                            detail = (f"step {event['step']}: {event['accepted_groups']}/{event['target_groups']} groups "
-                                      f"after {event['prompts_consumed']} prompts (min_fill_ratio {config.min_fill_ratio}); "
-                                      f"rejected: {event['rejected_by_reason']}")
-                    if batch is None:
-                        progress.update(bar, completed=len(batches) * config.rollout_batch_size + builder.buffered)
-                        if outcome != "complete":
-                            break
-                        continue
-                entry = builder.commit(batch)
-                batches.append(entry)
-                progress.update(bar, completed=sum(b["accepted_groups"] for b in batches),
-                                description=f"batch {entry['step']} built ({entry['status']})")
-        batch_events.close()
-    finally:
-        if builder is not None:
-            builder.close()
-        stages.close()
-    try:
-        summary = summarize(config, bootstrap, topics, batches, outcome, detail, time.monotonic() - started)
+        try:
+            result = _build(config, bootstrap, topics, stages, run_dir, console, started)
+        except StageDied as exc:
+            result = LoopResult(outcome="stage_failed", detail=str(exc))
+        finally:
+            stages.close()
+        summary = summarize(config, bootstrap, topics, result.batches, result.outcome, result.detail,
+                            time.monotonic() - started)
     finally:
         if broker is not None:
             broker.stop()
     print_summary(summary, console)
-    for path in {run_dir / "summary.json", *( [summary_json] if summary_json else [] )}:
+    for path in {run_dir / "summary.json", *([summary_json] if summary_json else [])}:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _build(config: RLVRConfig, bootstrap: str, topics: Topics, stages: StageProcesses, run_dir: Path,
+           console: Console, started: float) -> LoopResult:
+    from rollstream.broker import create_topics
+    from rollstream.producer import produce_prompts
+    from rollstream.trainer.consumer import BatchBuilder
+
+    create_topics(bootstrap, topics.all(config.kafka.partitions))
+    for stage in PIPELINE_STAGES:
+        stages.start(stage)
+    n_prompts = produce_prompts(config, bootstrap)
+    console.print(f"published {n_prompts} prompts to {topics.prompts}")
+    builder = BatchBuilder(bootstrap, topics, config.rollout_batch_size, group_id=f"{topics.prefix}trainer",
+                           manifest_path=run_dir / "batches.jsonl")
+    events = BatchEvents(bootstrap, topics)
+    target = config.max_steps * config.rollout_batch_size
+    try:
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                      TextColumn("{task.completed}/{task.total} groups"), TimeElapsedColumn(),
+                      console=console) as progress:
+            bar = progress.add_task("filling batches", total=target)
+
+            def show(result: LoopResult, buffered: int) -> None:
+                done = sum(b["accepted_groups"] for b in result.batches)
+                last = f"batch {result.batches[-1]['step']} built" if result.batches else "filling batches"
+                progress.update(bar, completed=min(target, done + buffered), description=last)
+
+            return build_batches(builder, events, max_steps=config.max_steps, min_fill_ratio=config.min_fill_ratio,
+                                 deadline=started + config.time_limit_s, check=stages.check, on_progress=show)
+    finally:
+        events.close()
+        builder.close()
 
 
 def summarize(config: RLVRConfig, bootstrap: str, topics: Topics, batches: list[dict], outcome: str,
@@ -208,7 +184,17 @@ def summarize(config: RLVRConfig, bootstrap: str, topics: Topics, batches: list[
         "responses_per_accepted_response": round(train_responses / accepted_responses, 3) if accepted_responses else None,
         "validation": {"original": len(validation), "rejected": 0, "accepted": len(validation)},
         "dead_letters": len(dead),
+        "finish_reasons": _counts(r["finish_reason"] for r in responses),
+        "response_tokens_mean": round(sum(len(r["response_token_ids"]) for r in responses) / len(responses), 1)
+        if responses else 0.0,
     }
+
+
+def _counts(items) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        out[item] = out.get(item, 0) + 1
+    return dict(sorted(out.items()))
 
 
 def print_summary(summary: dict, console: Console) -> None:

@@ -14,6 +14,11 @@ class Stage(str, Enum):
     aggregator = "aggregator"
     generation = "generation"
     reward = "reward"
+    trainer = "trainer"
+
+
+# What `rollstream run` starts as processes; it is the trainer itself.
+PIPELINE_STAGES = (Stage.admission, Stage.aggregator, Stage.generation, Stage.reward)
 
 
 def run_faust_app(app) -> None:
@@ -47,3 +52,29 @@ def run_stage(stage: Stage, config: RLVRConfig, bootstrap: str, max_idle_s: floa
 
         run_reward_worker(bootstrap, topics, {d: r.reward_type for d, r in config.rewards.items()},
                           group_id=f"{topics.prefix}reward", max_idle_s=max_idle_s)
+    elif stage is Stage.trainer:
+        run_trainer(config, bootstrap)
+
+
+def run_trainer(config: RLVRConfig, bootstrap: str) -> None:
+    """Build batches until max_steps (or an underfilled verdict); SIGTERM stops it between polls."""
+    import signal
+    import threading
+    from pathlib import Path
+
+    from rollstream.trainer.consumer import BatchBuilder
+    from rollstream.trainer.loop import BatchEvents, build_batches
+
+    topics = Topics(config.kafka.topic_prefix)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    builder = BatchBuilder(bootstrap, topics, config.rollout_batch_size, group_id=f"{topics.prefix}trainer",
+                           manifest_path=Path("runs") / config.name / "batches.jsonl")
+    events = BatchEvents(bootstrap, topics)
+    try:
+        result = build_batches(builder, events, max_steps=config.max_steps, min_fill_ratio=config.min_fill_ratio,
+                               should_stop=stop.is_set)
+    finally:
+        events.close()
+        builder.close()
+    logging.getLogger(__name__).info("trainer finished: %s %s (%d batches)", result.outcome, result.detail, len(result.batches))

@@ -367,11 +367,13 @@ class BatchBuilder:
         parts = {tp.partition for tp in revoked if tp.topic == self.topic}
         dropped = [item for item in self._buffer if item.partition in parts]
         self._buffer = [item for item in self._buffer if item.partition not in parts]
-        self._rewind = {}
-        for item in dropped:
+        for item in dropped:  # kept until the next assignment, which may follow several revokes
             self._seen.pop(item.group["group_key"], None)  # its redelivery is not a duplicate
             self._not_done[item.partition].discard(item.offset)
-            self._rewind[item.partition] = min(item.offset, self._rewind.get(item.partition, item.offset))
+            p = item.partition
+            self._rewind[p] = min(item.offset, self._rewind.get(p, item.offset))
+        log.info("partitions %s of %s revoked; %d buffered groups dropped for re-reading",
+                 sorted(parts), self.topic, len(dropped))
         in_flight = {item.partition for out in self._outstanding.values() for item in out.items}
         for p in parts:
             if p in in_flight:

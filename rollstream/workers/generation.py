@@ -41,6 +41,15 @@ class SamplingParams:
     max_new_tokens: int = 64
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        """Raises ValueError for temperature < 0, top_p outside (0, 1] or max_new_tokens < 1."""
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -236,6 +245,8 @@ class TransformersBackend:
                 )
             except Exception as exc:  # OOM, bad ids, anything: report, never raise
                 log.exception("generation chunk of %d rows failed", len(chunk))
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()  # give an OOM'd allocator a chance on the next chunk
                 samples = _error_samples(len(chunk), f"{type(exc).__name__}: {exc}"[:2000])
             for (i, j), s in zip(chunk, samples):
                 out[i][j] = s

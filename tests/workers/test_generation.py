@@ -160,9 +160,12 @@ def test_bad_input_is_an_error_sample_not_an_exception(backend):
     assert out[0][0].finish_reason == "error" and out[0][0].error
 
 
-def test_argument_length_mismatch_raises(backend, prompts):
+def test_argument_length_mismatch_and_bad_params_raise(backend, prompts):
     with pytest.raises(ValueError):
         backend.generate(prompts, [1], [SamplingParams()])
+    for bad in ({"temperature": -1.0}, {"top_p": 0.0}, {"top_p": 1.5}, {"max_new_tokens": 0}):
+        with pytest.raises(ValueError):
+            SamplingParams(**bad)
 
 
 def test_load_weights_sets_version_and_rejects_bad_files(backend, prompts, tmp_path):

@@ -1,0 +1,95 @@
+"""The trainer's consume loop: build ``max_steps`` batches, or stop on an underfilled verdict.
+
+Shared by `rollstream run` (in-process, with a progress bar) and `rollstream worker trainer`.
+The admission publishes ``Batch(status="underfilled")`` when the resampling budget of a step is
+spent; the configured ``min_fill_ratio`` then decides (peer scenario 1):
+
+* ``accepted / target >= min_fill_ratio`` -> ship the accepted groups as a partial batch;
+* otherwise -> stop with outcome ``batch_underfilled``; the accepted groups stay uncommitted in
+  ``groups.accepted`` (never lost) for a later run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from kafka import KafkaConsumer
+
+from rollstream.exceptions import RollstreamError
+from rollstream.schemas import decode
+from rollstream.topics import Topics
+
+
+def underfill_action(accepted: int, target: int, min_fill_ratio: float) -> str:
+    """``ship_partial`` or ``fail`` for a step that ended with ``accepted`` of ``target`` groups."""
+    return "ship_partial" if accepted > 0 and accepted / target >= min_fill_ratio else "fail"
+
+
+@dataclass
+class LoopResult:
+    outcome: str = "complete"  # complete | batch_underfilled | timed_out | stopped
+    detail: str = ""
+    batches: list[dict] = field(default_factory=list)  # manifest entries
+
+
+class BatchEvents:
+    """Tails the ``batches`` topic for the admission's underfilled verdicts."""
+
+    def __init__(self, bootstrap: str, topics: Topics) -> None:
+        self.consumer = KafkaConsumer(topics.batches, bootstrap_servers=bootstrap, group_id=None,
+                                      auto_offset_reset="earliest", enable_auto_commit=False)
+
+    def underfilled(self) -> list[dict]:
+        out = []
+        for msgs in self.consumer.poll(timeout_ms=0).values():
+            for m in msgs:
+                try:
+                    name, record = decode(m.value)
+                except RollstreamError:
+                    continue
+                if name == "Batch" and record["status"] == "underfilled":
+                    out.append(record)
+        return out
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def build_batches(builder, events: BatchEvents, *, max_steps: int, min_fill_ratio: float,
+                  deadline: float | None = None, check: Callable[[], None] = lambda: None,
+                  on_progress: Callable[[LoopResult, int], None] = lambda result, buffered: None,
+                  should_stop: Callable[[], bool] = lambda: False) -> LoopResult:
+    """Run until ``max_steps`` batches are committed or the loop must end (see module doc).
+
+    ``builder`` is a rollstream.trainer.consumer.BatchBuilder; ``check`` raises when a stage
+    died; ``on_progress(result, buffered_groups)`` is called after every poll.
+    """
+    result = LoopResult()
+    while len(result.batches) < max_steps:
+        check()
+        if should_stop():
+            result.outcome = "stopped"
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            result.outcome, result.detail = "timed_out", "time limit reached"
+            break
+        batch = builder.next_batch(timeout_s=1.0)
+        if batch is None:
+            for event in events.underfilled():
+                action = underfill_action(event["accepted_groups"], event["target_groups"], min_fill_ratio)
+                if action == "ship_partial":
+                    batch = builder.take_partial(timeout_s=30.0)
+                else:
+                    result.outcome = "batch_underfilled"
+                    result.detail = (
+                        f"step {event['step']}: {event['accepted_groups']}/{event['target_groups']} groups after "
+                        f"{event['prompts_consumed']} prompts (min_fill_ratio {min_fill_ratio}); "
+                        f"rejected: {event['rejected_by_reason']}")
+        if batch is not None:
+            result.batches.append(builder.commit(batch))
+        on_progress(result, builder.buffered)
+        if result.outcome != "complete":
+            break
+    return result
