@@ -219,7 +219,7 @@ def produce_events(bootstrap: str, topic: str, events) -> float:
     from rollstream.workers.base import make_producer
 
     t0 = time.perf_counter()
-    producer = make_producer(bootstrap, batch_size=1 << 20, linger_ms=20)
+    producer = make_producer(bootstrap, batch_size=1 << 20)
     for key, value in events:
         producer.send(topic, key=key, value=value)
     producer.flush()

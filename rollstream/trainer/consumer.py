@@ -155,6 +155,10 @@ class BatchBuilder:
             max_poll_interval_ms=MAX_POLL_INTERVAL_MS,
             client_id=self.worker,
         )
+        # Know the partitions before joining: a join that races the topic's metadata gets an
+        # empty assignment and a second rebalance, which kafka-python 3.0 can leave unfinished.
+        if not self.consumer.partitions_for_topic(self.topic):
+            log.warning("topic %s has no partition metadata yet; it may not exist", self.topic)
         self.consumer.subscribe([self.topic], listener=_Rebalance(self))
         self.producer = make_producer(bootstrap, client_id=self.worker)
 

