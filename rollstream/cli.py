@@ -69,7 +69,7 @@ def _config(path: Path):
 
 @app.command()
 def worker(
-    stage: str = typer.Argument(..., help="admission | aggregator | generation | reward"),
+    stage: str = typer.Argument(..., help="admission | aggregator | generation | reward | trainer"),
     config: Path = typer.Option(..., "--config", "-c", help="Pipeline YAML."),
     bootstrap: str = typer.Option(..., "--bootstrap", "-b", help="Kafka bootstrap servers."),
     max_idle_s: Optional[float] = typer.Option(None, help="Exit after this many seconds without input (plain workers)."),
