@@ -208,6 +208,17 @@ def extract_final_answer(text: str) -> tuple[str | None, bool]:
     return _strip_answer(lines[-1]), len(lines) == 1
 
 
+_LAST_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s.replace(",", ""))
+    except ValueError:
+        return False
+    return True
+
+
 def _strip_answer(s: str) -> str:
     s = s.strip().strip("*$` ").strip()
     return s[:-1].rstrip() if s.endswith(".") and not s[:-1].endswith(".") else s
@@ -235,6 +246,11 @@ def reasoning_gym_reward(response_text: str, ground_truth: str) -> RewardResult:
         raise ValueError(f"reasoning_gym ground truth is not {{task, config, entry}} JSON: {exc}") from exc
     dataset = _rg_dataset(task, json.dumps(config, sort_keys=True))
     answer, fmt = extract_final_answer(response_text)
+    if _is_number(str(entry.get("answer", ""))) and not _is_number(answer or ""):
+        # A numeric task answered in words ("4 + 3 = 7", "The final answer is 14."): score the
+        # reply's last number, like the GSM8K fallback, and record the format miss.
+        numbers = _LAST_NUMBER.findall(response_text)
+        answer, fmt = (numbers[-1], False) if numbers else (answer, False)
     score = float(dataset.score_answer(answer, entry))
     if not math.isfinite(score):
         raise ValueError(f"{task}.score_answer returned {score}")

@@ -90,11 +90,14 @@ def test_reasoning_gym_uses_the_task_scorer(task):
         assert late.scores == {"acc": 1.0, "format": 0.0, "task_score": 1.0}
 
 
-def test_reasoning_gym_partial_credit_is_not_acc():
+def test_numeric_answer_in_words_is_scored_by_its_last_number_with_a_format_miss():
     p = load_prompts("reasoning-gym/basic_arithmetic", "arith", 1, seed=2)[0]
     answer = json.loads(p["ground_truth"])["entry"]["answer"]
-    r = reasoning_gym_reward(f"The answer is {answer}", p["ground_truth"])
-    assert 0.0 < r.response_level_reward < 1.0 and r.scores["acc"] == 0.0
+    r = reasoning_gym_reward(f"The answer is {answer}.", p["ground_truth"])
+    assert (r.response_level_reward, r.scores["acc"], r.scores["format"]) == (1.0, 1.0, 0.0)
+    assert r.meta["extracted_answer"] == answer
+    wrong = reasoning_gym_reward(f"So {answer} + 1 = {int(answer) + 1}", p["ground_truth"])
+    assert (wrong.scores["acc"], wrong.meta["extracted_answer"]) == (0.0, str(int(answer) + 1))
 
 
 def test_scoring_exceptions_give_nan_and_error(monkeypatch):
