@@ -10,7 +10,9 @@ from rollstream.workers.base import make_producer, now_ms
 
 
 def config_prompts(config: RLVRConfig) -> list[dict]:
-    """Every dataset's prompts; training prompts interleaved by domain_interleave_probs, then val."""
+    """Every dataset's prompts: validation first (an unfiltered estimate before training, never
+    starved by a finished training run), then training prompts interleaved by
+    domain_interleave_probs."""
     train: dict[str, list[dict]] = {}
     val: list[dict] = []
     for ds in config.datasets:
@@ -21,7 +23,7 @@ def config_prompts(config: RLVRConfig) -> list[dict]:
             train.setdefault(ds.domain, []).extend(prompts)
     probs = {d: config.domain_interleave_probs.get(d, 1.0) for d in train}
     mixed = interleave(train, probs, config.seed) if train else []
-    return mixed + val
+    return val + mixed
 
 
 def produce_prompts(config: RLVRConfig, bootstrap: str, prompts: list[dict] | None = None) -> int:

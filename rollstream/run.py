@@ -11,6 +11,7 @@ and ``time_limit_s`` bounds the wall clock. The summary is computed from the top
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import signal
 import subprocess
@@ -182,12 +183,26 @@ def summarize(config: RLVRConfig, bootstrap: str, topics: Topics, batches: list[
         ],
         "retention_rate": round(len(accepted) / decided, 4) if decided else 0.0,
         "responses_per_accepted_response": round(train_responses / accepted_responses, 3) if accepted_responses else None,
-        "validation": {"original": len(validation), "rejected": 0, "accepted": len(validation)},
+        # validation bypasses every filter: all its groups are kept and scored unfiltered
+        "validation": {
+            "groups": len(validation),
+            "responses": sum(len(g["responses"]) for g in validation),
+            "correct_mean": _mean([r["scores"].get("acc", 0.0) for g in validation for r in g["responses"]]),
+        },
+        "reward": {
+            "all": _mean([r["response_level_reward"] for g in accepted + rejected for r in g["responses"]]),
+            "accepted": _mean([r["response_level_reward"] for g in accepted for r in g["responses"]]),
+        },
         "dead_letters": len(dead),
         "finish_reasons": _counts(r["finish_reason"] for r in responses),
         "response_tokens_mean": round(sum(len(r["response_token_ids"]) for r in responses) / len(responses), 1)
         if responses else 0.0,
     }
+
+
+def _mean(values: list[float]) -> float | None:
+    finite = [v for v in values if math.isfinite(v)]
+    return round(sum(finite) / len(finite), 4) if finite else None
 
 
 def _counts(items) -> dict[str, int]:
@@ -208,6 +223,9 @@ def print_summary(summary: dict, console: Console) -> None:
     for b in summary["batches"]:
         table.add_row(f"batch {b['step']}", f"{b['groups']} groups x {b['responses_per_group']} responses, "
                                             f"filled in {b['fill_seconds']} s ({b['status']})")
+    table.add_row("reward all / accepted", f"{summary['reward']['all']} / {summary['reward']['accepted']}")
+    val = summary["validation"]
+    table.add_row("validation (unfiltered)", f"{val['groups']} groups, correct mean {val['correct_mean']}")
     if summary["detail"]:
         table.add_row("detail", summary["detail"])
     console.print(table)

@@ -2,11 +2,11 @@
 
 Capabilities and entry points:
 
-- ``check_group(group)``: is one decoded ``Group`` record trainable? Raises ``ValueError`` saying why.
+- ``check_group(group)``: is one decoded ``Group`` record trainable? ``ValueError`` says why.
 - ``build_batch(groups, step, pad_token_id)``: decoded ``Group`` records -> padded ``RolloutBatch``
   with per-token advantages.
-- ``grpo_advantages(rewards)``: group-normalised advantages, for a ``(G, n)`` tensor or for groups of
-  unequal size.
+- ``grpo_advantages(rewards)``: group-normalised advantages, for a ``(G, n)`` tensor or for
+  groups of unequal size.
 
 Layout (B = sum of responses over the groups, rows ordered by group, then by ``sample_index``)::
 

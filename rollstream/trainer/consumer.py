@@ -204,7 +204,7 @@ class BatchBuilder:
         return self._build(n, "complete" if n == self.rollout_batch_size else "partial")
 
     def commit(self, batch: RolloutBatch) -> dict:
-        """Confirm ``batch`` was trained: write its manifest line, publish ``Batch``, commit offsets.
+        """Confirm ``batch`` was trained: append its manifest line, publish ``Batch``, commit.
 
         Order: manifest line (fsynced) -> ``Batch`` event and pending dead letters acknowledged ->
         offsets committed. A crash in between re-delivers the groups, which the manifest's keys
@@ -297,7 +297,8 @@ class BatchBuilder:
             out = dead_letter(self.topics, topic=msg.topic, partition=msg.partition,
                               offset=msg.offset, key=msg.key, value=msg.value, reason=reason,
                               error=error, worker=self.worker)
-            self.producer.send(out.topic, key=out.key.encode(), value=encode(out.record, out.schema))
+            self.producer.send(out.topic, key=out.key.encode(),
+                               value=encode(out.record, out.schema))
             self.dead_lettered += 1
             return
         key = group["group_key"]

@@ -64,7 +64,7 @@ def produce(bootstrap, topic, items):
 
 
 def read_all(bootstrap, topic, count, partitions=1):
-    """Decode ``count`` events from ``topic`` (from the beginning), in offset order per partition."""
+    """Decode ``count`` events of ``topic`` from the beginning, in offset order per partition."""
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
                              enable_auto_commit=False, consumer_timeout_ms=1000)
     consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
@@ -242,7 +242,9 @@ def test_groups_spread_over_partitions_are_each_trained_once(kafka_broker, topic
     assert sum(entry["offsets"].values()) == len(keys)
 
 
-def test_buffered_groups_of_revoked_partitions_go_to_the_new_owner_only(kafka_broker, topic_factory):
+def test_buffered_groups_of_revoked_partitions_go_to_the_new_owner_only(
+    kafka_broker, topic_factory
+):
     topics = topic_factory(TOPICS, partitions=2)
     gid = f"trainer-{uuid.uuid4().hex[:8]}"
     keys = [f"g{i}" for i in range(8)]

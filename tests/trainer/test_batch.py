@@ -113,13 +113,15 @@ def test_build_batch_rejects_logprob_token_length_mismatch():
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_check_group_rejects_non_finite_reward(bad):
-    g = group("n", [rewarded("n", 0, [1], [5], [-1.0], bad), rewarded("n", 1, [1], [5], [-1.0], 1.0)])
+    g = group("n", [rewarded("n", 0, [1], [5], [-1.0], bad),
+                    rewarded("n", 1, [1], [5], [-1.0], 1.0)])
     with pytest.raises(ValueError, match="non-finite response_level_reward"):
         check_group(g)
 
 
 def test_check_group_rejects_repeated_sample_index():
-    g = group("d", [rewarded("d", 0, [1], [5], [-1.0], 1.0), rewarded("d", 0, [1], [6], [-1.0], 0.0)])
+    g = group("d", [rewarded("d", 0, [1], [5], [-1.0], 1.0),
+                    rewarded("d", 0, [1], [6], [-1.0], 0.0)])
     with pytest.raises(ValueError, match="sample_index 0 appears twice"):
         check_group(g)
 
