@@ -185,18 +185,19 @@ class BatchBuilder:
             self._poll(min(remaining, POLL_TIMEOUT_S))
         return self._build(self.rollout_batch_size, "complete")
 
-    def take_partial(self, timeout_s: float = 0.0) -> RolloutBatch | None:
+    def take_partial(self, timeout_s: float = 0.0, min_groups: int | None = None) -> RolloutBatch | None:
         """Build a batch from the complete groups buffered now (at most ``rollout_batch_size``).
 
         For the case where admission published ``batch_underfilled`` and ``min_fill_ratio`` allows
         a partial batch; the caller checks the ratio. Polls for up to ``timeout_s`` first (stopping
-        early when full). Returns None when nothing is buffered. The manifest status is
+        early when full, or once ``min_groups`` groups are buffered). Returns None when nothing is buffered. The manifest status is
         ``partial``, or ``complete`` if the buffer happened to be full.
         """
         if self._fill_started is None:
             self._fill_started = time.monotonic()
         deadline = time.monotonic() + timeout_s
-        while len(self._buffer) < self.rollout_batch_size and time.monotonic() < deadline:
+        enough = min(self.rollout_batch_size, min_groups or self.rollout_batch_size)
+        while len(self._buffer) < enough and time.monotonic() < deadline:
             self._poll(min(deadline - time.monotonic(), POLL_TIMEOUT_S))
         if not self._buffer:
             return None

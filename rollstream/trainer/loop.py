@@ -80,7 +80,8 @@ def build_batches(builder, events: BatchEvents, *, max_steps: int, min_fill_rati
             for event in events.underfilled():
                 action = underfill_action(event["accepted_groups"], event["target_groups"], min_fill_ratio)
                 if action == "ship_partial":
-                    batch = builder.take_partial(timeout_s=30.0)
+                    # the accepted groups precede the verdict on the topics; wait until they are read
+                    batch = builder.take_partial(timeout_s=30.0, min_groups=event["accepted_groups"])
                 else:
                     result.outcome = "batch_underfilled"
                     result.detail = (
