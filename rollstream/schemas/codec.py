@@ -108,6 +108,27 @@ class SchemaRegistry:
             raise EncodeError(f"record does not match schema {name}: {exc}") from exc
         return buf.getvalue()
 
+    def encode_with_tail_array(self, record: dict, name: str, items: list[bytes], item_name: str) -> bytes:
+        """Encode ``record`` whose LAST field is an array of ``item_name`` records, taking the
+        array's items as already encoded single objects (``items``) instead of re-encoding them.
+
+        Avro writes an array as ``count, items..., 0``; an empty array is the single byte 0, so
+        the record with that field empty ends in 0 and the items are spliced in before it. Items
+        written with an older schema of ``item_name`` are re-encoded first. Raises EncodeError.
+        """
+        schema = self.schema(name)
+        array_field = schema["fields"][-1]["name"]
+        head = self.encode({**record, array_field: []}, name)
+        if not items:
+            return head
+        want = self._fp_of[item_name]
+        bodies = []
+        for item in items:
+            if item[2:HEADER_LEN] != want:
+                item = self.encode(self.decode(item)[1], item_name)
+            bodies.append(item[HEADER_LEN:])
+        return head[:-1] + _zigzag_varint(len(bodies)) + b"".join(bodies) + b"\x00"
+
     def decode(self, data: bytes) -> tuple[str, dict]:
         """Decode single-object bytes into ``(schema_name, record)``.
 
@@ -137,6 +158,17 @@ class SchemaRegistry:
         if buf.tell() != len(data) - HEADER_LEN:
             raise DecodeError(f"corrupt {name} body: {len(data) - HEADER_LEN - buf.tell()} trailing bytes")
         return name, record
+
+
+def _zigzag_varint(n: int) -> bytes:
+    """Avro long encoding (zig-zag, then base-128 varint)."""
+    z = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while z & ~0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
 
 
 REGISTRY = SchemaRegistry.from_directory()

@@ -67,36 +67,39 @@ def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize |
     def save(state: core.AdmissionState) -> None:
         table[names.ADMISSION_KEY] = json.dumps(state.to_dict()).encode()
 
+    async def admit_one(event) -> None:
+        prompt = await emit.decode_or_dead_letter(event, "Prompt")
+        if prompt is None:
+            return
+        if prompt["domain"] not in config.rewards:
+            await emit.dead_letter(event, "invalid_event", f"unknown domain {prompt['domain']!r}")
+            return
+        mode = prompt.get("mode", "train")
+        prompt_ids = list(tokenizer[0](prompt["prompt"]))
+        while not core.can_admit(state := load(), limits, mode):
+            credit.clear()
+            await credit.wait()  # the outcomes agent returns credits
+        if len(prompt_ids) > config.prompt_length:
+            state = core.reject_before_generation(state, RejectReason.PROMPT_TOO_LONG.value, mode)
+            state, effects = core.check_step(state, limits)
+            save(state)
+            await _reject_prompt(prompt, prompt_ids)
+            await _apply(effects)
+            return
+        save(core.admit(state, prompt["prompt_id"], mode))
+        request = generation_request(
+            prompt, round_=0,
+            num_return_sequences=config.val_num_return_sequences if mode == "val" else config.num_return_sequences_in_group,
+            sample_offset=0, seed=derive_seed(config.seed, prompt["prompt_id"], 0),
+        )
+        await emit.send(topics.generation_requests, prompt["prompt_id"], request, "GenerationRequest")
+
     @app.agent(prompts)
     async def admit(stream):
         if not tokenizer:
             tokenizer.append(default_tokenize())
         async for event in stream.events():
-            prompt = await emit.decode_or_dead_letter(event, "Prompt")
-            if prompt is None:
-                continue
-            if prompt["domain"] not in config.rewards:
-                await emit.dead_letter(event, "invalid_event", f"unknown domain {prompt['domain']!r}")
-                continue
-            mode = prompt.get("mode", "train")
-            prompt_ids = list(tokenizer[0](prompt["prompt"]))
-            while not core.can_admit(state := load(), limits, mode):
-                credit.clear()
-                await credit.wait()
-            if len(prompt_ids) > config.prompt_length:
-                state = core.reject_before_generation(state, RejectReason.PROMPT_TOO_LONG.value, mode)
-                state, effects = core.check_step(state, limits)
-                save(state)
-                await _reject_prompt(prompt, prompt_ids)
-                await _apply(effects)
-                continue
-            save(core.admit(state, prompt["prompt_id"], mode))
-            request = generation_request(
-                prompt, round_=0,
-                num_return_sequences=config.val_num_return_sequences if mode == "val" else config.num_return_sequences_in_group,
-                sample_offset=0, seed=derive_seed(config.seed, prompt["prompt_id"], 0),
-            )
-            await emit.send(topics.generation_requests, prompt["prompt_id"], request, "GenerationRequest")
+            await emit.guarded(admit_one, event)
 
     async def _reject_prompt(prompt: dict, prompt_ids: list[int]) -> None:
         group = group_record(
@@ -108,17 +111,19 @@ def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize |
         )
         await emit.send(topics.groups_rejected, prompt["prompt_id"], group, "Group")
 
+    async def settle_one(event) -> None:
+        outcome = await emit.decode_or_dead_letter(event, "PromptOutcome")
+        if outcome is None:
+            return
+        state, effects = core.on_outcome(
+            load(), limits, outcome["prompt_id"], outcome["outcome"] == "commit", outcome["reason"])
+        save(state)
+        await _apply(effects)
+
     @app.agent(outcomes)
     async def settle(stream):
         async for event in stream.events():
-            outcome = await emit.decode_or_dead_letter(event, "PromptOutcome")
-            if outcome is None:
-                continue
-            state, effects = core.on_outcome(
-                load(), limits, outcome["prompt_id"], outcome["outcome"] == "commit", outcome["reason"]
-            )
-            save(state)
-            await _apply(effects)
+            await emit.guarded(settle_one, event)
             credit.set()
 
     async def _apply(effects: list) -> None:

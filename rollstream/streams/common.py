@@ -58,9 +58,22 @@ class Emitter:
         return self._topic_objs[name]
 
     async def send(self, topic: str, key: str, record: dict, schema: str) -> None:
+        await self.send_raw(topic, key, encode(record, schema))
+
+    async def send_raw(self, topic: str, key: str, value: bytes) -> None:
         # force=True: publish now instead of at commit time; faust flushes the producer before
         # it commits the source offsets, so delivery still precedes the commit.
-        await self._topic(topic).send(key=key.encode(), value=encode(record, schema), force=True)
+        await self._topic(topic).send(key=key.encode(), value=value, force=True)
+
+    async def guarded(self, handler, event) -> None:
+        """Run ``handler(event)``; an unexpected exception dead-letters the event (bytes kept)
+        instead of killing the agent, whose failed event faust would otherwise just ack."""
+        try:
+            await handler(event)
+        except Exception as exc:
+            log.exception("handler failed on %s[%d]@%d", event.message.topic, event.message.partition,
+                          event.message.offset)
+            await self.dead_letter(event, "handler_error", f"{type(exc).__name__}: {exc}")
 
     async def dead_letter(self, event, reason: str, error: str) -> None:
         msg = event.message

@@ -10,8 +10,7 @@ ADMISSION_APP = "admission"
 AGGREGATOR_APP = "aggregator"
 ADMISSION_TABLE = "admission-state"  # one key, ADMISSION_KEY, on partition 0
 ADMISSION_KEY = b"admission"
-PROMPT_STATE_TABLE = "prompt-state"  # prompt_id -> PromptState JSON
-PROMPT_RESPONSES_TABLE = "prompt-responses"  # "prompt_id/sample_index" -> accepted RewardedResponse bytes
+PROMPT_STATE_TABLE = "prompt-state"  # prompt_id -> PromptState + accepted response bytes
 
 
 def app_id(topics: Topics, app: str) -> str:
