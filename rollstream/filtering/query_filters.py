@@ -23,6 +23,7 @@ Where we differ on purpose (ARCHITECTURE.md section 6):
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, Callable, Mapping, Sequence
 
@@ -35,6 +36,9 @@ from rollstream.filtering.registry import QUERY_FILTERS
 
 QueryFilterFn = Callable[[torch.Tensor, Mapping[str, Any]], Decision]
 """(rewards: (n,) float32 tensor, filter_args) -> Decision."""
+
+
+log = logging.getLogger(__name__)
 
 
 def _f32(x: float) -> float:
@@ -81,7 +85,11 @@ def resolve_query_filter(config: Mapping[str, Any]) -> QueryFilterFn:
         return fn
 
     def custom(rewards: torch.Tensor, filter_args: Mapping[str, Any]) -> Decision:
-        out = fn(rewards, filter_args)
+        try:
+            out = fn(rewards, filter_args)
+        except Exception as exc:  # a bug in user code must not wedge the prompt's transaction
+            log.exception("custom filter %s raised", name)
+            return Decision.reject(RejectReason.FILTER_ERROR)
         if isinstance(out, Decision):
             return out
         return Decision.accept() if out else Decision.reject(RejectReason.CUSTOM_QUERY_FILTER)

@@ -22,6 +22,7 @@ class RejectReason(str, Enum):
     MEAN_TOO_HIGH = "mean_too_high"
     ZERO_STD = "zero_std"
     CUSTOM_QUERY_FILTER = "custom_query_filter"
+    FILTER_ERROR = "filter_error"  # a custom filter raised: the group is kept, as rejected data
     # batch level
     BATCH_UNDERFILLED = "batch_underfilled"
 

@@ -20,6 +20,7 @@ reject_invalid_format  reward meta ``invalid_format`` is ``true``       invalid_
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, Callable, Mapping
 
@@ -65,6 +66,9 @@ def default_response_filter(rewarded: Mapping[str, Any], filter_args: Mapping[st
     return Decision.accept()
 
 
+log = logging.getLogger(__name__)
+
+
 def resolve_response_filter(config: Mapping[str, Any]) -> ResponseFilterFn:
     """The filter a ``response_filter_config`` names. Raises UnknownFilterError."""
     name = config.get("type", "default")
@@ -76,7 +80,11 @@ def resolve_response_filter(config: Mapping[str, Any]) -> ResponseFilterFn:
         return fn
 
     def custom(rewarded: Mapping[str, Any], filter_args: Mapping[str, Any]) -> Decision:
-        out = fn(rewarded, filter_args)
+        try:
+            out = fn(rewarded, filter_args)
+        except Exception as exc:  # a bug in user code must not wedge the prompt's transaction
+            log.exception("custom filter %s raised", name)
+            return Decision.reject(RejectReason.FILTER_ERROR)
         if isinstance(out, Decision):
             return out
         return Decision.accept() if out else Decision.reject(RejectReason.CUSTOM_RESPONSE_FILTER)

@@ -105,3 +105,12 @@ def test_custom_filter_by_import_path():
 def test_unimportable_custom_filter_is_a_config_error():
     with pytest.raises(UnknownFilterError, match="cannot import"):
         query_filter([0.0, 1.0], {"type": "no.such.module:fn"})
+
+
+def explode(rewards, filter_args):
+    raise RuntimeError("bug in user filter")
+
+
+def test_custom_filter_that_raises_rejects_with_filter_error():
+    d = decide_query([0.0, 1.0], {"type": f"{__name__}:explode"})
+    assert (d.keep, d.reason) == (False, "filter_error")
