@@ -29,6 +29,8 @@ from rollstream.filtering.decision import Decision
 from rollstream.filtering.reasons import RejectReason
 from rollstream.filtering.registry import RESPONSE_FILTERS
 
+log = logging.getLogger(__name__)
+
 ResponseFilterFn = Callable[[Mapping[str, Any], Mapping[str, Any]], Decision]
 
 DEFAULT_RULES = {
@@ -65,8 +67,6 @@ def default_response_filter(rewarded: Mapping[str, Any], filter_args: Mapping[st
         return Decision.reject(RejectReason.INVALID_FORMAT)
     return Decision.accept()
 
-
-log = logging.getLogger(__name__)
 
 
 def resolve_response_filter(config: Mapping[str, Any]) -> ResponseFilterFn:

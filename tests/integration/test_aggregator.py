@@ -154,16 +154,3 @@ def test_two_aggregator_processes_decide_200_prompts_exactly_once(kafka_broker, 
     finally:
         stages.close()
 
-
-def test_state_value_round_trip_keeps_response_bytes_in_order():
-    from rollstream.filtering.prompt_state import DomainFilters, step
-    from rollstream.streams.aggregator import pack_state, unpack_state
-
-    f = DomainFilters(num_return_sequences=3)
-    state, stored = None, {}
-    for i in (2, 0):
-        rec = response("pS", i, reward=1.0)
-        state, _ = step(state, rec, f)
-        stored[str(i)] = encode(rec, "RewardedResponse")
-    back_state, back_stored = unpack_state(pack_state(state, stored))
-    assert back_state == state and back_stored == stored and list(back_stored) == ["2", "0"]
