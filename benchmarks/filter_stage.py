@@ -34,9 +34,8 @@ from pathlib import Path
 import yaml
 
 from rollstream.config import parse_config
-from rollstream.filtering.prompt_state import Decided, PromptState, ResponseAccepted, step
 from rollstream.schemas import decode, encode
-from rollstream.streams.events import decided_group, prompt_outcome
+from rollstream.streams.aggregation import Aggregation
 from rollstream.topics import Topics
 
 DOMAIN = "bench"
@@ -133,65 +132,25 @@ def bench_avro(tokens: int, iterations: int, repeats: int = 3) -> dict:
 
 
 def run_core(events: list[tuple[bytes, bytes]], config, timings: dict | None = None) -> tuple[int, int]:
-    """What the aggregator agent does per event, minus Kafka; returns (accepted, rejected).
-
-    With ``timings`` (a dict), the time of each part is accumulated under its name (costs a
-    few perf_counter calls per event; used for the breakdown only).
-    """
-    filters = config.domain_filters()
-    filter_json = {d: config.filter_config_json(d) for d in filters}
-    filter_hash = {d: config.filter_config_hash(d) for d in filters}
-    state_table: dict[bytes, bytes] = {}
-    responses_table: dict[bytes, bytes] = {}
+    """What the aggregator agent does per event, minus Kafka (the same Aggregation.apply); returns
+    (accepted, rejected). With ``timings`` (a dict), decode and apply times are accumulated."""
+    aggregation = Aggregation(config)
+    table: dict[bytes, bytes] = {}
     accepted = rejected = 0
     clock = time.perf_counter
-    t = timings
-
     for key, value in events:
-        if t is not None:
-            t0 = clock()
+        t0 = clock()
         _, record = decode(value)
-        response = record["response"]
-        domain = response["domain"]
-        pid = response["prompt_id"]
-        if t is not None:
-            t1 = clock(); t["decode"] += t1 - t0
-        raw_state = state_table.get(key)
-        state = PromptState.from_dict(json.loads(raw_state)) if raw_state else None
-        if t is not None:
-            t2 = clock(); t["state_json_load"] += t2 - t1
-        state, effects = step(state, record, filters[domain])
-        if t is not None:
-            t3 = clock(); t["step"] += t3 - t2
-        decided = None
-        for effect in effects:
-            if isinstance(effect, ResponseAccepted):
-                responses_table[f"{pid}/{effect.sample_index}".encode()] = value
-            elif isinstance(effect, Decided):
-                decided = effect
-        if decided is not None:
-            accepted_responses = []
-            for index in decided.sample_indices:
-                rkey = f"{pid}/{index}".encode()
-                accepted_responses.append(decode(responses_table.pop(rkey))[1])
-            if t is not None:
-                t4 = clock(); t["decode_accepted"] += t4 - t3; t3 = t4
-            group = decided_group(response, decided, accepted_responses, filter_json[domain], filter_hash[domain])
-            encode(group, "Group")
-            encode(prompt_outcome(response, committed=decided.accepted, reason=decided.reason,
-                                  rounds=decided.rounds, responses_generated=decided.responses_generated),
-                   "PromptOutcome")
-            if decided.accepted:
-                accepted += 1
-            else:
-                rejected += 1
-            if t is not None:
-                t4 = clock(); t["encode_group_outcome"] += t4 - t3; t3 = t4
-        was_open = state.decided is None or decided is not None
-        if was_open:
-            state_table[key] = json.dumps(state.to_dict()).encode()
-        if t is not None:
-            t["state_json_dump"] += clock() - t3
+        t1 = clock()
+        applied = aggregation.apply(table.get(key), value, record)
+        if applied.value is not None:
+            table[key] = applied.value
+        if applied.decided is not None:
+            accepted += applied.decided.accepted
+            rejected += not applied.decided.accepted
+        if timings is not None:
+            timings["decode"] += t1 - t0
+            timings["apply"] += clock() - t1
     return accepted, rejected
 
 
@@ -199,8 +158,7 @@ def bench_inprocess(events, config) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
     accepted, rejected = run_core(events, config)
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
-    timings = dict.fromkeys(["decode", "state_json_load", "step", "decode_accepted",
-                             "encode_group_outcome", "state_json_dump"], 0.0)
+    timings = {"decode": 0.0, "apply": 0.0}
     run_core(events, config, timings)
     n = len(events)
     return {

@@ -87,7 +87,7 @@ def resolve_query_filter(config: Mapping[str, Any]) -> QueryFilterFn:
     def custom(rewards: torch.Tensor, filter_args: Mapping[str, Any]) -> Decision:
         try:
             out = fn(rewards, filter_args)
-        except Exception as exc:  # a bug in user code must not wedge the prompt's transaction
+        except Exception:  # a bug in user code must not wedge the prompt's transaction
             log.exception("custom filter %s raised", name)
             return Decision.reject(RejectReason.FILTER_ERROR)
         if isinstance(out, Decision):

@@ -82,7 +82,7 @@ def resolve_response_filter(config: Mapping[str, Any]) -> ResponseFilterFn:
     def custom(rewarded: Mapping[str, Any], filter_args: Mapping[str, Any]) -> Decision:
         try:
             out = fn(rewarded, filter_args)
-        except Exception as exc:  # a bug in user code must not wedge the prompt's transaction
+        except Exception:  # a bug in user code must not wedge the prompt's transaction
             log.exception("custom filter %s raised", name)
             return Decision.reject(RejectReason.FILTER_ERROR)
         if isinstance(out, Decision):

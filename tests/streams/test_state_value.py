@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rollstream.filtering.prompt_state import DomainFilters, step
 from rollstream.schemas import encode
-from rollstream.streams.aggregator import pack_state, unpack_state
+from rollstream.streams.aggregation import pack_state, unpack_state
 from tests.integration.harness import response
 
 
