@@ -23,7 +23,6 @@ Where we differ on purpose (ARCHITECTURE.md section 6):
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any, Callable, Mapping, Sequence
 
@@ -37,8 +36,6 @@ from rollstream.filtering.registry import QUERY_FILTERS
 QueryFilterFn = Callable[[torch.Tensor, Mapping[str, Any]], Decision]
 """(rewards: (n,) float32 tensor, filter_args) -> Decision."""
 
-
-log = logging.getLogger(__name__)
 
 
 def _f32(x: float) -> float:
@@ -79,22 +76,7 @@ def resolve_query_filter(config: Mapping[str, Any]) -> QueryFilterFn:
     A custom filter is any callable ``(rewards: torch.Tensor (n,) float32, filter_args) ->
     bool | Decision`` where True keeps. Raises UnknownFilterError (a ConfigError).
     """
-    name = config.get("type", "no_filter")
-    fn = QUERY_FILTERS.get_filter(name)
-    if name in QUERY_FILTERS:
-        return fn
-
-    def custom(rewards: torch.Tensor, filter_args: Mapping[str, Any]) -> Decision:
-        try:
-            out = fn(rewards, filter_args)
-        except Exception:  # a bug in user code must not wedge the prompt's transaction
-            log.exception("custom filter %s raised", name)
-            return Decision.reject(RejectReason.FILTER_ERROR)
-        if isinstance(out, Decision):
-            return out
-        return Decision.accept() if out else Decision.reject(RejectReason.CUSTOM_QUERY_FILTER)
-
-    return custom
+    return QUERY_FILTERS.resolve(config.get("type", "no_filter"))
 
 
 def decide_query(rewards: Sequence[float], config: Mapping[str, Any]) -> Decision:

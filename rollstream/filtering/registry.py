@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import importlib
-from typing import Callable, TypeVar
+import logging
+from typing import Any, Callable, TypeVar
 
 from rollstream.exceptions import ConfigError
+from rollstream.filtering.decision import Decision
+from rollstream.filtering.reasons import RejectReason
+
+log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable)
 
@@ -17,9 +22,10 @@ class UnknownFilterError(ConfigError):
 class Registry(dict):
     """name -> filter function; re-registering a name with another function raises."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, custom_reason: RejectReason) -> None:
         super().__init__()
         self.kind = kind
+        self.custom_reason = custom_reason
 
     def register(self, name: str) -> Callable[[F], F]:
         def deco(fn: F) -> F:
@@ -44,6 +50,27 @@ class Registry(dict):
         )
 
 
+    def resolve(self, name: str) -> Callable[[Any, Any], Decision]:
+        """A registered filter as is, or a custom one wrapped so that it returns a Decision: a
+        bool becomes accept / reject(custom_reason), and an exception rejects with
+        ``filter_error`` (a bug in user code must not wedge the prompt's transaction)."""
+        fn = self.get_filter(name)
+        if name in self:
+            return fn
+
+        def custom(item: Any, filter_args: Any) -> Decision:
+            try:
+                out = fn(item, filter_args)
+            except Exception:
+                log.exception("custom %s %s raised", self.kind, name)
+                return Decision.reject(RejectReason.FILTER_ERROR)
+            if isinstance(out, Decision):
+                return out
+            return Decision.accept() if out else Decision.reject(self.custom_reason)
+
+        return custom
+
+
 def import_object(path: str, kind: str = "object") -> Callable:
     module_name, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
     try:
@@ -55,5 +82,5 @@ def import_object(path: str, kind: str = "object") -> Callable:
     return obj
 
 
-QUERY_FILTERS = Registry("query_filter")
-RESPONSE_FILTERS = Registry("response_filter")
+QUERY_FILTERS = Registry("query_filter", RejectReason.CUSTOM_QUERY_FILTER)
+RESPONSE_FILTERS = Registry("response_filter", RejectReason.CUSTOM_RESPONSE_FILTER)

@@ -20,7 +20,6 @@ reject_invalid_format  reward meta ``invalid_format`` is ``true``       invalid_
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any, Callable, Mapping
 
@@ -28,8 +27,6 @@ from rollstream.exceptions import ConfigError
 from rollstream.filtering.decision import Decision
 from rollstream.filtering.reasons import RejectReason
 from rollstream.filtering.registry import RESPONSE_FILTERS
-
-log = logging.getLogger(__name__)
 
 ResponseFilterFn = Callable[[Mapping[str, Any], Mapping[str, Any]], Decision]
 
@@ -72,24 +69,10 @@ def default_response_filter(rewarded: Mapping[str, Any], filter_args: Mapping[st
 def resolve_response_filter(config: Mapping[str, Any]) -> ResponseFilterFn:
     """The filter a ``response_filter_config`` names. Raises UnknownFilterError."""
     name = config.get("type", "default")
-    fn = RESPONSE_FILTERS.get_filter(name)
     unknown = set(config.get("filter_args") or {}) - set(DEFAULT_RULES)
     if name == "default" and unknown:
         raise ConfigError(f"response_filter_config.filter_args: unknown rules {sorted(unknown)}; valid: {sorted(DEFAULT_RULES)}")
-    if name in RESPONSE_FILTERS:
-        return fn
-
-    def custom(rewarded: Mapping[str, Any], filter_args: Mapping[str, Any]) -> Decision:
-        try:
-            out = fn(rewarded, filter_args)
-        except Exception:  # a bug in user code must not wedge the prompt's transaction
-            log.exception("custom filter %s raised", name)
-            return Decision.reject(RejectReason.FILTER_ERROR)
-        if isinstance(out, Decision):
-            return out
-        return Decision.accept() if out else Decision.reject(RejectReason.CUSTOM_RESPONSE_FILTER)
-
-    return custom
+    return RESPONSE_FILTERS.resolve(name)
 
 
 def decide_response(rewarded: Mapping[str, Any], config: Mapping[str, Any]) -> Decision:
