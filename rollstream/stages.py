@@ -31,6 +31,11 @@ def run_faust_app(app) -> None:
 def run_stage(stage: Stage, config: RLVRConfig, bootstrap: str, max_idle_s: float | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     topics = Topics(config.kafka.topic_prefix)
+    if stage in (Stage.admission, Stage.aggregator):
+        from rollstream.broker import create_topics
+        from rollstream.streams.names import changelog_topics
+
+        create_topics(bootstrap, changelog_topics(topics, config.kafka.partitions))
     if stage is Stage.admission:
         from rollstream.streams.admission import build_admission_app
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import zlib
 
 import faust
@@ -15,7 +16,7 @@ log = logging.getLogger(__name__)
 
 
 def make_app(app_id: str, bootstrap: str, partitions: int, store: str = "memory://") -> faust.App:
-    return faust.App(
+    return StageApp(
         app_id,
         broker=f"kafka://{bootstrap}",
         store=store,
@@ -30,6 +31,19 @@ def make_app(app_id: str, bootstrap: str, partitions: int, store: str = "memory:
         stream_wait_empty=False,
         broker_commit_interval=1.0,
     )
+
+
+class StageApp(faust.App):
+    """faust restarts a failed agent forever, silently stuck if the cause persists. Our agents
+    only fail on infrastructure errors (event errors are dead-lettered), so the process exits
+    instead and its supervisor (`rollstream run`, compose) sees it; uncommitted input is
+    processed again by the restarted stage."""
+
+    async def _on_agent_error(self, agent, exc: BaseException) -> None:
+        await super()._on_agent_error(agent, exc)
+        log.critical("agent %s failed: %r; exiting", agent.name, exc)
+        logging.shutdown()
+        os._exit(70)
 
 
 def raw_topic(app: faust.App, name: str, partitions: int | None = None) -> faust.TopicT:

@@ -15,3 +15,12 @@ PROMPT_STATE_TABLE = "prompt-state"  # prompt_id -> PromptState + accepted respo
 
 def app_id(topics: Topics, app: str) -> str:
     return f"{topics.prefix}{app}"
+
+
+def changelog_topics(topics: Topics, partitions: int) -> dict[str, tuple[int, bool]]:
+    """The tables' changelog topics (full name -> (partitions, compacted)). Created up front:
+    faust creating them itself races with its own metadata refresh and can see 0 partitions."""
+    return {
+        f"{app_id(topics, ADMISSION_APP)}-{ADMISSION_TABLE}-changelog": (1, True),
+        f"{app_id(topics, AGGREGATOR_APP)}-{PROMPT_STATE_TABLE}-changelog": (partitions, True),
+    }

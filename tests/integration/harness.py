@@ -119,7 +119,7 @@ class SyntheticRollout(threading.Thread):
         self.join(10)
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = 60.0, interval: float = 0.5, what: str = "") -> None:
+def wait_for(predicate: Callable[[], bool], timeout: float = 180.0, interval: float = 0.5, what: str = "") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

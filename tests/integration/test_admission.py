@@ -54,7 +54,7 @@ def test_budget_ends_a_hopeless_batch_with_batch_underfilled(kafka_broker, topic
                                max_running_prompts=8, max_prompts_per_batch=24)
     try:
         produce(kafka_broker, topics.prompts, "Prompt", [prompt(f"p{i:02d}") for i in range(40)])
-        wait_for(lambda: read_values(kafka_broker, topics.batches), timeout=120, what="batch event")
+        wait_for(lambda: read_values(kafka_broker, topics.batches), timeout=180, what="batch event")
         [event] = read_values(kafka_broker, topics.batches)
         assert (event["status"], event["step"], event["accepted_groups"], event["target_groups"],
                 event["prompts_consumed"]) == ("underfilled", 0, 2, 4, 24)
@@ -74,8 +74,8 @@ def test_too_long_prompt_is_rejected_with_reason_before_generation(kafka_broker,
         produce(kafka_broker, topics.prompts, "Prompt", [
             prompt("long", text="word " * 200), prompt("short"), {**prompt("val0", mode="val")},
         ])
-        wait_for(lambda: read_values(kafka_broker, topics.groups_accepted), timeout=90, what="short accepted")
-        wait_for(lambda: read_values(kafka_broker, topics.groups_validation), timeout=60, what="validation group")
+        wait_for(lambda: read_values(kafka_broker, topics.groups_accepted), timeout=180, what="short accepted")
+        wait_for(lambda: read_values(kafka_broker, topics.groups_validation), timeout=180, what="validation group")
         [rejected] = read_values(kafka_broker, topics.groups_rejected)
         assert (rejected["prompt_id"], rejected["reason"], rejected["rounds"]) == ("long", "prompt_too_long", 0)
         assert rejected["decision_values"]["prompt_length"] == 40.0

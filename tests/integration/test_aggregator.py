@@ -141,7 +141,7 @@ def test_two_aggregator_processes_decide_200_prompts_exactly_once(kafka_broker, 
         # interleave prompts so each partition sees many open transactions at once
         records.sort(key=lambda r: (r["response"]["sample_index"], r["response"]["prompt_id"]))
         produce(kafka_broker, topics.responses_rewarded, "RewardedResponse", records)
-        wait_for(lambda: len(read_values(kafka_broker, topics.prompt_outcomes)) >= 200, timeout=120, what="200 outcomes")
+        wait_for(lambda: len(read_values(kafka_broker, topics.prompt_outcomes)) >= 200, timeout=180, what="200 outcomes")
         outcomes = read_values(kafka_broker, topics.prompt_outcomes)
         assert len(outcomes) == 200
         assert len({o["prompt_id"] for o in outcomes}) == 200
