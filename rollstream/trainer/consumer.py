@@ -6,6 +6,9 @@ with ``commit(batch)``. Only then are offsets committed, the manifest line appen
 event published, so a restarted trainer neither trains a group twice nor skips one
 (ARCHITECTURE.md section 7).
 
+One trainer per group id: it owns every partition of ``groups.accepted`` (manual assignment; the
+group id only stores committed offsets).
+
 Offset rule: per partition, the committed offset is the lowest offset whose record is not yet done
 (buffered for a later batch, or in a batch handed out but not committed), or the next offset to
 read when every consumed record is done. Done means: in a committed batch, a recognised duplicate,
@@ -32,7 +35,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from kafka import ConsumerRebalanceListener, KafkaConsumer
+from kafka import KafkaConsumer
+from kafka.errors import KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from rollstream.exceptions import DecodeError, UnknownFingerprintError
@@ -71,17 +75,6 @@ class _Outstanding:
     fill_seconds: float
 
 
-class _Rebalance(ConsumerRebalanceListener):
-    def __init__(self, builder: "BatchBuilder") -> None:
-        self.builder = builder
-
-    def on_partitions_revoked(self, revoked):
-        self.builder._on_revoked(revoked)
-
-    def on_partitions_assigned(self, assigned):
-        self.builder._on_assigned(assigned)
-
-
 class BatchBuilder:
     """Collect accepted groups from Kafka into training batches; commit when the caller confirms.
 
@@ -115,6 +108,7 @@ class BatchBuilder:
         start_step: int | None = None,
         max_poll_records: int = 500,
         dedup_window: int = DEDUP_WINDOW,
+        bootstrap_timeout_s: float = 60.0,
     ) -> None:
         if rollout_batch_size < 1:
             raise ValueError(f"rollout_batch_size must be >= 1, got {rollout_batch_size}")
@@ -138,7 +132,6 @@ class BatchBuilder:
         self._position: dict[int, int] = {}  # partition -> last consumed offset + 1
         self._committed: dict[int, int] = {}  # partition -> offset we last committed
         self._fill_started: float | None = None  # monotonic time of this step's first poll
-        self._rewind: dict[int, int] = {}  # partition -> first offset dropped at revocation
 
         last_step = self._load_manifest()
         if start_step is not None:
@@ -155,11 +148,11 @@ class BatchBuilder:
             max_poll_interval_ms=MAX_POLL_INTERVAL_MS,
             client_id=self.worker,
         )
-        # Know the partitions before joining: a join that races the topic's metadata gets an
-        # empty assignment and a second rebalance, which kafka-python 3.0 can leave unfinished.
-        if not self.consumer.partitions_for_topic(self.topic):
-            log.warning("topic %s has no partition metadata yet; it may not exist", self.topic)
-        self.consumer.subscribe([self.topic], listener=_Rebalance(self))
+        # One trainer owns every partition: manual assignment, no group membership. The group id
+        # only stores committed offsets, which assign() resumes from. (Group rebalances bought
+        # nothing here and kafka-python 3.0 could drop out of the group for good after a missed
+        # heartbeat, spinning in poll.)
+        self.consumer.assign(self._wait_for_partitions(bootstrap_timeout_s))
         self.producer = make_producer(bootstrap, client_id=self.worker)
 
     # -- public API -------------------------------------------------------------------------
@@ -365,40 +358,17 @@ class BatchBuilder:
         })
         self._committed.update(todo)
 
-    def _on_revoked(self, revoked) -> None:
-        """Forget buffered groups of revoked partitions: their partition's next owner reads them
-        again. Runs on kafka-python's IO thread, where blocking calls (commit) are refused, so it
-        only changes memory; dead letters and duplicates read since the last commit may be read,
-        dead-lettered and counted once more."""
-        parts = {tp.partition for tp in revoked if tp.topic == self.topic}
-        dropped = [item for item in self._buffer if item.partition in parts]
-        self._buffer = [item for item in self._buffer if item.partition not in parts]
-        for item in dropped:  # kept until the next assignment, which may follow several revokes
-            self._seen.pop(item.group["group_key"], None)  # its redelivery is not a duplicate
-            self._not_done[item.partition].discard(item.offset)
-            p = item.partition
-            self._rewind[p] = min(item.offset, self._rewind.get(p, item.offset))
-        log.info("partitions %s of %s revoked; %d buffered groups dropped for re-reading",
-                 sorted(parts), self.topic, len(dropped))
-        in_flight = {item.partition for out in self._outstanding.values() for item in out.items}
-        for p in parts:
-            if p in in_flight:
-                log.warning("%s[%d] revoked while a batch holding its groups awaits commit; its "
-                            "next owner may deliver them again", self.topic, p)
-            else:
-                self._not_done.pop(p, None)
-            self._position.pop(p, None)
-            self._committed.pop(p, None)
-
-    def _on_assigned(self, assigned) -> None:
-        """A partition that comes back to us may keep its fetch position (kafka-python does):
-        rewind it to the first group dropped at revocation, or that group would be skipped."""
-        for tp in assigned:
-            if tp.topic == self.topic and tp.partition in self._rewind:
-                log.info("rewinding %s[%d] to %d after rebalance", tp.topic, tp.partition,
-                         self._rewind[tp.partition])
-                self.consumer.seek(tp, self._rewind[tp.partition])
-        self._rewind = {}
+    def _wait_for_partitions(self, timeout_s: float) -> list[TopicPartition]:
+        """Every partition of the topic; raises KafkaTimeoutError after
+        ``timeout_s`` without metadata."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            partitions = self.consumer.partitions_for_topic(self.topic)
+            if partitions:
+                return [TopicPartition(self.topic, p) for p in sorted(partitions)]
+            if time.monotonic() > deadline:
+                raise KafkaTimeoutError(f"topic {self.topic} has no partitions after {timeout_s}s")
+            time.sleep(0.5)
 
     def _load_manifest(self) -> int | None:
         """Restore seen group keys from the manifest; return its last step (None if none)."""

@@ -126,6 +126,9 @@ class EventWorker:
             auto_offset_reset="earliest",
             max_poll_records=max_batch,
             max_poll_interval_ms=30 * 60 * 1000,  # a CPU generation batch can take minutes
+            # generous: on a loaded 2-core box the heartbeat thread can starve for seconds, and a
+            # member kafka-python 3.0 drops from its group may never rejoin
+            session_timeout_ms=45_000,
             client_id=self.worker,
         )
         self.producer = make_producer(bootstrap, client_id=self.worker)

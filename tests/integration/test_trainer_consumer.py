@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 
@@ -240,39 +239,3 @@ def test_groups_spread_over_partitions_are_each_trained_once(kafka_broker, topic
         seen += batch.group_keys
     assert sorted(seen) == sorted(keys)
     assert sum(entry["offsets"].values()) == len(keys)
-
-
-def test_buffered_groups_of_revoked_partitions_go_to_the_new_owner_only(
-    kafka_broker, topic_factory
-):
-    topics = topic_factory(TOPICS, partitions=2)
-    gid = f"trainer-{uuid.uuid4().hex[:8]}"
-    keys = [f"g{i}" for i in range(8)]
-    produce(kafka_broker, topics.groups_accepted, keys)
-    state, stop = {}, threading.Event()
-
-    def keep_polling(name, builder):  # a rebalance needs both members polling at the same time
-        while not stop.is_set():
-            builder.next_batch(timeout_s=0.2)
-            state[name] = (len(builder.consumer.assignment()), builder.buffered)
-
-    with BatchBuilder(kafka_broker, topics, 100, group_id=gid) as a:
-        wait_buffered(a, len(keys))  # a owns both partitions and holds all 8 groups
-        with BatchBuilder(kafka_broker, topics, 100, group_id=gid) as b:
-            threads = [threading.Thread(target=keep_polling, args=(n, x), daemon=True)
-                       for n, x in (("a", a), ("b", b))]
-            for t in threads:
-                t.start()
-            deadline = time.monotonic() + 2 * WAIT_S
-            while time.monotonic() < deadline and not (
-                state.get("a", (0, 0))[0] == state.get("b", (0, 0))[0] == 1
-                and state["a"][1] + state["b"][1] == len(keys)
-            ):
-                time.sleep(0.1)
-            stop.set()
-            for t in threads:
-                t.join(timeout=WAIT_S)
-            held_a = a.take_partial().group_keys
-            held_b = b.take_partial().group_keys
-    assert held_a and held_b
-    assert sorted(held_a + held_b) == sorted(keys)  # each group held by exactly one builder
