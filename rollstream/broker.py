@@ -24,7 +24,7 @@ from collections import deque
 from pathlib import Path
 from typing import NoReturn
 
-from rollstream.exceptions import BrokerStartError, TopicPartitionsMismatch
+from rollstream.exceptions import BrokerStartError, BrokerUnreachableError, TopicPartitionsMismatch
 
 KAFKA_VERSION = "3.9.2"
 BROKER_FILES = Path(__file__).resolve().parent / "broker_files"
@@ -184,6 +184,19 @@ def metadata_ready(bootstrap: str, timeout: float = 2.0) -> bool:
         return False
     correlation_id, _throttle, n_brokers = struct.unpack(">iii", resp[:12])
     return correlation_id == 7 and n_brokers > 0
+
+
+def wait_for_broker(bootstrap: str, timeout: float = 15.0) -> None:
+    """Return once a server of the comma-separated ``bootstrap`` list answers Metadata; raise
+    BrokerUnreachableError after ``timeout`` seconds."""
+    servers = [s.strip() for s in bootstrap.split(",") if s.strip()]
+    deadline = time.monotonic() + timeout
+    while not any(metadata_ready(server) for server in servers):
+        if time.monotonic() > deadline:
+            raise BrokerUnreachableError(
+                f"no Kafka broker answers at {bootstrap!r} (waited {timeout:.0f} s); start one with "
+                "`rollstream broker start` or fix --bootstrap")
+        time.sleep(0.5)
 
 
 def _recv_exact(s: socket.socket, n: int) -> bytes:

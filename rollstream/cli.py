@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -58,6 +59,15 @@ def broker_status(data_dir: Path = DATA_DIR_OPT) -> None:
     console.print_json(json.dumps(status))
 
 
+def _reach(bootstrap: str) -> None:
+    from rollstream.broker import wait_for_broker
+
+    try:
+        wait_for_broker(bootstrap, timeout=float(os.environ.get("ROLLSTREAM_BROKER_WAIT_S", "15")))
+    except RollstreamError as exc:
+        _fail(exc)
+
+
 def _config(path: Path):
     from rollstream.config import load_config
 
@@ -81,7 +91,9 @@ def worker(
         stage_enum = Stage(stage)
     except ValueError:
         _fail(ValueError(f"unknown stage {stage!r}; valid: {[s.value for s in Stage]}"))
-    run_stage(stage_enum, _config(config), bootstrap, max_idle_s=max_idle_s)
+    cfg = _config(config)
+    _reach(bootstrap)
+    run_stage(stage_enum, cfg, bootstrap, max_idle_s=max_idle_s)
 
 
 @app.command("create-topics")
@@ -91,6 +103,7 @@ def create_topics_cmd(config: Path = typer.Option(..., "--config", "-c"), bootst
     from rollstream.topics import TOPICS, Topics
 
     cfg = _config(config)
+    _reach(bootstrap)
     topics = Topics(cfg.kafka.topic_prefix)
     create_topics(bootstrap, topics.all(cfg.kafka.partitions))
     check_copartitioned(bootstrap, [topics.name(t) for t, (cls, _) in TOPICS.items() if cls == "rlvr"])
@@ -103,6 +116,7 @@ def produce_prompts_cmd(config: Path = typer.Option(..., "--config", "-c"), boot
     from rollstream.producer import produce_prompts
 
     cfg = _config(config)
+    _reach(bootstrap)
     console.print(f"produced {produce_prompts(cfg, bootstrap)} prompts")
 
 

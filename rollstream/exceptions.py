@@ -29,6 +29,10 @@ class BrokerStartError(RollstreamError):
     """The embedded Kafka broker could not be started."""
 
 
+class BrokerUnreachableError(RollstreamError):
+    """No server of the bootstrap list answers a Metadata request."""
+
+
 class BatchUnderfilledError(RollstreamError):
     """The resampling budget ran out below min_fill_ratio; carries the batch event."""
 

@@ -73,7 +73,7 @@ class StageProcesses:
 def run_pipeline(config: RLVRConfig, summary_json: Path | None = None, console: Console | None = None,
                  run_dir: Path | None = None) -> dict:
     """Run the pipeline; returns the summary dict (also written to ``summary_json``)."""
-    from rollstream.broker import EmbeddedBroker
+    from rollstream.broker import EmbeddedBroker, wait_for_broker
 
     console = console or Console()
     started = time.monotonic()
@@ -91,6 +91,8 @@ def run_pipeline(config: RLVRConfig, summary_json: Path | None = None, console: 
         with console.status("starting the local Kafka broker"):
             bootstrap = broker.start()
         console.print(f"local Kafka broker at {bootstrap} (log {broker.log_path})")
+    else:
+        wait_for_broker(bootstrap)
     topics = Topics(config.kafka.topic_prefix)
     stages = StageProcesses(config_path, bootstrap, run_dir / "logs")
     try:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import zlib
+from pathlib import Path
 
 import faust
 
@@ -18,6 +20,8 @@ log = logging.getLogger(__name__)
 def make_app(app_id: str, bootstrap: str, partitions: int, store: str = "memory://") -> faust.App:
     return StageApp(
         app_id,
+        # faust wants a data dir even for memory tables; keep it out of the working directory
+        datadir=Path(tempfile.gettempdir()) / "rollstream-faust" / f"{app_id}-{os.getpid()}",
         broker=f"kafka://{bootstrap}",
         store=store,
         key_serializer="raw",
