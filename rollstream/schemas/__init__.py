@@ -5,6 +5,8 @@ CRC-64-AVRO fingerprint of the writer schema's Parsing Canonical Form + the Avro
 The fingerprint -> schema map is built from the ``*.avsc`` files beside this module, so no
 registry server is needed. A reader decodes with its own (newest) schema of the same name, so a
 writer schema that evolved by adding a field with a default still decodes (fastavro resolution).
+When a schema changes, keep its previous version under ``history/`` (e.g.
+``history/prompt.v1.avsc``) so events written by not-yet-upgraded producers keep decoding.
 
 Public API::
 

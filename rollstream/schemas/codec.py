@@ -47,6 +47,8 @@ class SchemaRegistry:
 
     @classmethod
     def from_directory(cls, directory: Path = SCHEMA_DIR) -> "SchemaRegistry":
+        """Current schemas from ``directory/*.avsc``; older versions that producers may still
+        write from ``directory/history/*.avsc`` (decode only)."""
         registry = cls()
         pending = {p.name: json.loads(p.read_text()) for p in sorted(directory.glob("*.avsc"))}
         # Files reference each other's named types: parse until a pass makes no progress.
@@ -61,6 +63,8 @@ class SchemaRegistry:
                 progressed = True
             if not progressed:
                 raise SchemaNotFoundError(f"unresolvable named types in {sorted(pending)}")
+        for path in sorted((directory / "history").glob("*.avsc")):
+            registry.add(json.loads(path.read_text()), current=False)
         return registry
 
     def add(self, raw: dict, *, current: bool = True) -> str:

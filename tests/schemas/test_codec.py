@@ -127,3 +127,16 @@ def test_registry_is_not_mutated_by_decoding():
     decode(encode({"group_key": "g", "prompt_id": "p", "domain": "d", "accepted": True, "reason": "accepted",
                    "responses": []}, "Group"))
     assert REGISTRY.schema("Group") == before
+
+
+def test_history_directory_versions_decode_but_never_encode(tmp_path):
+    for path in SCHEMA_DIR.glob("*.avsc"):
+        (tmp_path / path.name).write_text(path.read_text())
+    (tmp_path / "history").mkdir()
+    (tmp_path / "history" / "prompt.v0.avsc").write_text(json.dumps(_older_prompt_schema()))
+    registry = SchemaRegistry.from_directory(tmp_path)
+    writer = SchemaRegistry()
+    writer.add(_older_prompt_schema())
+    old_bytes = writer.encode({"prompt_id": "p", "domain": "d", "prompt": "q"}, "Prompt")
+    assert registry.decode(old_bytes)[1]["created_ms"] == 0
+    assert registry.encode({"prompt_id": "p", "domain": "d", "prompt": "q"}, "Prompt")[2:10] == REGISTRY.fingerprint("Prompt")
