@@ -18,10 +18,12 @@ log = logging.getLogger(__name__)
 
 
 def make_app(app_id: str, bootstrap: str, partitions: int, store: str = "memory://") -> faust.App:
+    # faust wants a data dir even for memory tables; keep it out of the working directory
+    datadir = Path(tempfile.gettempdir()) / "rollstream-faust" / f"{app_id}-{os.getpid()}"
+    datadir.parent.mkdir(parents=True, exist_ok=True)
     return StageApp(
         app_id,
-        # faust wants a data dir even for memory tables; keep it out of the working directory
-        datadir=Path(tempfile.gettempdir()) / "rollstream-faust" / f"{app_id}-{os.getpid()}",
+        datadir=datadir,
         broker=f"kafka://{bootstrap}",
         store=store,
         key_serializer="raw",
