@@ -43,13 +43,20 @@ class StageProcesses:
         self.config_path, self.bootstrap, self.log_dir = config_path, bootstrap, log_dir
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, stage: Stage) -> None:
-        log = open(self.log_dir / f"{stage.value}.log", "wb")
-        self.procs[stage.value] = subprocess.Popen(
-            [sys.executable, "-m", "rollstream.cli", "worker", stage.value,
-             "--config", str(self.config_path), "--bootstrap", self.bootstrap],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+    def start(self, stage: Stage) -> str:
+        """Start one process of ``stage``; returns its name (``aggregator``, ``aggregator-2``, ...),
+        which also names its log file."""
+        name, n = stage.value, 1
+        while name in self.procs:
+            n += 1
+            name = f"{stage.value}-{n}"
+        with open(self.log_dir / f"{name}.log", "wb") as log:  # the child keeps its own copy
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "rollstream.cli", "worker", stage.value,
+                 "--config", str(self.config_path), "--bootstrap", self.bootstrap],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        return name
 
     def check(self) -> None:
         for name, proc in self.procs.items():

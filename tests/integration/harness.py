@@ -119,11 +119,15 @@ class SyntheticRollout(threading.Thread):
         self.join(10)
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = 180.0, interval: float = 0.5, what: str = "") -> None:
+def wait_for(predicate: Callable[[], bool], timeout: float = 180.0, interval: float = 0.5, what: str = "",
+             stages: StageProcesses | None = None) -> None:
+    """Poll ``predicate``; fail at once (with the log tail) if one of ``stages`` died."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
+        if stages is not None:
+            stages.check()
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
 

@@ -34,7 +34,7 @@ def test_rejected_prompt_frees_its_slot_and_a_new_prompt_is_admitted(kafka_broke
                                max_running_prompts=2, max_prompts_per_batch=10)
     try:
         produce(kafka_broker, topics.prompts, "Prompt", [prompt(f"p{i}") for i in range(6)])
-        wait_for(lambda: len(read_values(kafka_broker, topics.groups_accepted)) == 2, timeout=180, what="2 groups")
+        wait_for(lambda: len(read_values(kafka_broker, topics.groups_accepted)) == 2, timeout=180, what="2 groups", stages=stages)
         first_round = sorted(r["prompt_id"] for r in rollout.requests if r["round"] == 0)
         # p0 accepted, p1 rejected -> exactly one more prompt (p2) -> batch of 2 is full: no p3
         assert first_round == ["p0", "p1", "p2"]
@@ -54,7 +54,7 @@ def test_budget_ends_a_hopeless_batch_with_batch_underfilled(kafka_broker, topic
                                max_running_prompts=8, max_prompts_per_batch=24)
     try:
         produce(kafka_broker, topics.prompts, "Prompt", [prompt(f"p{i:02d}") for i in range(40)])
-        wait_for(lambda: read_values(kafka_broker, topics.batches), timeout=180, what="batch event")
+        wait_for(lambda: read_values(kafka_broker, topics.batches), timeout=180, what="batch event", stages=stages)
         [event] = read_values(kafka_broker, topics.batches)
         assert (event["status"], event["step"], event["accepted_groups"], event["target_groups"],
                 event["prompts_consumed"]) == ("underfilled", 0, 2, 4, 24)
@@ -74,8 +74,8 @@ def test_too_long_prompt_is_rejected_with_reason_before_generation(kafka_broker,
         produce(kafka_broker, topics.prompts, "Prompt", [
             prompt("long", text="word " * 200), prompt("short"), {**prompt("val0", mode="val")},
         ])
-        wait_for(lambda: read_values(kafka_broker, topics.groups_accepted), timeout=180, what="short accepted")
-        wait_for(lambda: read_values(kafka_broker, topics.groups_validation), timeout=180, what="validation group")
+        wait_for(lambda: read_values(kafka_broker, topics.groups_accepted), timeout=180, what="short accepted", stages=stages)
+        wait_for(lambda: read_values(kafka_broker, topics.groups_validation), timeout=180, what="validation group", stages=stages)
         [rejected] = read_values(kafka_broker, topics.groups_rejected)
         assert (rejected["prompt_id"], rejected["reason"], rejected["rounds"]) == ("long", "prompt_too_long", 0)
         assert rejected["decision_values"]["prompt_length"] == 40.0

@@ -27,28 +27,28 @@ def same_partition_key(key: str, prefix: str) -> str:
 
 @pytest.fixture
 def aggregator(kafka_broker, topic_factory, tmp_path):
-    """Topics with 4 partitions and one aggregator worker; yields (topics, config_path)."""
+    """Topics with 4 partitions and one aggregator worker; yields (topics, stage processes)."""
     topics = topic_factory(partitions=PARTITIONS)
     config = write_config(tmp_path, topics, PARTITIONS)
     stages = start_stages(config, kafka_broker, tmp_path / "logs", Stage.aggregator)
-    yield topics, config
+    yield topics, stages
     stages.close()
 
 
 def test_group_emitted_only_when_complete_and_only_once(kafka_broker, aggregator):
-    topics, _ = aggregator
+    topics, stages = aggregator
     sentinel = same_partition_key("pA", "sentinel-")
     # three of four responses, then a complete sentinel group behind them in the same partition
     produce(kafka_broker, topics.responses_rewarded, "RewardedResponse",
             [response("pA", i, reward=float(i == 0)) for i in range(3)]
             + [response(sentinel, i, reward=float(i == 0)) for i in range(4)])
-    wait_for(lambda: len(read_values(kafka_broker, topics.groups_accepted)) == 1, what="sentinel group")
+    wait_for(lambda: len(read_values(kafka_broker, topics.groups_accepted)) == 1, what="sentinel group", stages=stages)
     assert [g["prompt_id"] for g in read_values(kafka_broker, topics.groups_accepted)] == [sentinel]
     # the last response and a redelivery of every pA response
     produce(kafka_broker, topics.responses_rewarded, "RewardedResponse",
             [response("pA", 3)] + [response("pA", i, reward=float(i == 0)) for i in range(4)]
             + [response(sentinel + "x", i, reward=float(i == 1)) for i in range(4)])
-    wait_for(lambda: len(read_values(kafka_broker, topics.groups_accepted)) == 3, what="three groups")
+    wait_for(lambda: len(read_values(kafka_broker, topics.groups_accepted)) == 3, what="three groups", stages=stages)
     groups = read_values(kafka_broker, topics.groups_accepted)
     pa = [g for g in groups if g["prompt_id"] == "pA"]
     assert len(pa) == 1
@@ -62,23 +62,23 @@ def test_group_emitted_only_when_complete_and_only_once(kafka_broker, aggregator
 
 
 def test_replacements_ask_for_exactly_the_rejected_count(kafka_broker, aggregator):
-    topics, _ = aggregator
+    topics, stages = aggregator
     produce(kafka_broker, topics.responses_rewarded, "RewardedResponse", [
         response("pR", 0, reward=1.0), response("pR", 1, finish_reason="length"),
         response("pR", 2), response("pR", 3, finish_reason="length"),
     ])
-    wait_for(lambda: len(read_values(kafka_broker, topics.generation_requests)) == 1, what="round 1 request")
+    wait_for(lambda: len(read_values(kafka_broker, topics.generation_requests)) == 1, what="round 1 request", stages=stages)
     [req] = read_values(kafka_broker, topics.generation_requests)
     assert (req["prompt_id"], req["round"], req["num_return_sequences"], req["sample_offset"]) == ("pR", 1, 2, 4)
     produce(kafka_broker, topics.responses_rewarded, "RewardedResponse", [
         response("pR", 4, round_=1), response("pR", 5, round_=1, tokens=0),
     ])
-    wait_for(lambda: len(read_values(kafka_broker, topics.generation_requests)) == 2, what="round 2 request")
+    wait_for(lambda: len(read_values(kafka_broker, topics.generation_requests)) == 2, what="round 2 request", stages=stages)
     req2 = read_values(kafka_broker, topics.generation_requests)[1]
     assert (req2["round"], req2["num_return_sequences"], req2["sample_offset"]) == (2, 1, 6)
     assert req2["seed"] != req["seed"]
     produce(kafka_broker, topics.responses_rewarded, "RewardedResponse", [response("pR", 6, round_=2)])
-    wait_for(lambda: read_values(kafka_broker, topics.groups_accepted), what="group")
+    wait_for(lambda: read_values(kafka_broker, topics.groups_accepted), what="group", stages=stages)
     [group] = read_values(kafka_broker, topics.groups_accepted)
     assert [r["response"]["sample_index"] for r in group["responses"]] == [0, 2, 4, 6]
     assert (group["rounds"], group["responses_generated"]) == (3, 7)
@@ -93,11 +93,11 @@ def test_retries_exhausted_aborts_the_prompt_and_the_stage_keeps_going(kafka_bro
     try:
         produce(kafka_broker, topics.responses_rewarded, "RewardedResponse",
                 [response("pX", i, finish_reason="error") for i in range(4)])
-        wait_for(lambda: read_values(kafka_broker, topics.generation_requests), what="replacement")
+        wait_for(lambda: read_values(kafka_broker, topics.generation_requests), what="replacement", stages=stages)
         produce(kafka_broker, topics.responses_rewarded, "RewardedResponse",
                 [response("pX", i, round_=1, finish_reason="error") for i in range(4, 8)]
                 + [response("pY", i, reward=float(i)) for i in range(4)])
-        wait_for(lambda: len(read_values(kafka_broker, topics.prompt_outcomes)) == 2, what="two outcomes")
+        wait_for(lambda: len(read_values(kafka_broker, topics.prompt_outcomes)) == 2, what="two outcomes", stages=stages)
         [rejected] = read_values(kafka_broker, topics.groups_rejected)
         assert (rejected["prompt_id"], rejected["reason"], rejected["rounds"]) == ("pX", "response_retries_exhausted", 2)
         assert rejected["decision_values"]["rejected_responses/engine_error"] == 8.0
@@ -109,7 +109,7 @@ def test_retries_exhausted_aborts_the_prompt_and_the_stage_keeps_going(kafka_bro
 
 
 def test_corrupt_events_are_dead_lettered_and_the_rest_still_flow(kafka_broker, aggregator):
-    topics, _ = aggregator
+    topics, stages = aggregator
     producer = make_producer(kafka_broker)
     producer.send(topics.responses_rewarded, key=b"pD", value=b"not avro at all")
     producer.send(topics.responses_rewarded, key=b"pD", value=b"\xc3\x01" + b"\x01" * 8 + b"\x00")
@@ -119,7 +119,7 @@ def test_corrupt_events_are_dead_lettered_and_the_rest_still_flow(kafka_broker, 
     producer.flush()
     produce(kafka_broker, topics.responses_rewarded, "RewardedResponse",
             [response("pOK", i, reward=float(i % 2)) for i in range(4)])
-    wait_for(lambda: read_values(kafka_broker, topics.groups_accepted), what="group after corrupt events")
+    wait_for(lambda: read_values(kafka_broker, topics.groups_accepted), what="group after corrupt events", stages=stages)
     dead = read_values(kafka_broker, topics.dead_letter)
     assert [d["reason"] for d in dead] == ["undecodable", "unknown_schema", "invalid_event", "invalid_event"]
     assert dead[0]["payload"] == b"not avro at all" and dead[0]["source_topic"] == topics.responses_rewarded
@@ -131,8 +131,7 @@ def test_two_aggregator_processes_decide_200_prompts_exactly_once(kafka_broker, 
     topics = topic_factory(partitions=PARTITIONS)
     config = write_config(tmp_path, topics, PARTITIONS)
     stages = start_stages(config, kafka_broker, tmp_path / "logs", Stage.aggregator)
-    stages.procs["aggregator-2"] = stages.procs.pop("aggregator")
-    stages.start(Stage.aggregator)
+    assert stages.start(Stage.aggregator) == "aggregator-2"
     try:
         records = []
         for p in range(200):
@@ -141,7 +140,7 @@ def test_two_aggregator_processes_decide_200_prompts_exactly_once(kafka_broker, 
         # interleave prompts so each partition sees many open transactions at once
         records.sort(key=lambda r: (r["response"]["sample_index"], r["response"]["prompt_id"]))
         produce(kafka_broker, topics.responses_rewarded, "RewardedResponse", records)
-        wait_for(lambda: len(read_values(kafka_broker, topics.prompt_outcomes)) >= 200, timeout=180, what="200 outcomes")
+        wait_for(lambda: len(read_values(kafka_broker, topics.prompt_outcomes)) >= 200, timeout=180, what="200 outcomes", stages=stages)
         outcomes = read_values(kafka_broker, topics.prompt_outcomes)
         assert len(outcomes) == 200
         assert len({o["prompt_id"] for o in outcomes}) == 200
