@@ -36,14 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kafka import KafkaConsumer
-from kafka.errors import KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from rollstream.exceptions import DecodeError, UnknownFingerprintError
 from rollstream.schemas import decode, encode
 from rollstream.topics import Topics
 from rollstream.trainer.batch import RolloutBatch, build_batch, check_group
-from rollstream.workers.base import dead_letter, make_producer, now_ms, worker_id
+from rollstream.workers.base import dead_letter, make_producer, now_ms, wait_for_partitions, worker_id
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +151,8 @@ class BatchBuilder:
         # only stores committed offsets, which assign() resumes from. (Group rebalances bought
         # nothing here and kafka-python 3.0 could drop out of the group for good after a missed
         # heartbeat, spinning in poll.)
-        self.consumer.assign(self._wait_for_partitions(bootstrap_timeout_s))
+        self.consumer.assign([TopicPartition(self.topic, p)
+                              for p in wait_for_partitions(self.consumer, self.topic, bootstrap_timeout_s)])
         self.producer = make_producer(bootstrap, client_id=self.worker)
 
     # -- public API -------------------------------------------------------------------------
@@ -357,18 +357,6 @@ class BatchBuilder:
             TopicPartition(self.topic, p): OffsetAndMetadata(o, "", -1) for p, o in todo.items()
         })
         self._committed.update(todo)
-
-    def _wait_for_partitions(self, timeout_s: float) -> list[TopicPartition]:
-        """Every partition of the topic; raises KafkaTimeoutError after
-        ``timeout_s`` without metadata."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            partitions = self.consumer.partitions_for_topic(self.topic)
-            if partitions:
-                return [TopicPartition(self.topic, p) for p in sorted(partitions)]
-            if time.monotonic() > deadline:
-                raise KafkaTimeoutError(f"topic {self.topic} has no partitions after {timeout_s}s")
-            time.sleep(0.5)
 
     def _load_manifest(self) -> int | None:
         """Restore seen group keys from the manifest; return its last step (None if none)."""

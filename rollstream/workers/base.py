@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from kafka import KafkaConsumer, KafkaProducer
+from kafka.errors import KafkaTimeoutError
 
 from rollstream.exceptions import DecodeError, UnknownFingerprintError
 from rollstream.schemas import decode, encode
@@ -70,6 +71,17 @@ def make_producer(bootstrap: str, **kwargs) -> KafkaProducer:
     )
 
 
+def wait_for_partitions(consumer: KafkaConsumer, topic: str, timeout_s: float = 60.0) -> list[int]:
+    """The topic's partition ids, polling metadata until it has some; KafkaTimeoutError after
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not (partitions := consumer.partitions_for_topic(topic)):
+        if time.monotonic() > deadline:
+            raise KafkaTimeoutError(f"topic {topic} has no partitions after {timeout_s:.0f}s")
+        time.sleep(0.5)
+    return sorted(partitions)
+
+
 def dead_letter(
     topics: Topics, *, topic: str, partition: int, offset: int, key: bytes | None,
     value: bytes | None, reason: str, error: str, worker: str,
@@ -119,7 +131,6 @@ class EventWorker:
         self.processed = 0
         self.dead_lettered = 0
         self.consumer = KafkaConsumer(
-            input_topic,
             bootstrap_servers=bootstrap,
             group_id=group_id,
             enable_auto_commit=False,
@@ -131,6 +142,10 @@ class EventWorker:
             session_timeout_ms=45_000,
             client_id=self.worker,
         )
+        # Fetch the topic's metadata before joining the group: kafka-python 3.0 can leave the
+        # second rebalance of a member that joined without it unfinished, assigned nothing.
+        wait_for_partitions(self.consumer, input_topic)
+        self.consumer.subscribe([input_topic])
         self.producer = make_producer(bootstrap, client_id=self.worker)
 
     def stop(self, *_: object) -> None:

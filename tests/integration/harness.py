@@ -17,7 +17,7 @@ from rollstream.run import StageProcesses
 from rollstream.schemas import decode, encode
 from rollstream.stages import Stage
 from rollstream.topics import Topics
-from rollstream.workers.base import make_producer
+from rollstream.workers.base import make_producer, wait_for_partitions
 
 DOMAIN = "synth"
 
@@ -95,8 +95,10 @@ class SyntheticRollout(threading.Thread):
         self.stop_event = threading.Event()
 
     def run(self) -> None:
-        consumer = KafkaConsumer(self.topics.generation_requests, bootstrap_servers=self.bootstrap,
-                                 group_id=f"{self.topics.prefix}synthetic", auto_offset_reset="earliest")
+        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=f"{self.topics.prefix}synthetic",
+                                 auto_offset_reset="earliest")
+        wait_for_partitions(consumer, self.topics.generation_requests)  # see EventWorker
+        consumer.subscribe([self.topics.generation_requests])
         producer = make_producer(self.bootstrap)
         try:
             while not self.stop_event.is_set():
