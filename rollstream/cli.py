@@ -83,6 +83,8 @@ def worker(
     config: Path = typer.Option(..., "--config", "-c", help="Pipeline YAML."),
     bootstrap: str = typer.Option(..., "--bootstrap", "-b", help="Kafka bootstrap servers."),
     max_idle_s: Optional[float] = typer.Option(None, help="Exit after this many seconds without input (plain workers)."),
+    instance: int = typer.Option(0, help="generation/reward: this process owns partitions p with p % instances == instance."),
+    instances: int = typer.Option(1, help="generation/reward: number of processes sharing the stage's partitions."),
 ) -> None:
     """Run one stage against any Kafka cluster; start more processes to scale out."""
     from rollstream.stages import Stage, run_stage
@@ -93,7 +95,9 @@ def worker(
         _fail(ValueError(f"unknown stage {stage!r}; valid: {[s.value for s in Stage]}"))
     cfg = _config(config)
     _reach(bootstrap)
-    run_stage(stage_enum, cfg, bootstrap, max_idle_s=max_idle_s)
+    if not 0 <= instance < instances:
+        _fail(ValueError(f"--instance must be in [0, --instances={instances}), got {instance}"))
+    run_stage(stage_enum, cfg, bootstrap, max_idle_s=max_idle_s, instance=instance, instances=instances)
 
 
 @app.command("create-topics")

@@ -28,7 +28,10 @@ def run_faust_app(app) -> None:
     faust.Worker(app, loglevel="WARNING", quiet=True).execute_from_commandline()
 
 
-def run_stage(stage: Stage, config: RLVRConfig, bootstrap: str, max_idle_s: float | None = None) -> None:
+def run_stage(stage: Stage, config: RLVRConfig, bootstrap: str, max_idle_s: float | None = None,
+              instance: int = 0, instances: int = 1) -> None:
+    """``instance``/``instances`` split the input partitions of the plain workers (generation,
+    reward); the faust stages share theirs through their consumer group."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     topics = Topics(config.kafka.topic_prefix)
     if stage in (Stage.admission, Stage.aggregator):
@@ -51,12 +54,13 @@ def run_stage(stage: Stage, config: RLVRConfig, bootstrap: str, max_idle_s: floa
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens)
         run_generation_worker(bootstrap, topics, params, backend=config.actor_infer.backend,
                               group_id=f"{topics.prefix}generation", max_batch=config.actor_infer.max_batch,
-                              max_idle_s=max_idle_s)
+                              max_idle_s=max_idle_s, instance=instance, instances=instances)
     elif stage is Stage.reward:
         from rollstream.workers.rewards import run_reward_worker
 
         run_reward_worker(bootstrap, topics, {d: r.reward_type for d, r in config.rewards.items()},
-                          group_id=f"{topics.prefix}reward", max_idle_s=max_idle_s)
+                          group_id=f"{topics.prefix}reward", max_idle_s=max_idle_s,
+                          instance=instance, instances=instances)
     elif stage is Stage.trainer:
         run_trainer(config, bootstrap)
 

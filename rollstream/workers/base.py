@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from kafka import KafkaConsumer, KafkaProducer
-from kafka.errors import KafkaTimeoutError
+from kafka.errors import CommitFailedError, KafkaTimeoutError
+from kafka.structs import TopicPartition
 
 from rollstream.exceptions import DecodeError, UnknownFingerprintError
 from rollstream.schemas import decode, encode
@@ -105,6 +106,12 @@ class EventWorker:
     ``expected_schema`` names the only schema the handler accepts; anything else is
     dead-lettered with reason ``invalid_event``. A handler exception dead-letters the whole batch
     with reason ``handler_error`` (bytes kept), and the worker goes on.
+
+    Partitions are assigned statically: instance ``i`` of ``n`` owns the partitions ``p`` with
+    ``p % n == i`` (scale out by starting instances 0..n-1). The group id only stores committed
+    offsets. kafka-python 3.0's group membership proved unreliable here: a leader that rejoins
+    right after its first assignment could stall in the second rebalance for good, assigned
+    nothing, and then die on a refused commit.
     """
 
     def __init__(
@@ -119,7 +126,11 @@ class EventWorker:
         stage: str,
         max_batch: int = 16,
         poll_timeout_ms: int = 200,
+        instance: int = 0,
+        instances: int = 1,
     ) -> None:
+        if not 0 <= instance < instances:
+            raise ValueError(f"instance must be in [0, {instances}), got {instance}")
         self.topics = topics
         self.input_topic = input_topic
         self.expected_schema = expected_schema
@@ -136,16 +147,10 @@ class EventWorker:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             max_poll_records=max_batch,
-            max_poll_interval_ms=30 * 60 * 1000,  # a CPU generation batch can take minutes
-            # generous: on a loaded 2-core box the heartbeat thread can starve for seconds, and a
-            # member kafka-python 3.0 drops from its group may never rejoin
-            session_timeout_ms=45_000,
             client_id=self.worker,
         )
-        # Fetch the topic's metadata before joining the group: kafka-python 3.0 can leave the
-        # second rebalance of a member that joined without it unfinished, assigned nothing.
-        wait_for_partitions(self.consumer, input_topic)
-        self.consumer.subscribe([input_topic])
+        self.partitions = [p for p in wait_for_partitions(self.consumer, input_topic) if p % instances == instance]
+        self.consumer.assign([TopicPartition(input_topic, p) for p in self.partitions])
         self.producer = make_producer(bootstrap, client_id=self.worker)
 
     def stop(self, *_: object) -> None:
@@ -216,9 +221,18 @@ class EventWorker:
                     continue
                 idle_since = time.monotonic()
                 self.produce(self.process(messages))
-                self.consumer.commit()  # only after every output is acknowledged
+                self.commit()
         finally:
             self.close()
+
+    def commit(self) -> None:
+        """Commit what was polled, only after every output is acknowledged. A refused commit is
+        not fatal: the batch is redelivered after a restart and downstream ignores the duplicates
+        by their identity."""
+        try:
+            self.consumer.commit()
+        except CommitFailedError as exc:
+            log.warning("offset commit refused (%s); the batch may be redelivered", exc)
 
     def close(self) -> None:
         try:

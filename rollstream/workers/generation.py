@@ -518,10 +518,13 @@ def run_generation_worker(
     max_batch: int = 16,
     max_idle_s: float | None = None,
     backend_kwargs: dict[str, Any] | None = None,
+    instance: int = 0,
+    instances: int = 1,
 ) -> EventWorker:
     """Consume ``generation.requests``, produce ``responses`` until stopped (SIGTERM/SIGINT)
     or idle for ``max_idle_s``. ``max_batch`` caps requests per poll (each may ask for many
-    samples). Returns the finished EventWorker (its ``processed``/``dead_lettered`` counts).
+    samples); ``instance``/``instances`` select this process's partitions (see EventWorker).
+    Returns the finished EventWorker (its ``processed``/``dead_lettered`` counts).
     Raises ConfigError for an unknown backend name."""
     engine = make_backend(backend, **(backend_kwargs or {})) if isinstance(backend, str) else backend
     worker = EventWorker(
@@ -533,6 +536,8 @@ def run_generation_worker(
         handler=GenerationWorker(engine, params, topics),
         stage="generation",
         max_batch=max_batch,
+        instance=instance,
+        instances=instances,
     )
     try:
         worker.install_signal_handlers()

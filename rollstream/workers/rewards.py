@@ -331,6 +331,8 @@ def run_reward_worker(
     group_id: str = "rollstream-reward",
     max_batch: int = 64,
     max_idle_s: float | None = None,
+    instance: int = 0,
+    instances: int = 1,
 ) -> EventWorker:
     """Consume ``responses``, produce ``responses.rewarded`` until SIGTERM/SIGINT or ``max_idle_s``
     seconds without input; returns the (closed) worker for its counters.
@@ -341,6 +343,7 @@ def run_reward_worker(
     worker = EventWorker(
         bootstrap=bootstrap, topics=topics, input_topic=topics.responses, group_id=group_id,
         expected_schema="Response", handler=handler, stage="reward", max_batch=max_batch,
+        instance=instance, instances=instances,
     )
     if threading.current_thread() is threading.main_thread():  # signal handlers: main thread only
         worker.install_signal_handlers()

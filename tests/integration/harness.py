@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable
 
 import yaml
-from kafka import KafkaConsumer
+from kafka import KafkaConsumer, TopicPartition
 
 from rollstream.readback import read_values
 from rollstream.run import StageProcesses
@@ -95,10 +95,9 @@ class SyntheticRollout(threading.Thread):
         self.stop_event = threading.Event()
 
     def run(self) -> None:
-        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=f"{self.topics.prefix}synthetic",
-                                 auto_offset_reset="earliest")
-        wait_for_partitions(consumer, self.topics.generation_requests)  # see EventWorker
-        consumer.subscribe([self.topics.generation_requests])
+        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, auto_offset_reset="earliest")
+        topic = self.topics.generation_requests
+        consumer.assign([TopicPartition(topic, p) for p in wait_for_partitions(consumer, topic)])
         producer = make_producer(self.bootstrap)
         try:
             while not self.stop_event.is_set():

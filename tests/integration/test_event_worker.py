@@ -1,0 +1,54 @@
+"""The plain workers' Kafka shell on the real broker: static partition split, dead letters."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollstream.broker import create_topics
+from rollstream.readback import read_values
+from rollstream.workers.base import EventWorker, make_producer
+
+from .harness import produce, prompt
+
+pytestmark = pytest.mark.integration
+
+
+def test_instances_split_the_partitions_and_each_event_is_handled_once(kafka_broker, topic_factory):
+    topics = topic_factory(["dead-letter"])
+    source = topics.prompts
+    create_topics(kafka_broker, {source: (4, False)})
+    produce(kafka_broker, source, "Prompt", [prompt(f"p{i:02d}") for i in range(40)])
+    producer = make_producer(kafka_broker)
+    producer.send(source, key=b"p00", value=b"garbage")
+    producer.flush()
+    producer.close()
+
+    handled: dict[int, list[str]] = {0: [], 1: []}
+    workers = []
+    for instance in (0, 1):
+        worker = EventWorker(
+            bootstrap=kafka_broker, topics=topics, input_topic=source, group_id=f"{topics.prefix}split",
+            expected_schema="Prompt", stage="split", instance=instance, instances=2,
+            handler=lambda inputs, i=instance: handled[i].extend(x.record["prompt_id"] for x in inputs) or [],
+        )
+        workers.append(worker)
+        worker.run(max_idle_s=3.0)
+
+    assert [w.partitions for w in workers] == [[0, 2], [1, 3]]
+    assert not set(handled[0]) & set(handled[1])
+    assert sorted(handled[0] + handled[1]) == [f"p{i:02d}" for i in range(40)]
+    [dead] = read_values(kafka_broker, topics.dead_letter)
+    assert (dead["reason"], dead["payload"]) == ("undecodable", b"garbage")
+
+    # offsets were committed: a restarted instance finds nothing left to do
+    again = EventWorker(bootstrap=kafka_broker, topics=topics, input_topic=source, group_id=f"{topics.prefix}split",
+                        expected_schema="Prompt", stage="split", instance=0, instances=2, handler=lambda inputs: [])
+    again.run(max_idle_s=3.0)
+    assert again.processed == 0
+
+
+def test_instance_outside_the_range_is_refused(kafka_broker, topic_factory):
+    topics = topic_factory(["prompts"])
+    with pytest.raises(ValueError, match="instance must be in"):
+        EventWorker(bootstrap=kafka_broker, topics=topics, input_topic=topics.prompts, group_id="g",
+                    expected_schema="Prompt", stage="x", handler=lambda inputs: [], instance=2, instances=2)
