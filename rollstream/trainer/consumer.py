@@ -35,14 +35,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from kafka import KafkaConsumer
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from rollstream.exceptions import DecodeError, UnknownFingerprintError
 from rollstream.schemas import decode, encode
 from rollstream.topics import Topics
 from rollstream.trainer.batch import RolloutBatch, build_batch, check_group
-from rollstream.workers.base import dead_letter, make_producer, now_ms, wait_for_partitions, worker_id
+from rollstream.workers.base import assigned_consumer, dead_letter, make_producer, now_ms, worker_id
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +50,6 @@ DEDUP_WINDOW = 100_000
 
 POLL_TIMEOUT_S = 0.2
 """Longest single poll inside ``next_batch``; the loop re-checks its deadline after each."""
-
-MAX_POLL_INTERVAL_MS = 30 * 60 * 1000
-"""A training step between two polls may take minutes; the group must not evict us meanwhile."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +103,6 @@ class BatchBuilder:
         start_step: int | None = None,
         max_poll_records: int = 500,
         dedup_window: int = DEDUP_WINDOW,
-        bootstrap_timeout_s: float = 60.0,
     ) -> None:
         if rollout_batch_size < 1:
             raise ValueError(f"rollout_batch_size must be >= 1, got {rollout_batch_size}")
@@ -138,21 +133,10 @@ class BatchBuilder:
         else:
             self.step = 0 if last_step is None else last_step + 1
 
-        self.consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap,
-            group_id=group_id,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_poll_records=max_poll_records,
-            max_poll_interval_ms=MAX_POLL_INTERVAL_MS,
-            client_id=self.worker,
-        )
-        # One trainer owns every partition: manual assignment, no group membership. The group id
-        # only stores committed offsets, which assign() resumes from. (Group rebalances bought
-        # nothing here and kafka-python 3.0 could drop out of the group for good after a missed
-        # heartbeat, spinning in poll.)
-        self.consumer.assign([TopicPartition(self.topic, p)
-                              for p in wait_for_partitions(self.consumer, self.topic, bootstrap_timeout_s)])
+        # One trainer owns every partition: manual assignment, no group membership; the group id
+        # only stores committed offsets. (kafka-python 3.0 could drop a member out of its group
+        # for good after a missed heartbeat, spinning in poll.)
+        self.consumer, _ = assigned_consumer(bootstrap, group_id, self.topic, self.worker, max_poll_records)
         self.producer = make_producer(bootstrap, client_id=self.worker)
 
     # -- public API -------------------------------------------------------------------------

@@ -83,6 +83,20 @@ def wait_for_partitions(consumer: KafkaConsumer, topic: str, timeout_s: float = 
     return sorted(partitions)
 
 
+def assigned_consumer(bootstrap: str, group_id: str, topic: str, client_id: str, max_poll_records: int,
+                      instance: int = 0, instances: int = 1) -> tuple[KafkaConsumer, list[int]]:
+    """A consumer owning the partitions ``p % instances == instance`` of ``topic`` by manual
+    assignment (no group membership: ``group_id`` only stores committed offsets, which it resumes
+    from); returns it with its partition ids."""
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False,
+        auto_offset_reset="earliest", max_poll_records=max_poll_records, client_id=client_id,
+    )
+    partitions = [p for p in wait_for_partitions(consumer, topic) if p % instances == instance]
+    consumer.assign([TopicPartition(topic, p) for p in partitions])
+    return consumer, partitions
+
+
 def dead_letter(
     topics: Topics, *, topic: str, partition: int, offset: int, key: bytes | None,
     value: bytes | None, reason: str, error: str, worker: str,
@@ -141,16 +155,8 @@ class EventWorker:
         self.stop_event = threading.Event()
         self.processed = 0
         self.dead_lettered = 0
-        self.consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap,
-            group_id=group_id,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_poll_records=max_batch,
-            client_id=self.worker,
-        )
-        self.partitions = [p for p in wait_for_partitions(self.consumer, input_topic) if p % instances == instance]
-        self.consumer.assign([TopicPartition(input_topic, p) for p in self.partitions])
+        self.consumer, self.partitions = assigned_consumer(
+            bootstrap, group_id, input_topic, self.worker, max_batch, instance, instances)
         self.producer = make_producer(bootstrap, client_id=self.worker)
 
     def stop(self, *_: object) -> None:
