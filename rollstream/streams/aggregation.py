@@ -58,7 +58,6 @@ class Applied:
     sends: list[Send] = field(default_factory=list)
     decided: Decided | None = None
     duplicates: int = 0
-    rejected_responses: int = 0
 
 
 class Aggregation:
@@ -85,8 +84,7 @@ class Aggregation:
                 stored[str(effect.sample_index)] = event_value
                 changed = True
             elif isinstance(effect, ResponseRejected):
-                out.rejected_responses += 1
-                changed = True
+                changed = True  # its counters live in the state
             elif isinstance(effect, DuplicateResponse):
                 out.duplicates += 1
             elif isinstance(effect, Replacement):

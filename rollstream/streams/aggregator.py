@@ -30,7 +30,6 @@ def build_aggregator_app(config: RLVRConfig, bootstrap: str, store: str = "memor
     rewarded = raw_topic(app, topics.responses_rewarded, partitions)
     table = app.Table(names.PROMPT_STATE_TABLE, default=None, partitions=partitions, key_type=bytes,
                       value_type=bytes, help="prompt_id -> PromptState + accepted RewardedResponse bytes")
-    stats = {"duplicates": 0, "responses_rejected": 0, "decided": 0}
     closed_keys: dict[int, deque] = {}  # partition -> [(closed_at, key)], oldest first
 
     async def handle(event) -> None:
@@ -48,11 +47,10 @@ def build_aggregator_app(config: RLVRConfig, bootstrap: str, store: str = "memor
             await emit.send_raw(send.topic, send.key, send.value)
         if applied.value is not None:
             table[key] = applied.value
-        stats["duplicates"] += applied.duplicates
-        stats["responses_rejected"] += applied.rejected_responses
+        if applied.duplicates:
+            log.info("redelivered response of %s ignored", key.decode())
         closed = closed_keys.setdefault(event.message.partition, deque())
         if applied.decided is not None:
-            stats["decided"] += 1
             closed.append((time.monotonic(), key))
         while closed and time.monotonic() - closed[0][0] > DECIDED_TTL_S:
             table.pop(closed.popleft()[1], None)
@@ -61,6 +59,4 @@ def build_aggregator_app(config: RLVRConfig, bootstrap: str, store: str = "memor
     async def aggregate(stream):
         async for event in stream.events():
             await emit.guarded(handle, event)
-
-    app.rollstream_stats = stats  # read by benchmarks that run the app in-process
     return app

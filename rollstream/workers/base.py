@@ -163,8 +163,11 @@ class EventWorker:
         self.stop_event.set()
 
     def install_signal_handlers(self) -> None:
-        signal.signal(signal.SIGTERM, self.stop)
-        signal.signal(signal.SIGINT, self.stop)
+        """SIGTERM/SIGINT stop the loop. Only the main thread may install handlers; a worker run
+        in another thread is stopped by its caller via stop()."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self.stop)
+            signal.signal(signal.SIGINT, self.stop)
 
     def _decode(self, msg) -> tuple[Input | None, Output | None]:
         try:

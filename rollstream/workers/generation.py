@@ -539,9 +539,6 @@ def run_generation_worker(
         instance=instance,
         instances=instances,
     )
-    try:
-        worker.install_signal_handlers()
-    except ValueError:  # not the main thread: the caller stops it via worker.stop()
-        pass
+    worker.install_signal_handlers()
     worker.run(max_idle_s=max_idle_s)
     return worker

@@ -345,7 +345,6 @@ def run_reward_worker(
         expected_schema="Response", handler=handler, stage="reward", max_batch=max_batch,
         instance=instance, instances=instances,
     )
-    if threading.current_thread() is threading.main_thread():  # signal handlers: main thread only
-        worker.install_signal_handlers()
+    worker.install_signal_handlers()
     worker.run(max_idle_s=max_idle_s)
     return worker
