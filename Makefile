@@ -13,7 +13,7 @@ export UV_CACHE_DIR ?= $(HOME)/.cache/uv
 export UV_LINK_MODE ?= hardlink
 export PYTHONWARNINGS ?= ignore::SyntaxWarning,ignore::DeprecationWarning
 
-.PHONY: env demo test test-unit bench clean
+.PHONY: env demo demo-agentic test test-unit bench clean
 
 $(UV):
 	$(PYTHON) -m venv $(CACHE)/tools
@@ -32,6 +32,9 @@ env: .venv/.installed
 
 demo: env
 	$(PY) -m rollstream.cli run examples/rlvr_math.yaml --summary-json runs/demo-rlvr/summary.json
+
+demo-agentic: env
+	$(PY) -m rollstream.cli run examples/agentic_frozenlake.yaml --summary-json runs/demo-agentic/summary.json
 
 test: env
 	$(PY) -m pytest -ra

@@ -79,12 +79,12 @@ def _config(path: Path):
 
 @app.command()
 def worker(
-    stage: str = typer.Argument(..., help="admission | aggregator | generation | reward | trainer"),
+    stage: str = typer.Argument(..., help="RLVR: admission | aggregator | generation | reward; agentic: group-queue | env; both: trainer"),
     config: Path = typer.Option(..., "--config", "-c", help="Pipeline YAML."),
     bootstrap: str = typer.Option(..., "--bootstrap", "-b", help="Kafka bootstrap servers."),
     max_idle_s: Optional[float] = typer.Option(None, help="Exit after this many seconds without input (plain workers)."),
-    instance: int = typer.Option(0, help="generation/reward: this process owns partitions p with p % instances == instance."),
-    instances: int = typer.Option(1, help="generation/reward: number of processes sharing the stage's partitions."),
+    instance: int = typer.Option(0, help="generation/reward/env: this process owns partitions p with p % instances == instance."),
+    instances: int = typer.Option(1, help="generation/reward/env: number of processes sharing the stage's partitions."),
 ) -> None:
     """Run one stage against any Kafka cluster; start more processes to scale out."""
     from rollstream.stages import Stage, run_stage
@@ -97,7 +97,10 @@ def worker(
     _reach(bootstrap)
     if not 0 <= instance < instances:
         _fail(ValueError(f"--instance must be in [0, --instances={instances}), got {instance}"))
-    run_stage(stage_enum, cfg, bootstrap, max_idle_s=max_idle_s, instance=instance, instances=instances)
+    try:
+        run_stage(stage_enum, cfg, bootstrap, max_idle_s=max_idle_s, instance=instance, instances=instances)
+    except RollstreamError as exc:
+        _fail(exc)
 
 
 @app.command("create-topics")
@@ -117,11 +120,27 @@ def create_topics_cmd(config: Path = typer.Option(..., "--config", "-c"), bootst
 @app.command("produce-prompts")
 def produce_prompts_cmd(config: Path = typer.Option(..., "--config", "-c"), bootstrap: str = typer.Option(..., "--bootstrap", "-b")) -> None:
     """Publish the config's datasets (interleaved by domain_interleave_probs) to the prompts topic."""
+    from rollstream.config import AgenticConfig
     from rollstream.producer import produce_prompts
 
     cfg = _config(config)
+    if isinstance(cfg, AgenticConfig):
+        _fail(ValueError(f"{config} is an agentic config: it has no prompts; use start-groups"))
     _reach(bootstrap)
     console.print(f"produced {produce_prompts(cfg, bootstrap)} prompts")
+
+
+@app.command("start-groups")
+def start_groups_cmd(config: Path = typer.Option(..., "--config", "-c"), bootstrap: str = typer.Option(..., "--bootstrap", "-b")) -> None:
+    """Agentic: open every env group of the config (train and val) on the group queue."""
+    from rollstream.config import AgenticConfig
+    from rollstream.producer import start_env_groups
+
+    cfg = _config(config)
+    if not isinstance(cfg, AgenticConfig):
+        _fail(ValueError(f"{config} is an RLVR config; start-groups needs an agentic one (train_env_manager)"))
+    _reach(bootstrap)
+    console.print(f"started {start_env_groups(cfg, bootstrap)} env groups")
 
 
 @app.command()

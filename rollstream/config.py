@@ -143,6 +143,132 @@ class RLVRConfig(_Frozen):
         return hashlib.sha256(self.filter_config_json(domain).encode()).hexdigest()[:16]
 
 
+# -- agentic --------------------------------------------------------------------------------------
+
+DEFAULT_GROUP_FILTER = "rollstream.filtering.group_filters:GroupFilter"
+
+
+class EnvConfig(_Frozen):
+    """One ``custom_envs`` entry: an environment and how a trajectory in it is played."""
+
+    env_type: str = Field(..., description="gym:FrozenLake-v1, textarena:FrozenLake-v0, textarena:Sokoban-v0, or an import path 'pkg.module:Class'.")
+    env_config: dict[str, Any] = Field(default_factory=dict, description="Constructor arguments of the environment.")
+    max_actions_per_traj: int = Field(5, gt=0, le=1000, description="Model turns per trajectory at most.")
+    max_tokens_per_step: int = Field(32, gt=0, le=32768, description="New tokens per model turn at most.")
+    env_step_timeout_s: float = Field(30.0, gt=0, description="A reset/step slower than this ends the trajectory with env_timeout.")
+    format_penalty: float = Field(0.0, le=0.0, description="Added to the return for every action that fails to parse.")
+
+
+class RefillConfig(_Frozen):
+    """Per-sample refill of infra-aborted trajectories (peer-scenarios.md 5)."""
+
+    enabled: bool = Field(True, description="Set env_timeout/env_failed trajectories aside (reason infra_abort) and start a replacement run with the same seed. False: they stay group members and the group filter sees them (the reference's behaviour).")
+    max_refills_per_group: int = Field(2, ge=0, le=1000, description="Replacement runs per episode at most.")
+    min_valid_group_size: int | None = Field(None, gt=0, description="When the refills are spent: accept a group of at least this many valid trajectories (advantages over those); null = group_size, i.e. drop with reason refill_exhausted.")
+
+
+class EnvManagerConfig(_Frozen):
+    """``train_env_manager`` / ``val_env_manager``: the env groups of one mode."""
+
+    num_env_groups: int = Field(..., ge=0, le=100_000, description="Group ids 0 .. num_env_groups-1; each plays its own episodes.")
+    group_size: int = Field(..., gt=0, le=1024, description="Trajectories per group (the GRPO group).")
+    group_size_redundancy: int = Field(0, ge=0, le=1024, description="Extra runs started per episode; the first group_size to finish form the group.")
+    tags: list[str] = Field(..., min_length=1, description="custom_envs entries the groups play.")
+    num_groups_partition: list[int] | None = Field(None, description="Groups per tag (sums to num_env_groups); default: as even as possible.")
+    max_traj_per_env: int = Field(1, gt=0, le=1024, description="Episodes each group id keeps open at once, and accepts per training step.")
+    group_filter_cls: str = Field(DEFAULT_GROUP_FILTER, description="Import path 'pkg.module:Class' of the group filter, built as Class(config, env_manager_config, mode). Its filter(group_id, episode_id, group) returns True to DROP the group (then a new episode replaces it) and False to keep it.")
+    group_filter_config: dict[str, Any] = Field(default_factory=dict, description="Arguments the built-in group filters read (std_threshold, max_ratio, ratio_mode, window, drop_in_val).")
+    max_replaced_episodes: int = Field(8, ge=0, le=100_000, description="Replacement episodes per group id at most; then the group id stops (bounded resampling).")
+    episode_timeout_s: float = Field(600.0, gt=0, description="Runs still missing this long after an episode started are reissued.")
+    max_reissues_per_episode: int = Field(1, ge=0, le=100, description="Deadline reissues per episode; after the last one the episode is dropped (episode_timeout).")
+    refill: RefillConfig = Field(default_factory=RefillConfig)
+
+    @model_validator(mode="after")
+    def _sizes(self) -> "EnvManagerConfig":
+        if self.num_groups_partition is not None:
+            if len(self.num_groups_partition) != len(self.tags):
+                raise ValueError("num_groups_partition needs one count per tag")
+            if sum(self.num_groups_partition) != self.num_env_groups:
+                raise ValueError("num_groups_partition must sum to num_env_groups")
+        min_valid = self.refill.min_valid_group_size
+        if min_valid is not None and min_valid > self.group_size:
+            raise ValueError(f"refill.min_valid_group_size {min_valid} > group_size {self.group_size}")
+        module, _, attr = self.group_filter_cls.partition(":")
+        if not module or not attr:
+            raise ValueError(f"group_filter_cls {self.group_filter_cls!r} is not an import path 'pkg.module:Class'")
+        return self
+
+    def tag_of(self, group_id: int) -> str:
+        """The custom_envs tag group ``group_id`` plays."""
+        counts = self.num_groups_partition or [
+            self.num_env_groups // len(self.tags) + (i < self.num_env_groups % len(self.tags))
+            for i in range(len(self.tags))]
+        for tag, count in zip(self.tags, counts):
+            if group_id < count:
+                return tag
+            group_id -= count
+        raise ValueError(f"group_id out of range [0, {self.num_env_groups})")
+
+    @property
+    def runs_per_episode(self) -> int:
+        return self.group_size + self.group_size_redundancy
+
+
+class AgenticConfig(_Frozen):
+    """The agentic pipeline: env groups -> env workers -> group queue -> trainer. Keys follow the
+    reference's agentic YAML (train_env_manager, val_env_manager, custom_envs)."""
+
+    name: str = "agentic"
+    seed: int = 42
+    kafka: KafkaConfig = Field(default_factory=KafkaConfig)
+    rollout_batch_size: int = Field(..., gt=0, description="Trajectories per trainer batch; a multiple of train_env_manager.group_size.")
+    max_steps: int = Field(1, gt=0, description="Trainer batches to build, then stop.")
+    min_fill_ratio: float = Field(1.0, gt=0.0, le=1.0, description="When every group id is spent, ship a partial batch if accepted/target >= this.")
+    time_limit_s: float = Field(900.0, gt=0, description="Wall-clock bound of `rollstream run`.")
+    max_concurrent_episodes: int = Field(16, gt=0, le=4096, description="Trajectories one env worker plays at once (their turns are generated as one batch).")
+    max_context_tokens: int = Field(2048, gt=0, le=1_000_000, description="Tokens of a trajectory's context at most; a turn that would pass it ends the run (stop_reason max_length).")
+    actor_infer: ActorInferConfig = Field(default_factory=ActorInferConfig)
+    train_env_manager: EnvManagerConfig
+    val_env_manager: EnvManagerConfig | None = None
+    custom_envs: dict[str, EnvConfig]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "AgenticConfig":
+        for mode, manager in self.env_managers().items():
+            unknown = [t for t in manager.tags if t not in self.custom_envs]
+            if unknown:
+                raise ValueError(f"{mode}_env_manager.tags {unknown} have no custom_envs entry; known: {sorted(self.custom_envs)}")
+        if self.rollout_batch_size % self.train_env_manager.group_size:
+            raise ValueError(f"rollout_batch_size {self.rollout_batch_size} is not a multiple of "
+                             f"train_env_manager.group_size {self.train_env_manager.group_size}")
+        return self
+
+    def env_managers(self) -> dict[str, EnvManagerConfig]:
+        """mode ("train", "val") -> its env manager; val only when configured with groups."""
+        out = {"train": self.train_env_manager}
+        if self.val_env_manager is not None and self.val_env_manager.num_env_groups:
+            out["val"] = self.val_env_manager
+        return out
+
+    @property
+    def groups_per_batch(self) -> int:
+        return self.rollout_batch_size // self.train_env_manager.group_size
+
+    def episodes_per_group(self, mode: str) -> int:
+        """Accepted episodes each group id of ``mode`` delivers in total."""
+        manager = self.env_managers()[mode]
+        return manager.max_traj_per_env * (self.max_steps if mode == "train" else 1)
+
+    def group_seed(self, mode: str, group_id: int) -> int:
+        """Deterministic seed shared by every run of group ``group_id``; episode e plays
+        ``group_seed + e`` (reference-behaviour.md f draws it at random instead)."""
+        digest = hashlib.sha256(f"{self.seed}/{mode}/{group_id}".encode()).digest()
+        return int.from_bytes(digest[:4], "little") % 1_000_000
+
+
+Config = RLVRConfig | AgenticConfig
+
+
 def _error_message(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
@@ -151,17 +277,19 @@ def _error_message(exc: ValidationError) -> str:
     return "invalid config:\n  " + "\n  ".join(lines)
 
 
-def parse_config(data: Any) -> RLVRConfig:
-    """Validate a mapping. Raises ConfigError with field paths."""
+def parse_config(data: Any) -> Config:
+    """Validate a mapping: an AgenticConfig when it has ``train_env_manager``, else an RLVRConfig.
+    Raises ConfigError with field paths."""
     if not isinstance(data, dict):
         raise ConfigError(f"config must be a mapping, got {type(data).__name__}")
+    model = AgenticConfig if "train_env_manager" in data else RLVRConfig
     try:
-        return RLVRConfig.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_error_message(exc)) from exc
 
 
-def load_config(path: str | Path) -> RLVRConfig:
+def load_config(path: str | Path) -> Config:
     """Read and validate a YAML config file. Raises ConfigError."""
     path = Path(path)
     try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rollstream.config import RLVRConfig
+from rollstream.config import AgenticConfig, RLVRConfig
 from rollstream.data import interleave, load_prompts
 from rollstream.schemas import encode
 from rollstream.topics import Topics
@@ -36,3 +36,20 @@ def produce_prompts(config: RLVRConfig, bootstrap: str, prompts: list[dict] | No
     producer.flush()
     producer.close()
     return len(records)
+
+
+def start_env_groups(config: AgenticConfig, bootstrap: str) -> int:
+    """Send a ``start`` GroupCommand for every env group of every mode (validation first); the
+    group queue opens each one once, so sending again is harmless. Returns the number sent."""
+    topics = Topics(config.kafka.topic_prefix)
+    producer = make_producer(bootstrap)
+    managers = config.env_managers()
+    sent = 0
+    for mode in sorted(managers, key=lambda m: m != "val"):
+        for group_id in range(managers[mode].num_env_groups):
+            record = {"command": "start", "mode": mode, "group_id": group_id, "created_ms": now_ms()}
+            producer.send(topics.episodes_control, key=str(group_id).encode(), value=encode(record, "GroupCommand"))
+            sent += 1
+    producer.flush()
+    producer.close()
+    return sent

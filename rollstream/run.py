@@ -1,11 +1,13 @@
-"""`rollstream run`: the whole RLVR pipeline on one machine.
+"""`rollstream run`: the whole RLVR or agentic pipeline on one machine.
 
 Starts the embedded broker unless one is configured, creates the topics, starts one process per
-stage (admission, aggregator, generation, reward), publishes the config's prompts, and acts as
-the trainer's batch builder until ``max_steps`` batches are built. It cannot loop forever: the
-admission's resampling budget (``max_prompts_per_batch``) ends a hopeless step with a
-``batch_underfilled`` verdict, which ships a partial batch (``min_fill_ratio``) or ends the run,
-and ``time_limit_s`` bounds the wall clock. The summary is computed from the topics afterwards.
+stage (RLVR: admission, aggregator, generation, reward; agentic: group-queue, env), publishes the
+config's prompts or starts its env groups, and acts as the trainer's batch builder until
+``max_steps`` batches are built. It cannot loop forever: RLVR's resampling budget
+(``max_prompts_per_batch``) and the agentic replacement budget (``max_replaced_episodes`` per
+group id) end a hopeless step with a ``batch_underfilled`` verdict, which ships a partial batch
+(``min_fill_ratio``) or ends the run, and ``time_limit_s`` bounds the wall clock. The summary is
+computed from the topics afterwards.
 """
 
 from __future__ import annotations
@@ -24,12 +26,12 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rollstream.config import RLVRConfig
+from rollstream.config import AgenticConfig, Config, RLVRConfig
 from rollstream.exceptions import RollstreamError
 from rollstream.readback import read_values
-from rollstream.stages import PIPELINE_STAGES, Stage
+from rollstream.stages import Stage, groups_per_batch, pipeline_stages
 from rollstream.topics import Topics
-from rollstream.trainer.loop import BatchEvents, LoopResult, build_batches
+from rollstream.trainer.loop import AgenticBatchEvents, BatchEvents, LoopResult, build_batches
 
 
 class StageDied(RollstreamError):
@@ -43,8 +45,9 @@ class StageProcesses:
         self.config_path, self.bootstrap, self.log_dir = config_path, bootstrap, log_dir
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, stage: Stage) -> str:
-        """Start one process of ``stage``; returns its name (``aggregator``, ``aggregator-2``, ...),
+    def start(self, stage: Stage, *extra_args: str) -> str:
+        """Start one process of ``stage`` (``extra_args`` appended to its command line, e.g.
+        ``--instance 1 --instances 2``); returns its name (``aggregator``, ``aggregator-2``, ...),
         which also names its log file."""
         name, n = stage.value, 1
         while name in self.procs:
@@ -53,7 +56,7 @@ class StageProcesses:
         with open(self.log_dir / f"{name}.log", "wb") as log:  # the child keeps its own copy
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "rollstream.cli", "worker", stage.value,
-                 "--config", str(self.config_path), "--bootstrap", self.bootstrap],
+                 "--config", str(self.config_path), "--bootstrap", self.bootstrap, *extra_args],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
         return name
@@ -77,7 +80,7 @@ class StageProcesses:
                 proc.wait()
 
 
-def run_pipeline(config: RLVRConfig, summary_json: Path | None = None, console: Console | None = None,
+def run_pipeline(config: Config, summary_json: Path | None = None, console: Console | None = None,
                  run_dir: Path | None = None) -> dict:
     """Run the pipeline; returns the summary dict (also written to ``summary_json``)."""
     from rollstream.broker import EmbeddedBroker, wait_for_broker
@@ -109,6 +112,7 @@ def run_pipeline(config: RLVRConfig, summary_json: Path | None = None, console: 
             result = LoopResult(outcome="stage_failed", detail=str(exc))
         finally:
             stages.close()
+        summarize = summarize_agentic if isinstance(config, AgenticConfig) else summarize_rlvr
         summary = summarize(config, bootstrap, topics, result.batches, result.outcome, result.detail,
                             time.monotonic() - started)
     finally:
@@ -121,21 +125,26 @@ def run_pipeline(config: RLVRConfig, summary_json: Path | None = None, console: 
     return summary
 
 
-def _build(config: RLVRConfig, bootstrap: str, topics: Topics, stages: StageProcesses, run_dir: Path,
+def _build(config: Config, bootstrap: str, topics: Topics, stages: StageProcesses, run_dir: Path,
            console: Console, started: float) -> LoopResult:
     from rollstream.broker import create_topics
-    from rollstream.producer import produce_prompts
+    from rollstream.producer import produce_prompts, start_env_groups
     from rollstream.trainer.consumer import BatchBuilder
 
     create_topics(bootstrap, topics.all(config.kafka.partitions))
-    for stage in PIPELINE_STAGES:
+    for stage in pipeline_stages(config):
         stages.start(stage)
-    n_prompts = produce_prompts(config, bootstrap)
-    console.print(f"published {n_prompts} prompts to {topics.prompts}")
-    builder = BatchBuilder(bootstrap, topics, config.rollout_batch_size, group_id=f"{topics.prefix}trainer",
+    builder = BatchBuilder(bootstrap, topics, groups_per_batch(config), group_id=f"{topics.prefix}trainer",
                            manifest_path=run_dir / "batches.jsonl")
-    events = BatchEvents(bootstrap, topics)
-    target = config.max_steps * config.rollout_batch_size
+    if isinstance(config, AgenticConfig):
+        n_groups = start_env_groups(config, bootstrap)
+        console.print(f"started {n_groups} env groups on {topics.episodes_control}")
+        events = AgenticBatchEvents(bootstrap, topics, config, builder)
+    else:
+        n_prompts = produce_prompts(config, bootstrap)
+        console.print(f"published {n_prompts} prompts to {topics.prompts}")
+        events = BatchEvents(bootstrap, topics)
+    target = config.max_steps * groups_per_batch(config)
     try:
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                       TextColumn("{task.completed}/{task.total} groups"), TimeElapsedColumn(),
@@ -154,7 +163,7 @@ def _build(config: RLVRConfig, bootstrap: str, topics: Topics, stages: StageProc
         builder.close()
 
 
-def summarize(config: RLVRConfig, bootstrap: str, topics: Topics, batches: list[dict], outcome: str,
+def summarize_rlvr(config: RLVRConfig, bootstrap: str, topics: Topics, batches: list[dict], outcome: str,
               detail: str, elapsed: float) -> dict:
     """The run summary, derived from the durable events on the topics."""
     requests = read_values(bootstrap, topics.generation_requests)
@@ -209,6 +218,77 @@ def summarize(config: RLVRConfig, bootstrap: str, topics: Topics, batches: list[
     }
 
 
+def summarize_agentic(config: AgenticConfig, bootstrap: str, topics: Topics, batches: list[dict], outcome: str,
+                      detail: str, elapsed: float) -> dict:
+    """The agentic run summary: the RLVR summary's keys (a prompt is an episode, a response a
+    trajectory, a domain an env tag) plus the group queue's own figures."""
+    requests = read_values(bootstrap, topics.episodes_requests)
+    trajectories = read_values(bootstrap, topics.trajectories)
+    accepted = read_values(bootstrap, topics.groups_accepted)
+    rejected_all = read_values(bootstrap, topics.groups_rejected)
+    validation = read_values(bootstrap, topics.groups_validation)
+    metrics = [m for m in read_values(bootstrap, topics.metrics) if m["name"].startswith(("group_queue/", "scheduler/"))]
+    dead = read_values(bootstrap, topics.dead_letter)
+    aborted = [g for g in rejected_all if g["reason"] == "infra_abort"]  # single trajectories set aside
+    rejected = [g for g in rejected_all if g["reason"] != "infra_abort"]
+    by_reason = _counts(g["reason"] for g in rejected)
+    tags = {t: {"accepted": 0, "rejected": 0} for t in config.custom_envs}
+    for g in accepted:
+        tags[g["tag"]]["accepted"] += 1
+    for g in rejected:
+        tags[g["tag"]]["rejected"] += 1
+    train_traj = [t for t in trajectories if t["mode"] == "train"]
+    accepted_traj = sum(len(g["trajectories"]) for g in accepted)
+    decided = len(accepted) + len(rejected)
+    saved = [m["value"] for m in metrics if m["name"] == "group_queue/redundancy_saved_ms"]
+    model_tokens = [sum(t["response_mask"]) for t in trajectories]
+    return {
+        "outcome": outcome,
+        "detail": detail,
+        "elapsed_seconds": round(elapsed, 2),
+        "prompts_admitted": len({(r["mode"], r["group_id"], r["episode_id"]) for r in requests}),
+        "episodes_started": len({(r["mode"], r["group_id"], r["episode_id"]) for r in requests}),
+        "responses_generated": len(trajectories),
+        "trajectories_played": len(trajectories),
+        "replacement_requests": sum(1 for r in requests if r["cause"] != "start"),
+        "replacement_responses_requested": sum(1 for r in requests if r["cause"] != "start"),
+        "requests_by_cause": _counts(r["cause"] for r in requests),
+        "groups_accepted": len(accepted),
+        "groups_rejected": by_reason,
+        "domains": tags,
+        "batches": [
+            {"step": b["step"], "status": b["status"], "groups": b["accepted_groups"],
+             "responses_per_group": b["responses_per_group"], "trajectories_per_group": b["responses_per_group"],
+             "fill_seconds": round(b["fill_seconds"], 2)}
+            for b in batches
+        ],
+        "retention_rate": round(len(accepted) / decided, 4) if decided else 0.0,
+        "responses_per_accepted_response": round(len(train_traj) / accepted_traj, 3) if accepted_traj else None,
+        "episodes_replaced": int(sum(m["value"] for m in metrics if m["name"] == "group_queue/episodes_replaced")),
+        "late_trajectories": int(sum(m["value"] for m in metrics if m["name"] == "group_queue/late_trajectories")),
+        "group_filter_count": int(sum(m["value"] for m in metrics if m["name"] == "scheduler/group_filter_count")),
+        "infra_aborts": len(aborted),
+        "redundancy_saved_ms": {"episodes": len(saved), "mean": _mean(saved), "max": max(saved) if saved else None},
+        "validation": {
+            "groups": len(validation),
+            "original": len(validation),
+            "accepted": sum(1 for g in validation if g["accepted"]),
+            "rejected": sum(1 for g in validation if not g["accepted"]),
+            "responses": sum(len(g["trajectories"]) for g in validation),
+            "correct_mean": _mean([float(t["success"]) for g in validation for t in g["trajectories"]]),
+        },
+        "reward": {
+            "all": _mean([t["response_level_rewards"] for g in accepted + rejected for t in g["trajectories"]]),
+            "accepted": _mean([t["response_level_rewards"] for g in accepted for t in g["trajectories"]]),
+        },
+        "success_rate": _mean([float(t["success"]) for t in train_traj]),
+        "dead_letters": len(dead),
+        "finish_reasons": _counts(t["stop_reason"] for t in trajectories),
+        "response_tokens_mean": round(sum(model_tokens) / len(model_tokens), 1) if model_tokens else 0.0,
+        "turns_mean": round(sum(len(t["turns"]) for t in trajectories) / len(trajectories), 2) if trajectories else 0.0,
+    }
+
+
 def _mean(values: list[float]) -> float | None:
     finite = [v for v in values if math.isfinite(v)]
     return round(sum(finite) / len(finite), 4) if finite else None
@@ -222,19 +302,32 @@ def _counts(items) -> dict[str, int]:
 
 
 def print_summary(summary: dict, console: Console) -> None:
+    agentic = "episodes_started" in summary
+    unit = "trajectories" if agentic else "responses"
     table = Table(title=f"rollstream run: {summary['outcome']}", show_header=False)
-    for key in ("elapsed_seconds", "prompts_admitted", "responses_generated", "replacement_requests",
-                "groups_accepted", "retention_rate", "responses_per_accepted_response", "dead_letters"):
+    keys = (("episodes_started", "trajectories_played", "requests_by_cause") if agentic else
+            ("prompts_admitted", "responses_generated", "replacement_requests"))
+    for key in ("elapsed_seconds", *keys, "groups_accepted", "retention_rate",
+                "responses_per_accepted_response", "dead_letters"):
         table.add_row(key, str(summary[key]))
     table.add_row("groups_rejected", ", ".join(f"{k}={v}" for k, v in summary["groups_rejected"].items()) or "-")
     for domain, counts in summary["domains"].items():
-        table.add_row(f"domain {domain}", f"accepted={counts['accepted']} rejected={counts['rejected']}")
+        table.add_row(f"{'env' if agentic else 'domain'} {domain}",
+                      f"accepted={counts['accepted']} rejected={counts['rejected']}")
     for b in summary["batches"]:
-        table.add_row(f"batch {b['step']}", f"{b['groups']} groups x {b['responses_per_group']} responses, "
+        table.add_row(f"batch {b['step']}", f"{b['groups']} groups x {b['responses_per_group']} {unit}, "
                                             f"filled in {b['fill_seconds']} s ({b['status']})")
     table.add_row("reward all / accepted", f"{summary['reward']['all']} / {summary['reward']['accepted']}")
     val = summary["validation"]
-    table.add_row("validation (unfiltered)", f"{val['groups']} groups, correct mean {val['correct_mean']}")
+    if agentic:
+        table.add_row("validation", f"original={val['original']} accepted={val['accepted']} rejected={val['rejected']}, "
+                                    f"success mean {val['correct_mean']}")
+        for key in ("episodes_replaced", "late_trajectories", "group_filter_count", "infra_aborts", "success_rate"):
+            table.add_row(key, str(summary[key]))
+        table.add_row("redundancy saved (ms)", f"mean {summary['redundancy_saved_ms']['mean']} over "
+                                               f"{summary['redundancy_saved_ms']['episodes']} episodes")
+    else:
+        table.add_row("validation (unfiltered)", f"{val['groups']} groups, correct mean {val['correct_mean']}")
     if summary["detail"]:
         table.add_row("detail", summary["detail"])
     console.print(table)

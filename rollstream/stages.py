@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 from enum import Enum
 
-from rollstream.config import RLVRConfig
+from rollstream.config import AgenticConfig, Config
+from rollstream.exceptions import ConfigError
 from rollstream.topics import Topics
 
 
@@ -14,11 +15,18 @@ class Stage(str, Enum):
     aggregator = "aggregator"
     generation = "generation"
     reward = "reward"
+    group_queue = "group-queue"
+    env = "env"
     trainer = "trainer"
 
 
 # What `rollstream run` starts as processes; it is the trainer itself.
-PIPELINE_STAGES = (Stage.admission, Stage.aggregator, Stage.generation, Stage.reward)
+RLVR_STAGES = (Stage.admission, Stage.aggregator, Stage.generation, Stage.reward)
+AGENTIC_STAGES = (Stage.group_queue, Stage.env)
+
+
+def pipeline_stages(config: Config) -> tuple[Stage, ...]:
+    return AGENTIC_STAGES if isinstance(config, AgenticConfig) else RLVR_STAGES
 
 
 def run_faust_app(app) -> None:
@@ -28,13 +36,18 @@ def run_faust_app(app) -> None:
     faust.Worker(app, loglevel="WARNING", quiet=True).execute_from_commandline()
 
 
-def run_stage(stage: Stage, config: RLVRConfig, bootstrap: str, max_idle_s: float | None = None,
+def run_stage(stage: Stage, config: Config, bootstrap: str, max_idle_s: float | None = None,
               instance: int = 0, instances: int = 1) -> None:
     """``instance``/``instances`` split the input partitions of the plain workers (generation,
-    reward); the faust stages share theirs through their consumer group."""
+    reward, env); the faust stages share theirs through their consumer group. Raises ConfigError
+    when the stage does not belong to the config's pipeline."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if stage is not Stage.trainer and stage not in pipeline_stages(config):
+        kind = "agentic" if isinstance(config, AgenticConfig) else "RLVR"
+        raise ConfigError(f"stage {stage.value!r} is not part of the {kind} pipeline: "
+                          f"{[s.value for s in pipeline_stages(config)] + ['trainer']}")
     topics = Topics(config.kafka.topic_prefix)
-    if stage in (Stage.admission, Stage.aggregator):
+    if stage in (Stage.admission, Stage.aggregator, Stage.group_queue):
         from rollstream.broker import create_topics
         from rollstream.streams.names import changelog_topics
 
@@ -61,25 +74,40 @@ def run_stage(stage: Stage, config: RLVRConfig, bootstrap: str, max_idle_s: floa
         run_reward_worker(bootstrap, topics, {d: r.reward_type for d, r in config.rewards.items()},
                           group_id=f"{topics.prefix}reward", max_idle_s=max_idle_s,
                           instance=instance, instances=instances)
+    elif stage is Stage.group_queue:
+        from rollstream.streams.group_queue import build_group_queue_app
+
+        run_faust_app(build_group_queue_app(config, bootstrap))
+    elif stage is Stage.env:
+        from rollstream.workers.env_worker import run_env_worker
+
+        run_env_worker(bootstrap, topics, config, group_id=f"{topics.prefix}env", max_idle_s=max_idle_s,
+                       instance=instance, instances=instances)
     elif stage is Stage.trainer:
         run_trainer(config, bootstrap)
 
 
-def run_trainer(config: RLVRConfig, bootstrap: str) -> None:
+def groups_per_batch(config: Config) -> int:
+    """Groups in one trainer batch: RLVR counts prompts, the agentic rollout_batch_size trajectories."""
+    return config.groups_per_batch if isinstance(config, AgenticConfig) else config.rollout_batch_size
+
+
+def run_trainer(config: Config, bootstrap: str) -> None:
     """Build batches until max_steps (or an underfilled verdict); SIGTERM stops it between polls."""
     import signal
     import threading
     from pathlib import Path
 
     from rollstream.trainer.consumer import BatchBuilder
-    from rollstream.trainer.loop import BatchEvents, build_batches
+    from rollstream.trainer.loop import AgenticBatchEvents, BatchEvents, build_batches
 
     topics = Topics(config.kafka.topic_prefix)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    builder = BatchBuilder(bootstrap, topics, config.rollout_batch_size, group_id=f"{topics.prefix}trainer",
+    builder = BatchBuilder(bootstrap, topics, groups_per_batch(config), group_id=f"{topics.prefix}trainer",
                            manifest_path=Path("runs") / config.name / "batches.jsonl")
-    events = BatchEvents(bootstrap, topics)
+    events = (AgenticBatchEvents(bootstrap, topics, config, builder) if isinstance(config, AgenticConfig)
+              else BatchEvents(bootstrap, topics))
     try:
         result = build_batches(builder, events, max_steps=config.max_steps, min_fill_ratio=config.min_fill_ratio,
                                should_stop=stop.is_set)

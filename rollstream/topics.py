@@ -10,7 +10,8 @@ from dataclasses import dataclass
 DEFAULT_PREFIX = "rollstream."
 
 # logical name -> (partition class, compacted). RLVR topics keyed by prompt_id share one
-# partition count so one prompt's events meet in one partition (co-partitioning).
+# partition count so one prompt's events meet in one partition (co-partitioning); so do the
+# agentic topics keyed by group_id.
 TOPICS: dict[str, tuple[str, bool]] = {
     "prompts": ("single", False),
     "generation.requests": ("rlvr", False),
@@ -20,6 +21,10 @@ TOPICS: dict[str, tuple[str, bool]] = {
     "groups.rejected": ("rlvr", False),
     "groups.validation": ("rlvr", False),
     "prompt.outcomes": ("single", False),
+    # agentic topics, keyed by group_id (tick commands: by partition)
+    "episodes.control": ("rlvr", False),
+    "episodes.requests": ("rlvr", False),
+    "trajectories": ("rlvr", False),
     "batches": ("single", False),
     "policy.versions": ("single", True),
     "metrics": ("single", False),

@@ -23,6 +23,14 @@ class RejectReason(str, Enum):
     ZERO_STD = "zero_std"
     CUSTOM_QUERY_FILTER = "custom_query_filter"
     FILTER_ERROR = "filter_error"  # a custom filter raised: the group is kept, as rejected data
+    # agentic trajectory / group level
+    ENV_TIMEOUT = "env_timeout"  # an environment step outlived env_step_timeout_s
+    ENV_FAILED = "env_failed"  # the environment raised
+    INFRA_ABORT = "infra_abort"  # one trajectory set aside (env_timeout/env_failed), refilled
+    REFILL_EXHAUSTED = "refill_exhausted"  # too few valid trajectories left after the refills
+    EPISODE_TIMEOUT = "episode_timeout"  # runs still missing after the deadline and its reissues
+    DROP_FLAG = "drop_flag"  # the drop_flag group filter dropped the group
+    GROUP_FILTER = "group_filter"  # a group filter returned True (drop) without naming a reason
     # batch level
     BATCH_UNDERFILLED = "batch_underfilled"
 

@@ -80,10 +80,10 @@ class Emitter:
     async def send(self, topic: str, key: str, record: dict, schema: str) -> None:
         await self.send_raw(topic, key, encode(record, schema))
 
-    async def send_raw(self, topic: str, key: str, value: bytes) -> None:
+    async def send_raw(self, topic: str, key: str, value: bytes, partition: int | None = None) -> None:
         # force=True: publish now instead of at commit time; faust flushes the producer before
         # it commits the source offsets, so delivery still precedes the commit.
-        await self._topic(topic).send(key=key.encode(), value=value, force=True)
+        await self._topic(topic).send(key=key.encode(), value=value, partition=partition, force=True)
 
     async def guarded(self, handler, event) -> None:
         """Run ``handler(event)``; an unexpected exception dead-letters the event (bytes kept)

@@ -11,6 +11,8 @@ AGGREGATOR_APP = "aggregator"
 ADMISSION_TABLE = "admission-state"  # one key, ADMISSION_KEY, on partition 0
 ADMISSION_KEY = b"admission"
 PROMPT_STATE_TABLE = "prompt-state"  # prompt_id -> PromptState + accepted response bytes
+GROUP_QUEUE_APP = "group-queue"
+GROUP_QUEUE_TABLE = "group-queues"  # see rollstream.streams.group_queue_processor
 
 
 def app_id(topics: Topics, app: str) -> str:
@@ -23,4 +25,5 @@ def changelog_topics(topics: Topics, partitions: int) -> dict[str, tuple[int, bo
     return {
         f"{app_id(topics, ADMISSION_APP)}-{ADMISSION_TABLE}-changelog": (1, True),
         f"{app_id(topics, AGGREGATOR_APP)}-{PROMPT_STATE_TABLE}-changelog": (partitions, True),
+        f"{app_id(topics, GROUP_QUEUE_APP)}-{GROUP_QUEUE_TABLE}-changelog": (partitions, True),
     }

@@ -2,17 +2,30 @@
 
 Capabilities and entry points:
 
-- ``check_group(group)``: is one decoded ``Group`` record trainable? ``ValueError`` says why.
-- ``build_batch(groups, step, pad_token_id)``: decoded ``Group`` records -> padded ``RolloutBatch``
-  with per-token advantages.
+- ``check_group(group)``: is one decoded ``Group`` (RLVR) or ``TrajectoryGroup`` (agentic) record
+  trainable? ``ValueError`` says why.
+- ``build_batch(groups, step, pad_token_id)``: decoded ``Group`` / ``TrajectoryGroup`` records, in
+  any mix -> padded ``RolloutBatch`` with per-token advantages.
 - ``grpo_advantages(rewards)``: group-normalised advantages, for a ``(G, n)`` tensor or for
   groups of unequal size.
 
-Layout (B = sum of responses over the groups, rows ordered by group, then by ``sample_index``)::
+The two kinds are told apart by key: a ``TrajectoryGroup`` has ``trajectories``, a ``Group`` has
+``responses``. Each group becomes uniform rows (prompt tokens, response tokens, infer logprobs,
+response mask, reward, sample index, prompt id, policy version), one per response / trajectory:
+
+- RLVR response: prompt = its ``prompt_token_ids`` (or the group's), response = its
+  ``response_token_ids``, every response token trained; sample index = ``sample_index``.
+- Agentic trajectory: prompt = ``turns[0].prompt_token_ids``; response = ``turns[0].response
+  + turns[1].prompt + turns[1].response + turns[2].prompt + ...``; mask = the trajectory's
+  ``response_mask`` (1 = model token); infer logprobs at model-token positions, 0.0 at environment
+  tokens; reward = ``response_level_rewards``; sample index = ``traj_index``; prompt id = the
+  group's ``group_key``.
+
+Layout (B = sum of rows over the groups, rows ordered by group, then by sample index)::
 
     prompt    | response
-    0 0 p p p | r r r 0 0      prompt_ids left-padded, response_ids right-padded
-    0 0 1 1 1 | 1 1 1 0 0      prompt_mask, response_mask
+    0 0 p p p | r r e r 0      prompt_ids left-padded, response_ids right-padded (e = env token)
+    0 0 1 1 1 | 1 1 0 1 0      prompt_mask, response_mask
 
 Left-padded prompts make every response start at column P of ``cat([prompt_ids, response_ids])``,
 so the logprob of response token t is read at position ``P - 1 + t`` for every row.
@@ -42,26 +55,29 @@ GRPO_EPS = 1e-6
 
 @dataclass
 class RolloutBatch:
-    """One training step's rollouts: ``G`` accepted groups, ``B`` response rows.
+    """One training step's rollouts: ``G`` accepted groups, ``B`` rows (responses / trajectories).
 
     Tensors (all on the CPU when built; see ``to``):
 
     - ``prompt_ids``: ``(B, P) int64``, left-padded with ``pad_token_id``.
     - ``prompt_mask``: ``(B, P) int64``, 1 = real prompt token, 0 = padding.
     - ``response_ids``: ``(B, T) int64``, right-padded with ``pad_token_id``.
-    - ``response_mask``: ``(B, T) float32``, 1 = valid response token, 0 = padding.
-    - ``infer_logprobs``: ``(B, T) float32``, the inference engine's log p(token) (nats); 0.0 at
-      padding, so padding stays finite for the train-infer correction (reference-behaviour.md (h)).
-    - ``response_level_rewards``: ``(B,) float32``, the scalar reward of each response.
-    - ``advantages``: ``(B, T) float32``, the response's GRPO advantage broadcast over its valid
-      tokens, 0 at padding.
+    - ``response_mask``: ``(B, T) float32``, 1 = trained token (model token), 0 = padding or
+      environment token (an agentic trajectory's later-turn prompt tokens).
+    - ``infer_logprobs``: ``(B, T) float32``, the inference engine's log p(token) (nats) at model
+      tokens; 0.0 at padding and environment tokens, so they stay finite for the train-infer
+      correction (reference-behaviour.md (h)).
+    - ``response_level_rewards``: ``(B,) float32``, the scalar reward of each row.
+    - ``advantages``: ``(B, T) float32``, the row's GRPO advantage broadcast over its trained
+      tokens (``response_mask == 1``), 0 at padding and environment tokens.
     - ``group_index``: ``(B,) int64``, index in ``group_keys`` of the row's group.
 
     Python lists:
 
     - ``group_keys``: ``G`` group keys, in batch order.
-    - ``prompt_ids_str``: ``B`` prompt ids (the ``prompt_id`` string of each row).
-    - ``sample_index``: ``B`` sample indices within the prompt.
+    - ``prompt_ids_str``: ``B`` prompt ids (a response's ``prompt_id``; a trajectory's
+      ``group_key``).
+    - ``sample_index``: ``B`` sample indices within the group (a trajectory's ``traj_index``).
     - ``policy_versions``: ``B`` policy versions that generated each row.
 
     ``step`` is the training step the batch belongs to.
@@ -93,7 +109,7 @@ class RolloutBatch:
 
     @property
     def responses_per_group(self) -> list[int]:
-        """Rows per group, in ``group_keys`` order (groups may differ in size)."""
+        """Rows (responses or trajectories) per group, in ``group_keys`` order; sizes may differ."""
         return torch.bincount(self.group_index, minlength=self.num_groups).tolist()
 
     def to(self, device: torch.device | str) -> "RolloutBatch":
@@ -105,13 +121,43 @@ class RolloutBatch:
         return RolloutBatch(**moved)
 
 
-def check_group(group: dict) -> None:
-    """Raise ``ValueError`` unless ``group`` (a decoded ``Group`` record) can go into a batch.
+@dataclass(frozen=True)
+class _Row:
+    """One batch row before padding, the same for an RLVR response and an agentic trajectory."""
 
-    A trainable group has at least one response; every response has prompt tokens (its own or the
-    group's), as many ``infer_logprobs`` as ``response_token_ids``, a finite
+    prompt: list[int]
+    response: list[int]
+    logprobs: list[float]  # len(response); 0.0 at environment tokens
+    mask: list[int] | None  # len(response), 1 = trained; None = every token trained
+    reward: float
+    sample_index: int
+    prompt_id: str
+    policy_version: int
+
+
+def _is_trajectory_group(group: dict) -> bool:
+    return "trajectories" in group
+
+
+def check_group(group: dict) -> None:
+    """Raise ``ValueError`` unless ``group`` can go into a batch.
+
+    ``group`` is a decoded ``Group`` (RLVR, has ``responses``) or ``TrajectoryGroup`` (agentic,
+    has ``trajectories``) record.
+
+    A trainable ``Group`` has at least one response; every response has prompt tokens (its own or
+    the group's), as many ``infer_logprobs`` as ``response_token_ids``, a finite
     ``response_level_reward`` and a ``sample_index`` unique within the group.
+
+    A trainable ``TrajectoryGroup`` has at least one trajectory; every trajectory has a
+    ``traj_index`` unique within the group, at least one turn with ``turns[0].prompt_token_ids``
+    non-empty, per turn as many ``infer_logprobs`` as ``response_token_ids``, a ``response_mask``
+    of 0/1 values exactly as long as the flattened response, and a finite
+    ``response_level_rewards``.
     """
+    if _is_trajectory_group(group):
+        _check_trajectory_group(group)
+        return
     key = group.get("group_key", "?")
     responses = group.get("responses") or []
     if not responses:
@@ -138,54 +184,130 @@ def check_group(group: dict) -> None:
             )
 
 
+def _check_trajectory_group(group: dict) -> None:
+    key = group.get("group_key", "?")
+    trajectories = group.get("trajectories") or []
+    if not trajectories:
+        raise ValueError(f"group {key!r} has no trajectories")
+    seen: set[int] = set()
+    for traj in trajectories:
+        idx = traj["traj_index"]
+        where = f"group {key!r} trajectory {idx}"
+        if idx in seen:
+            raise ValueError(f"group {key!r}: traj_index {idx} appears twice")
+        seen.add(idx)
+        turns = traj["turns"]
+        # no turns (the environment failed before the model spoke): a placeholder row, all
+        # padding, that trains nothing; its reward still counts in the group's statistics, like
+        # the reference's failed-reset placeholder (reference-behaviour.md g)
+        if turns and not turns[0]["prompt_token_ids"]:
+            raise ValueError(f"{where}: turns[0] has no prompt tokens")
+        for t, turn in enumerate(turns):
+            n_tok, n_lp = len(turn["response_token_ids"]), len(turn["infer_logprobs"])
+            if n_tok != n_lp:
+                raise ValueError(
+                    f"{where} turn {t}: {n_tok} response tokens but {n_lp} infer_logprobs")
+        n_flat = sum(len(turn["response_token_ids"]) for turn in turns) + sum(
+            len(turn["prompt_token_ids"]) for turn in turns[1:])
+        mask = traj["response_mask"]
+        if len(mask) != n_flat:
+            raise ValueError(
+                f"{where}: response_mask has {len(mask)} entries but the flattened response "
+                f"has {n_flat} tokens")
+        bad = set(mask) - {0, 1}
+        if bad:
+            raise ValueError(f"{where}: response_mask values must be 0 or 1, got {sorted(bad)}")
+        reward = traj["response_level_rewards"]
+        if not math.isfinite(reward):
+            raise ValueError(
+                f"{where}: non-finite response_level_rewards {reward} "
+                "(such groups must be rejected upstream with reason invalid_reward)")
+
+
+def _rows(group: dict) -> list[_Row]:
+    """A checked group's rows, ordered by sample index (``sample_index`` / ``traj_index``)."""
+    if not _is_trajectory_group(group):
+        ordered = sorted(group["responses"], key=lambda rr: rr["response"]["sample_index"])
+        return [
+            _Row(prompt=rr["response"]["prompt_token_ids"] or group["prompt_token_ids"],
+                 response=rr["response"]["response_token_ids"],
+                 logprobs=rr["response"]["infer_logprobs"], mask=None,
+                 reward=rr["response_level_reward"], sample_index=rr["response"]["sample_index"],
+                 prompt_id=rr["response"]["prompt_id"],
+                 policy_version=rr["response"]["policy_version"])
+            for rr in ordered
+        ]
+    rows = []
+    for traj in sorted(group["trajectories"], key=lambda tr: tr["traj_index"]):
+        turns = traj["turns"]
+        response: list[int] = []
+        logprobs: list[float] = []
+        for t, turn in enumerate(turns):
+            if t > 0:  # the environment's answer to the previous turn: not the model's tokens
+                response += turn["prompt_token_ids"]
+                logprobs += [0.0] * len(turn["prompt_token_ids"])
+            response += turn["response_token_ids"]
+            logprobs += turn["infer_logprobs"]
+        rows.append(_Row(prompt=turns[0]["prompt_token_ids"] if turns else [], response=response,
+                         logprobs=logprobs, mask=traj["response_mask"],
+                         reward=traj["response_level_rewards"], sample_index=traj["traj_index"],
+                         prompt_id=group["group_key"], policy_version=traj["policy_version"]))
+    return rows
+
+
 def build_batch(groups: Sequence[dict], step: int, pad_token_id: int) -> RolloutBatch:
-    """Pad decoded ``Group`` records into one ``RolloutBatch`` and compute its advantages.
+    """Pad decoded ``Group`` / ``TrajectoryGroup`` records into one ``RolloutBatch``.
 
     Args:
-        groups: decoded ``Group`` records (``rollstream.events.Group``), each with ``responses``, a
-            list of ``RewardedResponse`` records. Groups may hold different numbers of responses.
+        groups: decoded records, RLVR and agentic in any mix: ``Group``
+            (``rollstream.events.Group``, ``responses`` = list of ``RewardedResponse``) gives one
+            row per response;
+            ``TrajectoryGroup`` (``trajectories`` = list of ``Trajectory``) gives one row per
+            trajectory, laid out as in the module doc. Groups may differ in size.
         step: training step recorded on the batch.
         pad_token_id: token id written at padded positions of ``prompt_ids`` / ``response_ids``.
 
     Returns:
         A ``RolloutBatch``; rows are ordered by group (in ``groups`` order), then by
-        ``sample_index``. ``advantages`` are ``grpo_advantages`` of each group's rewards.
+        ``sample_index`` (``traj_index``). ``advantages`` are ``grpo_advantages`` of each group's
+        rewards, broadcast over each row's ``response_mask``.
 
     Raises:
-        ValueError: ``groups`` is empty, or a group fails ``check_group`` (no responses,
-            logprob/token length mismatch, non-finite reward, repeated sample_index).
+        ValueError: ``groups`` is empty, or a group fails ``check_group`` (no responses /
+            trajectories, logprob/token length mismatch, bad response_mask, no prompt tokens,
+            non-finite reward, repeated sample_index / traj_index).
     """
     if not groups:
         raise ValueError("build_batch needs at least one group, got an empty sequence")
-    rows: list[tuple[int, dict, list[int]]] = []  # (group index, Response record, prompt tokens)
-    rewards: list[list[float]] = []
+    rows: list[_Row] = []
+    group_index: list[int] = []
+    group_rewards: list[Tensor] = []
     for gi, group in enumerate(groups):
         check_group(group)
-        ordered = sorted(group["responses"], key=lambda rr: rr["response"]["sample_index"])
-        for rr in ordered:
-            resp = rr["response"]
-            rows.append((gi, resp, resp["prompt_token_ids"] or group["prompt_token_ids"]))
-        rewards.append([rr["response_level_reward"] for rr in ordered])
+        grows = _rows(group)
+        rows += grows
+        group_index += [gi] * len(grows)
+        group_rewards.append(torch.tensor([r.reward for r in grows], dtype=torch.float32))
 
     B = len(rows)
-    P = max(len(prompt) for _, _, prompt in rows)
-    T = max(len(resp["response_token_ids"]) for _, resp, _ in rows)
+    P = max(len(row.prompt) for row in rows)
+    T = max(len(row.response) for row in rows)
     prompt_ids = torch.full((B, P), pad_token_id, dtype=torch.int64)
     prompt_mask = torch.zeros((B, P), dtype=torch.int64)
     response_ids = torch.full((B, T), pad_token_id, dtype=torch.int64)
     response_mask = torch.zeros((B, T), dtype=torch.float32)
     infer_logprobs = torch.zeros((B, T), dtype=torch.float32)
-    for b, (_, resp, prompt) in enumerate(rows):  # one slice copy per row, never per token
-        if prompt:
-            prompt_ids[b, P - len(prompt):] = torch.tensor(prompt, dtype=torch.int64)
-            prompt_mask[b, P - len(prompt):] = 1
-        n = len(resp["response_token_ids"])
+    for b, row in enumerate(rows):  # one slice copy per row, never per token
+        if row.prompt:
+            prompt_ids[b, P - len(row.prompt):] = torch.tensor(row.prompt, dtype=torch.int64)
+            prompt_mask[b, P - len(row.prompt):] = 1
+        n = len(row.response)
         if n:
-            response_ids[b, :n] = torch.tensor(resp["response_token_ids"], dtype=torch.int64)
-            infer_logprobs[b, :n] = torch.tensor(resp["infer_logprobs"], dtype=torch.float32)
-            response_mask[b, :n] = 1.0
+            response_ids[b, :n] = torch.tensor(row.response, dtype=torch.int64)
+            infer_logprobs[b, :n] = torch.tensor(row.logprobs, dtype=torch.float32)
+            response_mask[b, :n] = 1.0 if row.mask is None else torch.tensor(
+                row.mask, dtype=torch.float32)
 
-    group_rewards = [torch.tensor(r, dtype=torch.float32) for r in rewards]
     row_advantages = torch.cat(grpo_advantages(group_rewards))  # (B,)
     return RolloutBatch(
         prompt_ids=prompt_ids,
@@ -195,11 +317,11 @@ def build_batch(groups: Sequence[dict], step: int, pad_token_id: int) -> Rollout
         infer_logprobs=infer_logprobs,
         response_level_rewards=torch.cat(group_rewards),
         advantages=row_advantages[:, None] * response_mask,
-        group_index=torch.tensor([gi for gi, _, _ in rows], dtype=torch.int64),
+        group_index=torch.tensor(group_index, dtype=torch.int64),
         group_keys=[g["group_key"] for g in groups],
-        prompt_ids_str=[resp["prompt_id"] for _, resp, _ in rows],
-        sample_index=[resp["sample_index"] for _, resp, _ in rows],
-        policy_versions=[resp["policy_version"] for _, resp, _ in rows],
+        prompt_ids_str=[row.prompt_id for row in rows],
+        sample_index=[row.sample_index for row in rows],
+        policy_versions=[row.policy_version for row in rows],
         step=step,
     )
 

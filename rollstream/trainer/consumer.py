@@ -1,9 +1,11 @@
 """The trainer's Kafka shell: accepted groups in, one ``RolloutBatch`` per step out.
 
-``BatchBuilder`` consumes ``groups.accepted`` (kafka-python, auto-commit off) and hands out batches
-of exactly ``rollout_batch_size`` complete groups; the caller trains on a batch and then confirms it
-with ``commit(batch)``. Only then are offsets committed, the manifest line appended and a ``Batch``
-event published, so a restarted trainer neither trains a group twice nor skips one
+``BatchBuilder`` consumes ``groups.accepted`` (kafka-python, auto-commit off), where RLVR ``Group``
+and agentic ``TrajectoryGroup`` records may be mixed, and hands out batches of exactly
+``rollout_batch_size`` complete groups (either kind, in consumption order; see
+``rollstream.trainer.batch`` for how each becomes rows); the caller trains on a batch and then
+confirms it with ``commit(batch)``. Only then are offsets committed, the manifest line appended and
+a ``Batch`` event published, so a restarted trainer neither trains a group twice nor skips one
 (ARCHITECTURE.md section 7).
 
 One trainer per group id: it owns every partition of ``groups.accepted`` (manual assignment; the
@@ -19,8 +21,9 @@ Edge cases:
 - A group whose ``group_key`` was already seen (redelivery) is skipped and counted in
   ``duplicates``. The keys of every manifest line are loaded at start, so groups trained before a
   crash between manifest write and offset commit are recognised too.
-- An event that does not decode, is not a ``Group``, is not accepted, or fails ``check_group`` goes
-  to ``dead-letter`` with its reason (``undecodable``, ``unknown_schema``, ``invalid_event``).
+- An event that does not decode, is neither a ``Group`` nor a ``TrajectoryGroup``, is not accepted,
+  or fails ``check_group`` goes to ``dead-letter`` with its reason (``undecodable``,
+  ``unknown_schema``, ``invalid_event``).
 - ``take_partial()`` ships what is buffered when admission reported ``batch_underfilled`` and
   ``min_fill_ratio`` allows it; the manifest status is then ``partial``.
 """
@@ -48,8 +51,16 @@ log = logging.getLogger(__name__)
 DEDUP_WINDOW = 100_000
 """Group keys remembered to recognise redelivered groups (bounded, so memory stays flat)."""
 
+ACCEPTED_SCHEMAS = ("Group", "TrajectoryGroup")
+"""Record types the trainer trains on: RLVR groups and agentic trajectory groups."""
+
 POLL_TIMEOUT_S = 0.2
 """Longest single poll inside ``next_batch``; the loop re-checks its deadline after each."""
+
+
+def _group_size(group: dict) -> int:
+    """Rows a group adds to a batch: its trajectories (agentic) or responses (RLVR)."""
+    return len(group["trajectories"] if "trajectories" in group else group["responses"])
 
 
 @dataclass(frozen=True)
@@ -77,7 +88,7 @@ class BatchBuilder:
         bootstrap: Kafka bootstrap servers.
         topics: topic names; reads ``topics.groups_accepted``, writes ``topics.batches`` and
             ``topics.dead_letter``.
-        rollout_batch_size: groups per batch (B = groups x responses per group).
+        rollout_batch_size: groups per batch (B = groups x responses / trajectories per group).
         group_id: Kafka consumer group; a new builder with the same id resumes after the last
             committed batch.
         manifest_path: JSON-lines file; one line per committed batch. Read at start to restore
@@ -118,6 +129,7 @@ class BatchBuilder:
         self.consumed = 0  # records read, whatever became of them
         self.duplicates = 0  # redelivered groups skipped
         self.dead_lettered = 0  # records sent to dead-letter
+        self.committed_groups = 0  # groups in committed batches, the manifest's included
 
         self._seen: OrderedDict[str, None] = OrderedDict()  # group keys, oldest first
         self._buffer: list[_Pending] = []  # valid groups not yet in a batch, in consumption order
@@ -190,7 +202,7 @@ class BatchBuilder:
 
         Returns the manifest entry: ``step``, ``status``, ``target_groups``, ``accepted_groups``,
         ``group_keys``, ``offsets`` (partition as str -> next offset committed), ``fill_seconds``,
-        ``responses_per_group``, ``created_ms``.
+        ``responses_per_group`` (responses or trajectories per group), ``created_ms``.
 
         Raises:
             ValueError: ``batch`` is not an outstanding batch of this builder (e.g. committed).
@@ -203,6 +215,7 @@ class BatchBuilder:
             )
         for item in out.items:
             self._not_done.get(item.partition, set()).discard(item.offset)
+        self.committed_groups += len(out.items)
         assigned = [tp for tp in self.consumer.assignment() if tp.topic == self.topic]
         committable = self._committable()
         to_commit = {tp.partition: committable[tp.partition] for tp in assigned
@@ -218,7 +231,7 @@ class BatchBuilder:
             "group_keys": [item.group["group_key"] for item in out.items],
             "offsets": {str(p): o for p, o in sorted(offsets.items())},
             "fill_seconds": out.fill_seconds,
-            "responses_per_group": [len(item.group["responses"]) for item in out.items],
+            "responses_per_group": [_group_size(item.group) for item in out.items],
             "created_ms": now_ms(),
         }
         self._append_manifest(entry)
@@ -291,15 +304,17 @@ class BatchBuilder:
 
     @staticmethod
     def _decode(msg) -> tuple[dict | None, str, str]:
-        """(group, "", "") for a trainable accepted group, else (None, reason, error)."""
+        """(group, "", "") for a trainable accepted ``Group`` or ``TrajectoryGroup``, else
+        (None, reason, error)."""
         try:
             schema, record = decode(msg.value)
         except UnknownFingerprintError as exc:
             return None, "unknown_schema", str(exc)
         except DecodeError as exc:
             return None, "undecodable", str(exc)
-        if schema != "Group":
-            return None, "invalid_event", f"expected Group, got {schema}"
+        if schema not in ACCEPTED_SCHEMAS:
+            return None, "invalid_event", (
+                f"expected {' or '.join(ACCEPTED_SCHEMAS)}, got {schema}")
         if not record["accepted"]:
             return None, "invalid_event", (
                 f"group {record['group_key']!r} on the accepted topic is not accepted "
@@ -359,6 +374,7 @@ class BatchBuilder:
                 last = entry["step"] if last is None else max(last, entry["step"])
                 for key in entry.get("group_keys", []):
                     self._remember(key)
+                self.committed_groups += entry.get("accepted_groups", 0)
         return last
 
     def _append_manifest(self, entry: dict) -> None:

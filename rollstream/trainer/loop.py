@@ -57,6 +57,56 @@ class BatchEvents:
         self.consumer.close()
 
 
+class AgenticBatchEvents:
+    """The agentic counterpart of ``BatchEvents``: the verdict comes from the group queues.
+
+    Each train group id reports ``group_queue/done`` (status ``complete`` or ``exhausted``, value =
+    its accepted episodes) on ``metrics`` when it stops. Once every one has stopped, no further
+    group can arrive; if fewer than a batch remain uncommitted, one ``underfilled`` verdict per
+    step is returned, shaped like the admission's ``Batch`` event.
+    """
+
+    def __init__(self, bootstrap: str, topics: Topics, config, builder) -> None:
+        self.consumer = KafkaConsumer(topics.metrics, bootstrap_servers=bootstrap, group_id=None,
+                                      auto_offset_reset="earliest", enable_auto_commit=False)
+        self.num_groups = config.train_env_manager.num_env_groups
+        self.target = config.groups_per_batch
+        self.builder = builder
+        self.done: dict[str, float] = {}  # train group id -> accepted episodes
+        self.rejected: dict[str, int] = {}
+        self.episodes = 0
+        self._verdict_step: int | None = None
+
+    def underfilled(self) -> list[dict]:
+        for msgs in self.consumer.poll(timeout_ms=0).values():
+            for m in msgs:
+                try:
+                    name, record = decode(m.value)
+                except RollstreamError:
+                    continue
+                if name != "Metric" or record["labels"].get("mode") != "train":
+                    continue
+                if record["name"] == "group_queue/done":
+                    self.done[record["labels"]["group_id"]] = record["value"]
+                elif record["name"] == "group_queue/groups":
+                    self.episodes += 1
+                    reason = record["labels"].get("reason", "")
+                    if reason != "accepted":
+                        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        if len(self.done) < self.num_groups or self._verdict_step == self.builder.step:
+            return []
+        remaining = int(sum(self.done.values())) - self.builder.committed_groups
+        if remaining >= self.target:
+            return []
+        self._verdict_step = self.builder.step
+        return [{"step": self.builder.step, "status": "underfilled", "target_groups": self.target,
+                 "accepted_groups": remaining, "prompts_consumed": self.episodes,
+                 "rejected_by_reason": dict(self.rejected)}]
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
 def build_batches(builder, events: BatchEvents, *, max_steps: int, min_fill_ratio: float,
                   deadline: float | None = None, check: Callable[[], None] = lambda: None,
                   on_progress: Callable[[LoopResult, int], None] = lambda result, buffered: None,

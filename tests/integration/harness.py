@@ -135,3 +135,79 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 180.0, interval: fl
 
 def count(bootstrap: str, topic: str) -> int:
     return len(read_values(bootstrap, topic))
+
+
+# -- agentic -----------------------------------------------------------------------------------
+
+# (EpisodeRequest) -> trajectory fields to override, or None to never answer (a stuck run)
+EnvScript = Callable[[dict], dict | None]
+
+
+def write_agentic_config(tmp_path: Path, topics: Topics, partitions: int, manager: dict | None = None,
+                         env: dict | None = None, **overrides) -> Path:
+    """An agentic config on ``topics``: one env tag ``lake`` (gymnasium FrozenLake unless ``env``
+    says otherwise), ``manager`` merged into train_env_manager."""
+    config = {
+        "name": "it-agentic",
+        "kafka": {"topic_prefix": topics.prefix, "partitions": partitions},
+        "rollout_batch_size": 2,
+        "max_concurrent_episodes": 8,
+        "train_env_manager": {"num_env_groups": 1, "group_size": 2, "tags": ["lake"], **(manager or {})},
+        "custom_envs": {"lake": {"env_type": "gym:FrozenLake-v1", "env_config": {"is_slippery": False},
+                                 "max_actions_per_traj": 1, "max_tokens_per_step": 4, **(env or {})}},
+        "actor_infer": {"generating_args": {"temperature": 1.0}},
+        **overrides,
+    }
+    path = tmp_path / f"agentic-{topics.prefix.strip('.')}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def synthetic_trajectory(request: dict, reward: float = 0.0, **fields) -> dict:
+    """A Trajectory answering ``request`` (no model, no environment)."""
+    record = {
+        "mode": request["mode"], "group_id": request["group_id"], "episode_id": request["episode_id"],
+        "traj_index": request["traj_index"], "tag": request["tag"], "env_type": request["env_type"],
+        "seed": request["seed"],
+        "turns": [{"prompt_token_ids": [1, 2, 3], "response_token_ids": [7, 8], "infer_logprobs": [-0.5, -0.5],
+                   "response_text": "[down]", "action": "down", "step_reward": reward}],
+        "response_mask": [1, 1], "step_rewards": [reward], "response_level_rewards": reward,
+        "success": reward > 0, "stop_reason": "done", "finished_ms": int(time.time() * 1000),
+    }
+    record.update(fields)
+    return record
+
+
+class SyntheticEnvs(threading.Thread):
+    """Plays the env workers: each EpisodeRequest gets the trajectory ``script`` describes, or
+    none. Records every request it saw."""
+
+    def __init__(self, bootstrap: str, topics: Topics, script: EnvScript) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap, self.topics, self.script = bootstrap, topics, script
+        self.requests: list[dict] = []
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, auto_offset_reset="earliest")
+        topic = self.topics.episodes_requests
+        consumer.assign([TopicPartition(topic, p) for p in wait_for_partitions(consumer, topic)])
+        producer = make_producer(self.bootstrap)
+        try:
+            while not self.stop_event.is_set():
+                for msgs in consumer.poll(timeout_ms=200).values():
+                    for m in msgs:
+                        _, req = decode(m.value)
+                        self.requests.append(req)
+                        fields = self.script(req)
+                        if fields is not None:
+                            producer.send(self.topics.trajectories, key=str(req["group_id"]).encode(),
+                                          value=encode(synthetic_trajectory(req, **fields), "Trajectory"))
+                producer.flush()
+        finally:
+            consumer.close()
+            producer.close()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(10)

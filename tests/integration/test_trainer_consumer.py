@@ -46,8 +46,31 @@ def group_record(key: str, *, n: int = RESPONSES, accepted: bool = True, bad_len
     }
 
 
+def trajectory_group_record(key: str, *, n: int = 2, accepted: bool = True):
+    """An agentic group of ``n`` two-turn trajectories; trajectory i has reward i."""
+    trajectories = []
+    for i in range(n):
+        turns = [
+            {"prompt_token_ids": [1, 2], "response_token_ids": [100 + i, 101 + i],
+             "infer_logprobs": [-0.1, -0.2], "response_text": "up", "action": "up"},
+            {"prompt_token_ids": [7, 8, 9], "response_token_ids": [200 + i],
+             "infer_logprobs": [-0.3], "response_text": "left", "action": "left"},
+        ]
+        trajectories.append({
+            "group_id": 0, "episode_id": 0, "traj_index": i, "env_type": "sokoban", "seed": 1,
+            "turns": turns, "response_mask": [1, 1, 0, 0, 0, 1], "step_rewards": [0.0, float(i)],
+            "response_level_rewards": float(i), "stop_reason": "done", "policy_version": 3,
+        })
+    return {
+        "group_key": key, "group_id": 0, "episode_id": 0, "accepted": accepted,
+        "reason": "accepted" if accepted else "all_equal", "policy_version": 3,
+        "trajectories_started": n, "trajectories_arrived": n, "trajectories": trajectories,
+    }
+
+
 def produce(bootstrap, topic, items):
-    """items: group keys (encoded as accepted groups), dicts (Group records) or raw bytes."""
+    """items: group keys (encoded as accepted groups), dicts (``Group`` records, or
+    ``TrajectoryGroup`` records when they have ``trajectories``) or raw bytes."""
     producer = make_producer(bootstrap)
     try:
         for item in items:
@@ -55,7 +78,8 @@ def produce(bootstrap, topic, items):
                 key, value = b"junk", item
             else:
                 record = group_record(item) if isinstance(item, str) else item
-                key, value = record["group_key"].encode(), encode(record, "Group")
+                schema = "TrajectoryGroup" if "trajectories" in record else "Group"
+                key, value = record["group_key"].encode(), encode(record, schema)
             producer.send(topic, key=key, value=value)
         producer.flush()
     finally:
@@ -239,3 +263,34 @@ def test_groups_spread_over_partitions_are_each_trained_once(kafka_broker, topic
         seen += batch.group_keys
     assert sorted(seen) == sorted(keys)
     assert sum(entry["offsets"].values()) == len(keys)
+
+
+def test_accepted_trajectory_groups_are_batched_and_unaccepted_ones_dead_lettered(env):
+    bootstrap, topics, gid, manifest = env
+    produce(bootstrap, topics.groups_accepted, [
+        trajectory_group_record("train/0/0"),
+        trajectory_group_record("train/1/0", accepted=False),  # offset 1: not accepted
+        "g0",                                                   # an RLVR group in between
+        trajectory_group_record("train/2/0", n=3),
+    ])
+    with BatchBuilder(bootstrap, topics, 3, group_id=gid, manifest_path=manifest) as builder:
+        batch = builder.next_batch(timeout_s=WAIT_S)
+        assert batch.group_keys == ["train/0/0", "g0", "train/2/0"]
+        assert batch.responses_per_group == [2, RESPONSES, 3]
+        assert batch.group_index.tolist() == [0, 0] + [1] * RESPONSES + [2, 2, 2]
+        assert batch.prompt_ids_str[:2] == ["train/0/0", "train/0/0"]
+        assert batch.sample_index[-3:] == [0, 1, 2]
+        assert batch.response_ids.shape == (2 + RESPONSES + 3, 6)
+        assert batch.response_ids[1].tolist() == [101, 102, 7, 8, 9, 201]
+        assert batch.response_mask[1].tolist() == [1.0, 1.0, 0.0, 0.0, 0.0, 1.0]
+        assert batch.infer_logprobs[1].tolist() == pytest.approx([-0.1, -0.2, 0, 0, 0, -0.3])
+        assert batch.prompt_ids[0].tolist() == [0, 1, 2]  # left-padded to the RLVR prompt of 3
+        adv = batch.advantages[:2]  # rewards [0, 1]: -A and +A on the model tokens only
+        assert (adv[0, [0, 1, 5]] < 0).all() and (adv[1, [0, 1, 5]] > 0).all()
+        assert adv[:, 2:5].abs().sum().item() == 0
+        entry = builder.commit(batch)
+        assert (builder.dead_lettered, entry["offsets"]) == (1, {"0": 4})
+    assert entry["responses_per_group"] == [2, RESPONSES, 3]
+    (letter,) = read_all(bootstrap, topics.dead_letter, 1)
+    assert (letter["offset"], letter["reason"]) == (1, "invalid_event")
+    assert "'train/1/0'" in letter["error"] and "not accepted" in letter["error"]

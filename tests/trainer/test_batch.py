@@ -198,3 +198,172 @@ def test_grpo_advantages_reject_wrong_rank():
 def test_rollout_batch_to_moves_every_tensor(two_groups):
     batch = build_batch(two_groups, step=3, pad_token_id=PAD).to("cpu")
     assert batch.step == 3 and batch.advantages.device.type == "cpu"
+
+
+# -- agentic trajectory groups ------------------------------------------------------------------
+
+
+def turn(prompt, tokens, logprobs):
+    """A decoded Turn record with only the fields the batch reads filled in."""
+    return {"prompt_token_ids": list(prompt), "response_token_ids": list(tokens),
+            "infer_logprobs": list(logprobs), "response_text": "", "action": "",
+            "invalid_move": False, "step_reward": 0.0, "finish_reason": "stop", "env_ms": 0.0}
+
+
+def trajectory(traj_index, turns, mask, reward, version=0):
+    """A decoded Trajectory record; ``mask`` is its flattened response_mask."""
+    return {"mode": "train", "group_id": 0, "episode_id": 0, "traj_index": traj_index, "tag": "",
+            "env_type": "sokoban", "seed": 0, "turns": turns, "response_mask": list(mask),
+            "step_rewards": [], "response_level_rewards": reward, "success": False,
+            "stop_reason": "done", "env_timeout": False, "env_failed": False, "drop_flag": False,
+            "error": None, "policy_version": version, "started_ms": 0, "finished_ms": 0,
+            "worker": ""}
+
+
+def traj_group(key, trajectories):
+    return {"group_key": key, "kind": "agentic", "accepted": True, "reason": "accepted",
+            "trajectories": trajectories}
+
+
+def two_turn():
+    # prompt [1, 2, 3]; model says [10, 11]; environment answers [20, 21, 22]; model says [12]
+    return trajectory(1, [turn([1, 2, 3], [10, 11], [-0.1, -0.2]),
+                          turn([20, 21, 22], [12], [-0.3])],
+                      mask=[1, 1, 0, 0, 0, 1], reward=1.0, version=5)
+
+
+def one_turn():
+    return trajectory(0, [turn([1, 2, 3], [30], [-0.5])], mask=[1], reward=0.0, version=4)
+
+
+A_PAIR = 0.5 / (math.sqrt(0.5) + 1e-6)  # GRPO advantage of rewards [1, 0] (and minus for 0)
+
+
+def test_trajectory_group_flattens_turns_and_trains_model_tokens_only():
+    g = traj_group("train/0/0", [two_turn(), one_turn()])  # out of traj_index order
+    batch = build_batch([g], step=2, pad_token_id=PAD)
+
+    assert torch.equal(batch.prompt_ids, torch.tensor([[1, 2, 3], [1, 2, 3]]))
+    assert torch.equal(batch.prompt_mask, torch.tensor([[1, 1, 1], [1, 1, 1]]))
+    assert torch.equal(batch.response_ids, torch.tensor(
+        [[30, 0, 0, 0, 0, 0], [10, 11, 20, 21, 22, 12]], dtype=torch.int64))
+    assert batch.response_mask.dtype == torch.float32
+    assert torch.equal(batch.response_mask, torch.tensor(
+        [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 1]], dtype=torch.float32))
+    assert torch.equal(batch.infer_logprobs, torch.tensor(
+        [[-0.5, 0, 0, 0, 0, 0], [-0.1, -0.2, 0, 0, 0, -0.3]], dtype=torch.float32))
+    assert torch.equal(batch.response_level_rewards, torch.tensor([0.0, 1.0]))
+    a = A_PAIR
+    torch.testing.assert_close(batch.advantages, torch.tensor(
+        [[-a, 0, 0, 0, 0, 0], [a, a, 0, 0, 0, a]], dtype=torch.float32))
+    assert torch.all(batch.advantages[batch.response_mask == 0] == 0)
+    assert batch.group_keys == ["train/0/0"]
+    assert batch.prompt_ids_str == ["train/0/0", "train/0/0"]
+    assert batch.sample_index == [0, 1]
+    assert batch.policy_versions == [4, 5]
+    assert batch.group_index.tolist() == [0, 0]
+    assert (batch.step, batch.batch_size, batch.responses_per_group) == (2, 2, [2])
+
+
+def test_trajectory_response_mask_is_taken_from_the_trajectory():
+    # the producer may leave a model token untrained (mask 0): its logprob still sits in place
+    t = trajectory(0, [turn([1], [10, 11], [-0.1, -0.2]), turn([20], [12], [-0.3])],
+                   mask=[1, 0, 0, 1], reward=2.0)
+    other = trajectory(1, [turn([1], [13], [-0.4])], mask=[1], reward=0.0)
+    batch = build_batch([traj_group("k", [t, other])], step=0, pad_token_id=PAD)
+    assert batch.response_mask[0].tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert torch.equal(batch.infer_logprobs[0], torch.tensor([-0.1, -0.2, 0.0, -0.3]))
+    torch.testing.assert_close(batch.advantages[0], torch.tensor([A_PAIR, 0, 0, A_PAIR]))
+
+
+def test_rlvr_and_agentic_groups_mix_in_one_batch(two_groups):
+    rlvr = two_groups[0]  # responses [31, 32, 33] (reward 1) and [21] (reward 0), prompt of 3
+    agentic = traj_group("train/0/0", [two_turn(), one_turn()])
+    batch = build_batch([agentic, rlvr, two_groups[1]], step=1, pad_token_id=PAD)
+
+    assert batch.group_keys == ["train/0/0", "a", "b"]
+    assert batch.responses_per_group == [2, 2, 2]
+    assert batch.group_index.tolist() == [0, 0, 1, 1, 2, 2]
+    assert batch.prompt_ids_str == ["train/0/0", "train/0/0", "a", "a", "b", "b"]
+    assert batch.sample_index == [0, 1, 0, 1, 0, 1]
+    assert batch.policy_versions == [4, 5, 2, 3, 3, 3]
+    assert torch.equal(batch.prompt_ids, torch.tensor(
+        [[1, 2, 3], [1, 2, 3], [11, 12, 13], [11, 12, 13], [0, 0, 14], [0, 0, 14]]))
+    assert torch.equal(batch.response_ids, torch.tensor([
+        [30, 0, 0, 0, 0, 0], [10, 11, 20, 21, 22, 12], [31, 32, 33, 0, 0, 0],
+        [21, 0, 0, 0, 0, 0], [41, 42, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]]))
+    assert torch.equal(batch.response_mask, torch.tensor([
+        [1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 1], [1, 1, 1, 0, 0, 0],
+        [1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]], dtype=torch.float32))
+    assert torch.equal(batch.infer_logprobs, torch.tensor([
+        [-0.5, 0, 0, 0, 0, 0], [-0.1, -0.2, 0, 0, 0, -0.3], [-0.1, -0.2, -0.3, 0, 0, 0],
+        [-0.5, 0, 0, 0, 0, 0], [-1.0, -2.0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]]))
+    a = A_PAIR
+    torch.testing.assert_close(batch.advantages, torch.tensor([
+        [-a, 0, 0, 0, 0, 0], [a, a, 0, 0, 0, a], [a, a, a, 0, 0, 0],
+        [-a, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]]))
+    assert torch.equal(batch.response_level_rewards, torch.tensor([0.0, 1.0, 1.0, 0.0, 1.0, 1.0]))
+
+
+def _bad_mask_length():
+    t = two_turn()
+    t["response_mask"] = [1, 1, 0, 0, 1]
+    return t
+
+
+def _bad_mask_value():
+    t = two_turn()
+    t["response_mask"] = [1, 1, 0, 0, 2, 1]
+    return t
+
+
+def _bad_logprobs():
+    t = two_turn()
+    t["turns"][1]["infer_logprobs"] = []
+    return t
+
+
+def _no_prompt():
+    t = two_turn()
+    t["turns"][0]["prompt_token_ids"] = []
+    return t
+
+
+def _no_turns():
+    return trajectory(1, [], mask=[], reward=1.0)
+
+
+@pytest.mark.parametrize("trajectories, message", [
+    ([], "group 'k' has no trajectories"),
+    ([one_turn(), one_turn()], "traj_index 0 appears twice"),
+    ([_bad_logprobs()], "trajectory 1 turn 1: 1 response tokens but 0 infer_logprobs"),
+    ([_bad_mask_length()], "response_mask has 5 entries but the flattened response has 6 tokens"),
+    ([_bad_mask_value()], r"response_mask values must be 0 or 1, got \[2\]"),
+    ([_no_prompt()], r"trajectory 1: turns\[0\] has no prompt tokens"),
+    ([trajectory(0, [turn([1], [2], [-1.0])], [1], float("nan"))],
+     "non-finite response_level_rewards nan"),
+    ([trajectory(0, [turn([1], [2], [-1.0])], [1], float("-inf"))],
+     "non-finite response_level_rewards -inf"),
+])
+def test_check_group_rejects_invalid_trajectory_groups(trajectories, message):
+    g = traj_group("k", trajectories)
+    with pytest.raises(ValueError, match=message):
+        check_group(g)
+    with pytest.raises(ValueError, match=message):
+        build_batch([traj_group("ok", [one_turn()]), g], step=0, pad_token_id=PAD)
+
+
+def test_a_trajectory_without_turns_is_an_all_padding_placeholder():
+    """The environment failed before the model spoke: the row trains nothing (mask 0, advantage
+    0) but its reward still counts in the group's GRPO statistics, like the reference's
+    placeholder."""
+    batch = build_batch([traj_group("k", [one_turn(), _no_turns()])], step=0, pad_token_id=PAD)
+    assert batch.responses_per_group == [2]
+    assert batch.response_mask[1].sum().item() == 0 and batch.prompt_mask[1].sum().item() == 0
+    assert torch.all(batch.advantages[1] == 0)
+    assert batch.response_level_rewards.tolist() == [0.0, 1.0]
+    assert batch.advantages[0][batch.response_mask[0] > 0].lt(0).all()  # 0 below the group's mean of 0.5
+
+
+def test_check_group_accepts_a_valid_trajectory_group():
+    check_group(traj_group("k", [two_turn(), one_turn()]))  # no exception

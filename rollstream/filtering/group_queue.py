@@ -1,0 +1,342 @@
+"""The agentic group queue of one env group (``mode``, ``group_id``): a pure state machine.
+
+Reference: reference-behaviour.md (f) (GroupQueue) and ARCHITECTURE.md section 5. What it keeps:
+
+- each episode starts ``group_size + group_size_redundancy`` runs with one seed
+  (``group_seed + episode_id``);
+- the group filter runs exactly once, when the first ``group_size`` valid trajectories of the
+  episode have arrived; keep -> the episode's group is emitted (exactly those trajectories), drop
+  -> it is emitted as rejected and a replacement episode ``next_episode_id`` starts;
+- trajectories of removed or decided episodes are ignored and counted as late.
+
+Where it does better (each one tested):
+
+- every group queue decides on its own: no head-of-line blocking between groups or episodes;
+- a run that never arrives cannot hang its episode: at the deadline the missing runs are
+  reissued (``max_reissues_per_episode`` times), then the episode is dropped as
+  ``episode_timeout`` and replaced;
+- an infra-aborted trajectory (``env_timeout`` / ``env_failed``) is set aside with reason
+  ``infra_abort`` and refilled with a new run of the same seed, ``max_refills_per_group`` times
+  (peer-scenarios.md 5); after that the group is dropped as ``refill_exhausted``, or accepted
+  with fewer trajectories when ``min_valid_group_size`` allows it;
+- replacement episodes per group id are bounded (``max_replaced_episodes``); a group id that
+  spends them stops with status ``exhausted`` instead of resampling forever.
+
+The caller (the faust processor, replay, tests) stores trajectories and performs the effects;
+``decide`` is the group filter, called with the episode id and the member traj indices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from rollstream.filtering.reasons import ACCEPTED, RejectReason
+
+CLOSED_MEMORY = 32
+"""Decided episodes remembered per group id to measure the time redundancy saved."""
+
+
+@dataclass(frozen=True)
+class QueueParams:
+    """How one env manager's group queues behave (from ``EnvManagerConfig``)."""
+
+    group_size: int
+    group_size_redundancy: int = 0
+    max_traj_per_env: int = 1  # episodes open at once per group id
+    episodes_target: int = 1  # accepted episodes a group id delivers in total
+    max_replaced_episodes: int = 8
+    episode_timeout_ms: int = 600_000
+    max_reissues_per_episode: int = 1
+    refill_enabled: bool = True
+    max_refills_per_group: int = 2
+    min_valid_group_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.group_size < 1 or self.group_size_redundancy < 0 or self.max_traj_per_env < 1:
+            raise ValueError(f"invalid group sizes: {self}")
+        if self.min_valid_group_size is not None and not 1 <= self.min_valid_group_size <= self.group_size:
+            raise ValueError(f"min_valid_group_size must be in [1, group_size], got {self.min_valid_group_size}")
+
+    @classmethod
+    def from_config(cls, manager, episodes_target: int) -> "QueueParams":
+        """From an ``EnvManagerConfig``."""
+        return cls(
+            group_size=manager.group_size, group_size_redundancy=manager.group_size_redundancy,
+            max_traj_per_env=manager.max_traj_per_env, episodes_target=episodes_target,
+            max_replaced_episodes=manager.max_replaced_episodes,
+            episode_timeout_ms=int(manager.episode_timeout_s * 1000),
+            max_reissues_per_episode=manager.max_reissues_per_episode,
+            refill_enabled=manager.refill.enabled, max_refills_per_group=manager.refill.max_refills_per_group,
+            min_valid_group_size=manager.refill.min_valid_group_size,
+        )
+
+    @property
+    def min_valid(self) -> int:
+        return self.min_valid_group_size or self.group_size
+
+
+@dataclass
+class Episode:
+    episode_id: int
+    seed: int
+    started_ms: int
+    deadline_ms: int
+    next_traj_index: int = 0
+    issued: list[int] = field(default_factory=list)  # every run started, in order
+    arrived: list[int] = field(default_factory=list)  # valid members, in arrival order
+    aborted: list[int] = field(default_factory=list)  # infra-aborted runs set aside
+    refills: int = 0
+    reissues: int = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self.issued) - len(self.arrived) - len(self.aborted)
+
+
+@dataclass
+class Closed:
+    """A decided episode, kept a while to count its late runs and the time they would have cost."""
+
+    closed_ms: int
+    pending: int
+    slowest_ms: int = 0
+
+
+@dataclass
+class QueueState:
+    mode: str
+    group_id: int
+    group_seed: int
+    partition: int = 0  # Kafka partition of the group id: the processor's tick finds it by this
+    next_episode_id: int = 0
+    open: dict[int, Episode] = field(default_factory=dict)
+    closed: dict[int, Closed] = field(default_factory=dict)
+    accepted: int = 0
+    rejected: int = 0
+    replaced: int = 0
+    late: int = 0
+    status: str = "running"  # running | complete | exhausted
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "QueueState":
+        d = dict(d)
+        d["open"] = {int(k): Episode(**v) for k, v in d["open"].items()}
+        d["closed"] = {int(k): Closed(**v) for k, v in d["closed"].items()}
+        return cls(**d)
+
+
+# -- effects ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StartRun:
+    """Ask an env worker for trajectory ``traj_index`` of the episode (an EpisodeRequest)."""
+
+    episode_id: int
+    traj_index: int
+    seed: int
+    cause: str  # start | refill | reissue
+    reissue: int = 0  # k for the k-th deadline reissue: the shell sends it k partitions away
+
+
+@dataclass(frozen=True)
+class SetAside:
+    """An infra-aborted trajectory leaves its group (emitted as rejected, reason infra_abort)."""
+
+    episode_id: int
+    traj_index: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class GroupDecided:
+    episode_id: int
+    accepted: bool
+    reason: str
+    members: tuple[int, ...]  # traj indices emitted with the group, in arrival order
+    values: dict[str, float]
+    started: int
+    arrived: int
+    refills: int
+    reissues: int
+    replaced_by: int | None  # episode id of the replacement, when one was started
+
+
+@dataclass(frozen=True)
+class Late:
+    episode_id: int
+    traj_index: int
+
+
+@dataclass(frozen=True)
+class Duplicate:
+    episode_id: int
+    traj_index: int
+
+
+@dataclass(frozen=True)
+class RedundancySaved:
+    """Every run of a decided episode has now arrived: the group closed ``saved_ms`` before its
+    slowest run finished."""
+
+    episode_id: int
+    saved_ms: int
+
+
+@dataclass(frozen=True)
+class QueueDone:
+    """The group id stops: ``complete`` (its accepted target reached) or ``exhausted``."""
+
+    status: str
+    accepted: int
+    replaced: int
+
+
+Effect = StartRun | SetAside | GroupDecided | Late | Duplicate | RedundancySaved | QueueDone
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the group filter decided: ``drop`` True means DROP (the reference's convention)."""
+
+    drop: bool
+    reason: str = ACCEPTED
+    values: dict[str, float] = field(default_factory=dict)
+
+
+Decide = Callable[[int, list[int]], Verdict]
+"""``decide(episode_id, member_traj_indices) -> Verdict``: the group filter over the members."""
+
+
+def _open_episode(state: QueueState, params: QueueParams, now_ms: int, out: list) -> int:
+    eid = state.next_episode_id
+    state.next_episode_id += 1
+    ep = Episode(episode_id=eid, seed=state.group_seed + eid, started_ms=now_ms,
+                 deadline_ms=now_ms + params.episode_timeout_ms)
+    state.open[eid] = ep
+    for _ in range(params.group_size + params.group_size_redundancy):
+        _issue(ep, "start", out)
+    return eid
+
+
+def _issue(ep: Episode, cause: str, out: list, reissue: int = 0) -> None:
+    ep.issued.append(ep.next_traj_index)
+    out.append(StartRun(ep.episode_id, ep.next_traj_index, ep.seed, cause, reissue))
+    ep.next_traj_index += 1
+
+
+def start(mode: str, group_id: int, group_seed: int, params: QueueParams, now_ms: int,
+          partition: int = 0) -> tuple[QueueState, list[Effect]]:
+    """A new group queue with ``min(max_traj_per_env, episodes_target)`` episodes open."""
+    state = QueueState(mode=mode, group_id=group_id, group_seed=group_seed, partition=partition)
+    out: list[Effect] = []
+    for _ in range(min(params.max_traj_per_env, params.episodes_target)):
+        _open_episode(state, params, now_ms, out)
+    return state, out
+
+
+def on_trajectory(state: QueueState, params: QueueParams, episode_id: int, traj_index: int,
+                  infra_failed: bool, finished_ms: int, now_ms: int, decide: Decide) -> list[Effect]:
+    """One trajectory arrived. ``infra_failed``: it ended with env_timeout or env_failed.
+
+    The caller stores the trajectory when the effects contain no Late/Duplicate for it (it then
+    is a member or set aside) and may delete the stored members of a decided episode.
+    """
+    ep = state.open.get(episode_id)
+    if ep is None:
+        state.late += 1
+        out: list[Effect] = [Late(episode_id, traj_index)]
+        closed = state.closed.get(episode_id)
+        if closed is not None:
+            closed.pending -= 1
+            closed.slowest_ms = max(closed.slowest_ms, finished_ms)
+            if closed.pending <= 0:
+                del state.closed[episode_id]
+                out.append(RedundancySaved(episode_id, max(0, closed.slowest_ms - closed.closed_ms)))
+        return out
+    if traj_index in ep.arrived or traj_index in ep.aborted or traj_index not in ep.issued:
+        return [Duplicate(episode_id, traj_index)]
+    out = []
+    if infra_failed and params.refill_enabled:
+        ep.aborted.append(traj_index)
+        out.append(SetAside(episode_id, traj_index, RejectReason.INFRA_ABORT.value))
+        if len(ep.arrived) + ep.pending < params.group_size and ep.refills < params.max_refills_per_group:
+            ep.refills += 1
+            _issue(ep, "refill", out)
+    else:
+        ep.arrived.append(traj_index)
+    out += _maybe_decide(state, params, ep, now_ms, decide)
+    return out
+
+
+def _maybe_decide(state: QueueState, params: QueueParams, ep: Episode, now_ms: int, decide: Decide) -> list[Effect]:
+    n, reachable = len(ep.arrived), len(ep.arrived) + ep.pending
+    if n >= params.group_size:
+        members = ep.arrived[:params.group_size]
+    elif reachable >= params.group_size:
+        return []  # runs still on their way
+    elif n >= params.min_valid and ep.pending == 0:
+        members = list(ep.arrived)  # refills spent: accept the smaller group the config allows
+    elif reachable >= params.min_valid:
+        return []  # a smaller group is still possible once the pending runs land
+    else:
+        return _close(state, params, ep, now_ms, accepted=False, reason=RejectReason.REFILL_EXHAUSTED.value,
+                      members=list(ep.arrived), values={"valid": float(n), "refills": float(ep.refills)})
+    verdict = decide(ep.episode_id, members)
+    return _close(state, params, ep, now_ms, accepted=not verdict.drop,
+                  reason=verdict.reason if verdict.drop else ACCEPTED, members=members, values=verdict.values)
+
+
+def _close(state: QueueState, params: QueueParams, ep: Episode, now_ms: int, *, accepted: bool, reason: str,
+           members: list[int], values: dict[str, float]) -> list[Effect]:
+    del state.open[ep.episode_id]
+    if ep.pending > 0:
+        state.closed[ep.episode_id] = Closed(closed_ms=now_ms, pending=ep.pending)
+        while len(state.closed) > CLOSED_MEMORY:
+            del state.closed[min(state.closed)]
+    out: list[Effect] = []
+    replaced_by = None
+    if accepted:
+        state.accepted += 1
+    else:
+        state.rejected += 1
+    wanted = params.episodes_target - state.accepted - len(state.open)
+    if wanted > 0:
+        if accepted or state.replaced < params.max_replaced_episodes:
+            if not accepted:
+                state.replaced += 1
+            replaced_by = _open_episode(state, params, now_ms, run_effects := [])
+        else:
+            run_effects = []
+    else:
+        run_effects = []
+    out.append(GroupDecided(
+        episode_id=ep.episode_id, accepted=accepted, reason=reason, members=tuple(members), values=dict(values),
+        started=len(ep.issued), arrived=len(ep.arrived) + len(ep.aborted), refills=ep.refills,
+        reissues=ep.reissues, replaced_by=None if accepted else replaced_by))
+    out += run_effects
+    if not state.open and state.status == "running":
+        state.status = "complete" if state.accepted >= params.episodes_target else "exhausted"
+        out.append(QueueDone(state.status, state.accepted, state.replaced))
+    return out
+
+
+def on_tick(state: QueueState, params: QueueParams, now_ms: int) -> list[Effect]:
+    """Check the deadlines of the open episodes: reissue the runs still missing, or drop the
+    episode (``episode_timeout``) once its reissues are spent."""
+    out: list[Effect] = []
+    for ep in [e for e in state.open.values() if now_ms >= e.deadline_ms]:
+        missing = params.group_size - len(ep.arrived)
+        if ep.reissues < params.max_reissues_per_episode:
+            ep.reissues += 1
+            ep.deadline_ms = now_ms + params.episode_timeout_ms
+            for _ in range(missing):
+                _issue(ep, "reissue", out, ep.reissues)
+        else:
+            out += _close(state, params, ep, now_ms, accepted=False, reason=RejectReason.EPISODE_TIMEOUT.value,
+                          members=list(ep.arrived), values={"valid": float(len(ep.arrived)),
+                                                            "missing": float(missing)})
+    return out

@@ -1,0 +1,62 @@
+"""The agentic group queue: a faust agent over ``trajectories`` + ``episodes.control`` (both keyed
+by group_id, co-partitioned) with one changelog-backed table. The work is
+rollstream.streams.group_queue_processor.GroupQueueProcessor (no faust); this module feeds it
+events and sends what it returns.
+
+Deadlines need a clock, but faust tables may only change while handling an event of their
+partition. A timer therefore sends a ``tick`` GroupCommand to every partition of
+``episodes.control`` this worker owns; the agent handles the tick like any other event.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import faust
+
+from rollstream.config import AgenticConfig
+from rollstream.schemas import encode
+from rollstream.streams import names
+from rollstream.streams.common import Emitter, make_app, raw_topic
+from rollstream.streams.group_queue_processor import GroupQueueProcessor
+from rollstream.topics import Topics
+from rollstream.workers.base import now_ms
+
+log = logging.getLogger(__name__)
+
+TICK_INTERVAL_S = 1.0
+
+
+def build_group_queue_app(config: AgenticConfig, bootstrap: str, store: str = "memory://",
+                          tick_interval_s: float = TICK_INTERVAL_S) -> faust.App:
+    topics = Topics(config.kafka.topic_prefix)
+    partitions = config.kafka.partitions
+    app = make_app(names.app_id(topics, names.GROUP_QUEUE_APP), bootstrap, partitions, store)
+    emit = Emitter(app, topics, "group-queue")
+    source = app.topic(topics.trajectories, topics.episodes_control, key_type=bytes, value_type=bytes,
+                       key_serializer="raw", value_serializer="raw", partitions=partitions)
+    control = raw_topic(app, topics.episodes_control, partitions)
+    table = app.Table(names.GROUP_QUEUE_TABLE, default=None, partitions=partitions, key_type=bytes,
+                      value_type=bytes, help="group queues, member trajectories and filter state (see processor)")
+    processor = GroupQueueProcessor(config, table)
+
+    async def handle(event) -> None:
+        handled = processor.handle(event.message.partition, event.value)
+        if handled.error is not None:
+            await emit.dead_letter(event, *handled.error)
+        for send in handled.sends:
+            await emit.send_raw(send.topic, send.key, send.value, partition=send.partition)
+
+    @app.agent(source)
+    async def queue(stream):
+        async for event in stream.events():
+            await emit.guarded(handle, event)
+
+    @app.timer(interval=tick_interval_s)
+    async def tick() -> None:
+        tick_value = encode({"command": "tick", "created_ms": now_ms()}, "GroupCommand")
+        for tp in app.assignor.assigned_actives():
+            if tp.topic == topics.episodes_control:
+                await control.send(key=b"tick", value=tick_value, partition=tp.partition)
+
+    return app

@@ -1,0 +1,264 @@
+"""What the group queue processor does with one input event, without faust: a dict-like table
+in, sends out. The faust agent (rollstream.streams.group_queue), replay tools and tests share it.
+
+Table layout (all keys of one partition are written while handling that partition's events):
+
+- ``g:{mode}/{group_id}`` -> the group queue's ``QueueState`` (JSON);
+- ``t:{mode}/{group_id}/{episode_id}/{traj_index}`` -> a member trajectory's original bytes,
+  deleted when its episode is decided (the emitted group splices them in, not re-encoded);
+- ``f:{mode}/{partition}`` -> the group filter's ``state_dict()`` (JSON), for filters with state.
+  A stateful filter such as the drop_flag ratio guard therefore counts the groups of one
+  partition; with one partition (the default for agentic runs) it is global, as in the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any, MutableMapping
+
+from rollstream.config import AgenticConfig
+from rollstream.filtering import group_queue as gq
+from rollstream.filtering.group_filters import filter_group, load_group_filter
+from rollstream.filtering.reasons import ACCEPTED
+from rollstream.schemas import REGISTRY, decode, encode
+from rollstream.topics import Topics
+from rollstream.workers.base import now_ms, worker_id
+
+log = logging.getLogger(__name__)
+
+Table = MutableMapping[bytes, bytes]
+
+
+@dataclass(frozen=True)
+class Send:
+    topic: str
+    key: str
+    value: bytes
+    partition: int | None = None
+
+
+@dataclass
+class Handled:
+    sends: list[Send] = field(default_factory=list)
+    error: tuple[str, str] | None = None  # (dead-letter reason, message) for an unusable event
+
+
+def _state_key(mode: str, group_id: int) -> bytes:
+    return f"g:{mode}/{group_id}".encode()
+
+
+def _traj_key(mode: str, group_id: int, episode_id: int, traj_index: int) -> bytes:
+    return f"t:{mode}/{group_id}/{episode_id}/{traj_index}".encode()
+
+
+def is_infra_failure(trajectory: dict) -> bool:
+    """An environment timeout or crash, an engine error, or no turn at all: the run says nothing
+    about the policy (ARCHITECTURE.md 6: infra failures are reasons of their own, never reward 0)."""
+    return bool(trajectory.get("env_timeout") or trajectory.get("env_failed")
+                or trajectory.get("stop_reason") == "engine_error" or not trajectory.get("turns"))
+
+
+class GroupQueueProcessor:
+    """The group queues of one agentic config over a dict-like ``table``."""
+
+    def __init__(self, config: AgenticConfig, table: Table) -> None:
+        self.config = config
+        self.table = table
+        self.topics = Topics(config.kafka.topic_prefix)
+        self.worker = worker_id("group-queue")
+        self.managers = config.env_managers()
+        self.params = {mode: gq.QueueParams.from_config(m, config.episodes_per_group(mode))
+                       for mode, m in self.managers.items()}
+        for mode, manager in self.managers.items():  # fail at start-up, not at the first decision
+            load_group_filter(manager.group_filter_cls, config, manager, mode)
+        self._filters: dict[tuple[str, int], Any] = {}
+        self._arriving: tuple[bytes, bytes] | None = None
+
+    # -- inputs -----------------------------------------------------------------------------
+
+    def handle(self, partition: int, value: bytes, now: int | None = None) -> Handled:
+        """One event of ``trajectories`` or ``episodes.control`` read from ``partition``.
+        Never raises for bad input: it comes back as ``Handled.error``."""
+        now = now_ms() if now is None else now
+        try:
+            schema, record = decode(value)
+        except Exception as exc:  # DecodeError, UnknownFingerprintError
+            reason = "unknown_schema" if "fingerprint" in str(exc).lower() else "undecodable"
+            return Handled(error=(reason, str(exc)))
+        if schema == "GroupCommand":
+            if record["command"] == "tick":
+                return self.tick(partition, now)
+            if record["command"] == "start":
+                return self.start(record["mode"], record["group_id"], partition, now)
+            return Handled(error=("invalid_event", f"unknown group command {record['command']!r}"))
+        if schema == "Trajectory":
+            return self.trajectory(record, value, now)
+        return Handled(error=("invalid_event", f"expected Trajectory or GroupCommand, got {schema}"))
+
+    def start(self, mode: str, group_id: int, partition: int, now: int) -> Handled:
+        manager = self.managers.get(mode)
+        if manager is None:
+            return Handled(error=("invalid_event", f"mode {mode!r} has no env manager; configured: {sorted(self.managers)}"))
+        if not 0 <= group_id < manager.num_env_groups:
+            return Handled(error=("invalid_event", f"{mode} group_id {group_id} outside [0, {manager.num_env_groups})"))
+        key = _state_key(mode, group_id)
+        if self.table.get(key) is not None:
+            return Handled()  # a repeated start (redelivery, second `run`): the queue already runs
+        state, effects = gq.start(mode, group_id, self.config.group_seed(mode, group_id), self.params[mode], now,
+                                  partition=partition)
+        out = self._apply(state, effects, now)
+        self._save(state)
+        return out
+
+    def tick(self, partition: int, now: int) -> Handled:
+        out = Handled()
+        for key, value in list(self.table.items()):
+            if not key.startswith(b"g:"):
+                continue
+            state = gq.QueueState.from_dict(json.loads(value))
+            if state.partition != partition or not state.open:
+                continue
+            effects = gq.on_tick(state, self.params[state.mode], now)
+            if effects:
+                out.sends += self._apply(state, effects, now).sends
+                self._save(state)
+        return out
+
+    def trajectory(self, record: dict, value: bytes, now: int) -> Handled:
+        mode, gid = record["mode"], record["group_id"]
+        raw = self.table.get(_state_key(mode, gid))
+        if raw is None:
+            return Handled(error=("invalid_event", f"trajectory of {mode} group {gid}, which was never started"))
+        state = gq.QueueState.from_dict(json.loads(raw))
+        params = self.params[mode]
+        eid, tix = record["episode_id"], record["traj_index"]
+
+        def decide(episode_id: int, members: list[int]) -> gq.Verdict:
+            group = [self._stored(mode, gid, episode_id, t) for t in members]
+            return self._filter(mode, state.partition, gid, episode_id, group)
+
+        key = _traj_key(mode, gid, eid, tix)
+        self._arriving = (key, value)  # readable as stored while its own arrival is decided
+        try:
+            effects = gq.on_trajectory(state, params, eid, tix, is_infra_failure(record),
+                                       record.get("finished_ms", 0), now, decide)
+            out = self._apply(state, effects, now)
+        finally:
+            self._arriving = None
+        if eid in state.open and tix in state.open[eid].arrived:
+            self.table[key] = value  # a member of a still open episode
+        self._save(state)
+        return out
+
+    # -- effects ----------------------------------------------------------------------------
+
+    def _apply(self, state: gq.QueueState, effects: list, now: int) -> Handled:
+        out = Handled()
+        mode, gid = state.mode, state.group_id
+        labels = {"mode": mode, "group_id": str(gid)}
+        for effect in effects:
+            if isinstance(effect, gq.StartRun):
+                # a reissue goes k partitions away from the group's own, so the runs of an env
+                # worker that died (its partitions are static) reach a live one
+                partition = ((state.partition + effect.reissue) % self.config.kafka.partitions
+                             if effect.reissue else None)
+                out.sends.append(Send(self.topics.episodes_requests, str(gid),
+                                      encode(self._request(state, effect, now), "EpisodeRequest"), partition))
+            elif isinstance(effect, gq.GroupDecided):
+                members = [self._stored_bytes(mode, gid, effect.episode_id, t) for t in effect.members]
+                values = {**effect.values, "started": float(effect.started), "arrived": float(effect.arrived)}
+                out.sends.append(self._group_send(state, effect.episode_id, effect.accepted, effect.reason, values,
+                                                  members, effect=effect))
+                for t in effect.members:
+                    self.table.pop(_traj_key(mode, gid, effect.episode_id, t), None)
+                out.sends.append(self._metric("group_queue/groups", 1.0, {**labels, "reason": effect.reason}, now))
+                if not effect.accepted and effect.reason not in ("refill_exhausted", "episode_timeout"):
+                    out.sends.append(self._metric("scheduler/group_filter_count", 1.0,
+                                                  {**labels, "reason": effect.reason}, now))
+                if effect.replaced_by is not None:
+                    out.sends.append(self._metric("group_queue/episodes_replaced", 1.0, labels, now))
+            elif isinstance(effect, gq.SetAside):
+                aborted = self._stored_bytes(mode, gid, effect.episode_id, effect.traj_index)
+                out.sends.append(self._group_send(state, effect.episode_id, False, effect.reason, {}, [aborted],
+                                                  key_suffix=f"/{effect.traj_index}"))
+                out.sends.append(self._metric("group_queue/infra_aborts", 1.0, labels, now))
+            elif isinstance(effect, gq.Late):
+                out.sends.append(self._metric("group_queue/late_trajectories", 1.0, labels, now))
+            elif isinstance(effect, gq.RedundancySaved):
+                out.sends.append(self._metric("group_queue/redundancy_saved_ms", float(effect.saved_ms), labels, now))
+            elif isinstance(effect, gq.QueueDone):
+                out.sends.append(self._metric("group_queue/done", float(effect.accepted),
+                                              {**labels, "status": effect.status}, now))
+        return out
+
+    def _request(self, state: gq.QueueState, run: gq.StartRun, now: int) -> dict:
+        tag = self.managers[state.mode].tag_of(state.group_id)
+        env = self.config.custom_envs[tag]
+        return {
+            "mode": state.mode, "group_id": state.group_id, "episode_id": run.episode_id,
+            "traj_index": run.traj_index, "tag": tag, "env_type": env.env_type,
+            "env_config": json.dumps(env.env_config, sort_keys=True), "seed": run.seed,
+            "max_actions_per_traj": env.max_actions_per_traj, "max_tokens_per_step": env.max_tokens_per_step,
+            "env_step_timeout_s": env.env_step_timeout_s, "format_penalty": env.format_penalty,
+            "cause": run.cause, "created_ms": now,
+        }
+
+    def _group_send(self, state: gq.QueueState, episode_id: int, accepted: bool, reason: str,
+                    values: dict[str, float], members: list[bytes], *, effect: gq.GroupDecided | None = None,
+                    key_suffix: str = "") -> Send:
+        mode, gid = state.mode, state.group_id
+        records = [decode(m)[1] for m in members]
+        tag = self.managers[mode].tag_of(gid)
+        group = {
+            "group_key": f"{mode}/{gid}/{episode_id}{key_suffix}", "kind": "agentic", "mode": mode,
+            "group_id": gid, "episode_id": episode_id, "tag": tag,
+            "env_type": self.config.custom_envs[tag].env_type, "seed": state.group_seed + episode_id,
+            "accepted": accepted, "reason": reason if not accepted else ACCEPTED,
+            "decision_values": {k: float(v) for k, v in values.items()},
+            "group_filter_cls": self.managers[mode].group_filter_cls,
+            "policy_version": min((r.get("policy_version", 0) for r in records), default=0),
+            "trajectories_started": effect.started if effect else 1,
+            "trajectories_arrived": effect.arrived if effect else 1,
+            "refills": effect.refills if effect else 0, "reissues": effect.reissues if effect else 0,
+            "created_ms": now_ms(), "trajectories": [],
+        }
+        if mode == "val":
+            topic = self.topics.groups_validation
+        else:
+            topic = self.topics.groups_accepted if accepted else self.topics.groups_rejected
+        value = REGISTRY.encode_with_tail_array(group, "TrajectoryGroup", members, "Trajectory")
+        return Send(topic, group["group_key"], value)
+
+    def _metric(self, name: str, value: float, labels: dict[str, str], now: int) -> Send:
+        record = {"worker": self.worker, "name": name, "value": value, "labels": labels, "created_ms": now}
+        return Send(self.topics.metrics, self.worker, encode(record, "Metric"))
+
+    # -- storage ----------------------------------------------------------------------------
+
+    def _save(self, state: gq.QueueState) -> None:
+        self.table[_state_key(state.mode, state.group_id)] = json.dumps(state.to_dict()).encode()
+
+    def _stored_bytes(self, mode: str, gid: int, eid: int, tix: int) -> bytes:
+        key = _traj_key(mode, gid, eid, tix)
+        if self._arriving is not None and self._arriving[0] == key:
+            return self._arriving[1]
+        return self.table[key]
+
+    def _stored(self, mode: str, gid: int, eid: int, tix: int) -> dict:
+        return decode(self._stored_bytes(mode, gid, eid, tix))[1]
+
+    def _filter(self, mode: str, partition: int, gid: int, eid: int, group: list[dict]) -> gq.Verdict:
+        key = (mode, partition)
+        if key not in self._filters:
+            manager = self.managers[mode]
+            self._filters[key] = load_group_filter(manager.group_filter_cls, self.config, manager, mode)
+            saved = self.table.get(f"f:{mode}/{partition}".encode())
+            if saved is not None and hasattr(self._filters[key], "load_state_dict"):
+                self._filters[key].load_state_dict(json.loads(saved))
+        filt = self._filters[key]
+        drop, reason, values = filter_group(filt, gid, eid, group)
+        if hasattr(filt, "state_dict"):
+            self.table[f"f:{mode}/{partition}".encode()] = json.dumps(filt.state_dict()).encode()
+        return gq.Verdict(drop=drop, reason=reason, values=values)

@@ -1,0 +1,299 @@
+"""Text environments for agentic rollouts, behind one small interface (``TextEnv``).
+
+An environment speaks text both ways: ``reset(seed)`` returns the first observation (rules and
+state, everything the model needs to act), ``step(action_text)`` takes the model's raw answer and
+returns a ``StepResult``. Parsing the action out of free text is the environment's job, so the
+episode logic never knows which game it plays.
+
+Built in (``make_env`` names):
+
+* ``gym:FrozenLake-v1`` -- gymnasium's FrozenLake rendered as a text grid. The action is the last
+  move named in the answer (see ``parse_action``); an answer naming none is an invalid move that
+  leaves the state unchanged with reward 0.
+* ``textarena:FrozenLake-v0``, ``textarena:Sokoban-v0`` -- textarena 0.7.4 single-player games.
+  textarena parses and judges the move itself (two invalid moves in a row end its game); its
+  refusals come back as ``invalid_move=True``.
+
+Anything else is an import path ``"pkg.module:Class"`` built as ``Class(**env_config)``.
+
+Every method of an environment is called from one thread at a time, but not always the same
+thread (the env worker runs them in helper threads).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+
+from rollstream.exceptions import ConfigError
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """The environment's answer to one action.
+
+    ``observation``: text shown to the model next. ``reward``: this step's reward (float).
+    ``done``: the episode is over. ``invalid_move``: the action did not parse or the game refused
+    it. ``success``: the episode ended in a win (only meaningful when ``done``). ``action``: the
+    action as the environment understood it; "" when it could not parse one.
+    """
+
+    observation: str
+    reward: float = 0.0
+    done: bool = False
+    invalid_move: bool = False
+    success: bool = False
+    action: str = ""
+
+
+@runtime_checkable
+class TextEnv(Protocol):
+    """A text game played by one model."""
+
+    def reset(self, seed: int) -> str:
+        """Start an episode; same seed -> same episode. Returns the first observation."""
+        ...
+
+    def step(self, action_text: str) -> StepResult:
+        """Apply the model's raw answer. Behaviour after ``done`` is undefined."""
+        ...
+
+    def close(self) -> None:
+        """Release resources; the environment is not used afterwards."""
+        ...
+
+
+# -- action parsing ---------------------------------------------------------------------------
+
+def parse_action(text: str, actions: Sequence[str]) -> str | None:
+    """The action ``text`` names, or None.
+
+    Rules: bracketed names (``[down]``, spaces inside the brackets allowed) win over plain words;
+    among several, the LAST one counts (models tend to reason first, answer last). Plain words
+    must stand alone (``up`` does not match in ``upper``). Matching ignores case; the result is
+    the name as spelled in ``actions``.
+    """
+    if not actions:
+        return None
+    by_lower = {a.lower(): a for a in actions}
+    names = "|".join(re.escape(a) for a in sorted(by_lower, key=len, reverse=True))
+    bracketed = re.findall(rf"\[\s*({names})\s*\]", text, flags=re.IGNORECASE)
+    if bracketed:
+        return by_lower[bracketed[-1].lower()]
+    plain = re.findall(rf"(?<![A-Za-z0-9_])({names})(?![A-Za-z0-9_])", text, flags=re.IGNORECASE)
+    if plain:
+        return by_lower[plain[-1].lower()]
+    return None
+
+
+# -- gymnasium FrozenLake -----------------------------------------------------------------------
+
+class GymFrozenLake:
+    """gymnasium ``FrozenLake-v1`` as a text game.
+
+    ``env_config`` goes to ``gymnasium.make`` (``map_name``, ``is_slippery``, ``desc``,
+    ``max_episode_steps`` ...). Reward 1.0 on reaching the goal, else 0; ``success`` = goal
+    reached. Raises whatever gymnasium raises for bad arguments (TypeError, ValueError).
+    """
+
+    ACTIONS = ("left", "down", "right", "up")  # gymnasium's action ids 0..3
+
+    def __init__(self, **env_config: Any) -> None:
+        import gymnasium as gym
+
+        self._env = gym.make("FrozenLake-v1", render_mode="ansi", **env_config)
+        lake = self._env.unwrapped
+        self._desc = [[c.decode() for c in row] for row in lake.desc]
+        self._nrow, self._ncol = lake.nrow, lake.ncol
+        # Slippery lakes have several possible outcomes per (state, action).
+        self._slippery = any(len(outcomes) > 1 for moves in lake.P.values() for outcomes in moves.values())
+        self._state = 0
+        self._done = False
+
+    def _grid(self) -> str:
+        row, col = divmod(self._state, self._ncol)
+        lines = []
+        for r, cells in enumerate(self._desc):
+            lines.append(" ".join("P" if (r, c) == (row, col) else cell for c, cell in enumerate(cells)))
+        return "\n".join(lines)
+
+    def _moves_hint(self) -> str:
+        return ", ".join(f"[{a}]" for a in self.ACTIONS)
+
+    def reset(self, seed: int) -> str:
+        state, _ = self._env.reset(seed=int(seed))
+        self._state, self._done = int(state), False
+        slippery = " The ice is slippery: you may slide sideways instead of where you chose." if self._slippery else ""
+        return (
+            f"You are on a frozen lake, a {self._nrow}x{self._ncol} grid. Walk to the goal G "
+            f"without stepping into a hole H.{slippery}\n"
+            "Symbols: P = you, S = start, F = frozen ice (safe), H = hole, G = goal.\n"
+            f"Answer with one move in square brackets: {self._moves_hint()}.\n\n"
+            f"Grid:\n{self._grid()}"
+        )
+
+    def step(self, action_text: str) -> StepResult:
+        action = parse_action(action_text, self.ACTIONS)
+        if action is None:
+            # The lake is untouched: the model gets another try at the same state.
+            return StepResult(
+                observation=(f"Invalid move: your answer names no move. Answer with one of "
+                             f"{self._moves_hint()}. You did not move.\n\nGrid:\n{self._grid()}"),
+                invalid_move=True,
+            )
+        state, reward, terminated, truncated, _ = self._env.step(self.ACTIONS.index(action))
+        self._state = int(state)
+        row, col = divmod(self._state, self._ncol)
+        cell = self._desc[row][col]
+        success = bool(terminated and cell == "G")
+        text = f"You chose [{action}]. You are now at row {row + 1}, column {col + 1}."
+        if terminated:
+            text += " You reached the goal!" if success else " You fell into a hole. Game over."
+        elif truncated:
+            text += " You are out of moves. Game over."
+        self._done = bool(terminated or truncated)
+        return StepResult(observation=f"{text}\n\nGrid:\n{self._grid()}", reward=float(reward),
+                          done=self._done, success=success, action=action)
+
+    def close(self) -> None:
+        self._env.close()
+
+
+# -- textarena ----------------------------------------------------------------------------------
+
+# textarena seeds the process-global ``random`` module in reset and FrozenLake-v0 draws its map
+# from it: concurrent resets would interleave draws and break same seed -> same map.
+_TEXTARENA_RESET_LOCK = threading.Lock()
+# The move syntax of the built-in textarena games (FrozenLake-v0, Sokoban-v0).
+_TEXTARENA_MOVE = r"\[\s*(up|down|left|right|w|a|s|d)\s*\]"
+_WASD = {"w": "up", "a": "left", "s": "down", "d": "right"}
+
+
+class TextArenaEnv:
+    """A single-player textarena 0.7.4 game (``ta.make(game_id, **env_config)``).
+
+    The model sees only what is new each turn (the chat already holds the history), so the
+    observations are read from the unwrapped game, skipping textarena's history-accumulating
+    observation wrapper; actions still pass through its action wrappers (brackets are added to
+    a bare answer). ``invalid_move`` mirrors textarena's own verdict; the reward is the game's
+    final reward, given on the step that ends it (textarena shapes it: partial progress scores
+    in (0, 1)); ``success`` = the game ended with reward >= 1. ``action`` is the move the
+    built-in games read (up/down/left/right, wasd mapped to words), "" for other games or
+    refused moves.
+    """
+
+    def __init__(self, game_id: str, **env_config: Any) -> None:
+        import textarena as ta
+        from textarena.core import Wrapper
+
+        self._ta = ta
+        self._env = ta.make(game_id, **env_config)
+        base = self._env
+        while isinstance(base, Wrapper):
+            base = base.env
+        self._base = base
+
+    def _new_messages(self) -> str:
+        _, messages = self._base.get_observation()
+        parts = [msg for _, msg, kind in messages if kind != self._ta.ObservationType.PLAYER_ACTION]
+        return "\n\n".join(p.strip() for p in parts if p.strip())
+
+    def reset(self, seed: int) -> str:
+        with _TEXTARENA_RESET_LOCK:
+            self._env.reset(num_players=1, seed=int(seed))
+        return self._new_messages()
+
+    def step(self, action_text: str) -> StepResult:
+        done, _ = self._env.step(action=action_text)
+        state = self._base.state
+        info = state.game_info.get(0, {})
+        # SinglePlayerState keeps error_count > 0 after a refused move it forgave; a refused move
+        # that ends the game is flagged in game_info instead.
+        invalid = bool(info.get("invalid_move")) if done else getattr(state, "error_count", 0) > 0
+        reward = float((state.rewards or {}).get(0, 0.0)) if done else 0.0
+        text = self._new_messages()
+        if done and info.get("reason"):
+            text = f"{text}\n\n{info['reason']}" if text else str(info["reason"])
+        action = ""
+        if not invalid:
+            # What the game read: its own pattern's first match (textarena uses re.search), on
+            # the text after ActionFormattingWrapper bracketed a bare answer.
+            sent = action_text if "[" in action_text or "]" in action_text else f"[{action_text}]"
+            found = re.search(_TEXTARENA_MOVE, sent, flags=re.IGNORECASE)
+            if found:
+                word = found.group(1).lower()
+                action = _WASD.get(word, word)
+        return StepResult(observation=text, reward=reward, done=bool(done), invalid_move=invalid,
+                          success=bool(done and reward >= 1.0), action=action)
+
+    def close(self) -> None:
+        self._env.close()
+
+
+# -- registry -----------------------------------------------------------------------------------
+
+EnvFactory = Callable[..., TextEnv]
+
+
+def _textarena(game_id: str) -> EnvFactory:
+    def factory(**env_config: Any) -> TextEnv:
+        return TextArenaEnv(game_id, **env_config)
+    return factory
+
+
+ENVS: dict[str, Callable[[], EnvFactory]] = {
+    # Values import lazily: a worker that never plays Sokoban never imports textarena.
+    "gym:FrozenLake-v1": lambda: GymFrozenLake,
+    "textarena:FrozenLake-v0": lambda: _textarena("FrozenLake-v0"),
+    "textarena:Sokoban-v0": lambda: _textarena("Sokoban-v0"),
+}
+_RESERVED_PREFIXES = ("gym:", "textarena:")
+
+
+def _unknown(env_type: str, why: str = "") -> ConfigError:
+    return ConfigError(
+        f"unknown env_type {env_type!r}{why}; known: {', '.join(sorted(ENVS))}, "
+        "or an import path 'pkg.module:Class'"
+    )
+
+
+def resolve_env(env_type: str) -> EnvFactory:
+    """The constructor behind ``env_type`` (called as ``factory(**env_config)``). Imports the
+    environment's library now, so a later construction is cheap. Raises ConfigError for an
+    unknown name or an import path that does not import."""
+    if env_type in ENVS:
+        factory = ENVS[env_type]()
+        if factory is GymFrozenLake:
+            importlib.import_module("gymnasium")
+        else:
+            importlib.import_module("textarena")
+        return factory
+    module_name, sep, attr = env_type.partition(":")
+    if not sep or not module_name or not attr or env_type.startswith(_RESERVED_PREFIXES):
+        raise _unknown(env_type)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise _unknown(env_type, f" (import failed: {exc})") from exc
+    try:
+        factory = getattr(module, attr)
+    except AttributeError:
+        raise _unknown(env_type, f" (module {module_name} has no {attr!r})") from None
+    if not callable(factory):
+        raise _unknown(env_type, f" ({attr!r} is not callable)")
+    return factory
+
+
+def make_env(env_type: str, env_config: dict[str, Any] | None = None) -> TextEnv:
+    """Build the environment ``env_type`` with constructor arguments ``env_config``.
+
+    Raises ConfigError for an unknown ``env_type`` (the message lists the known names) or an
+    object that lacks reset/step/close; constructor errors propagate unchanged.
+    """
+    env = resolve_env(env_type)(**(env_config or {}))
+    if not isinstance(env, TextEnv):
+        raise ConfigError(f"env_type {env_type!r} built a {type(env).__name__}, which lacks reset/step/close")
+    return env

@@ -1,0 +1,173 @@
+"""The env worker on the real broker with the real model: requests in, trajectories out, dead
+letters, committed offsets, and replay of requests a stopped worker left unfinished."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
+from rollstream.readback import read_topic, read_values
+from rollstream.schemas import encode
+from rollstream.workers.base import make_producer
+from rollstream.workers.env_worker import EnvWorker
+from rollstream.workers.generation import TransformersBackend
+
+from ..workers.fault_envs import SlowEnv
+from .harness import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def backend() -> TransformersBackend:
+    return TransformersBackend(max_batch=16)
+
+
+def episode_request(traj_index: int, group_id: int = 5, env_type: str = "gym:FrozenLake-v1",
+                    env_config: dict | None = None, **overrides) -> dict:
+    rec = {
+        "mode": "train", "group_id": group_id, "episode_id": 0, "traj_index": traj_index, "tag": "lake",
+        "env_type": env_type, "env_config": json.dumps({"is_slippery": False} if env_config is None else env_config),
+        "seed": 77, "max_actions_per_traj": 2, "max_tokens_per_step": 8, "env_step_timeout_s": 10.0,
+        "format_penalty": -0.1, "cause": "start", "created_ms": 1,
+    }
+    rec.update(overrides)
+    return rec
+
+
+def send(bootstrap: str, topic: str, items: list[tuple[bytes, bytes]]) -> None:
+    producer = make_producer(bootstrap)
+    for key, value in items:
+        producer.send(topic, key=key, value=value)
+    producer.flush()
+    producer.close()
+
+
+def start(worker: EnvWorker, max_idle_s: float | None = None) -> threading.Thread:
+    thread = threading.Thread(target=worker.run, kwargs={"max_idle_s": max_idle_s}, daemon=True)
+    thread.start()
+    return thread
+
+
+def committed(bootstrap: str, group_id: str, topic: str, partition: int = 0) -> int | None:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False)
+    try:
+        return consumer.committed(TopicPartition(topic, partition))
+    finally:
+        consumer.close()
+
+
+def test_requests_become_trajectories_and_offsets_are_committed(kafka_broker, topic_factory, backend):
+    topics = topic_factory(["episodes.requests", "trajectories", "dead-letter"])
+    source = topics.episodes_requests
+    send(kafka_broker, source, [
+        (b"5", encode(episode_request(0), "EpisodeRequest")),
+        (b"5", b"\x00not an event"),
+        (b"5", encode(episode_request(1), "EpisodeRequest")),
+        (b"5", encode(episode_request(1), "EpisodeRequest")),  # a duplicate while #1 plays
+    ])
+    group = f"{topics.prefix}env"
+    worker = EnvWorker(bootstrap=kafka_broker, topics=topics, backend=backend, max_concurrent_episodes=4,
+                       group_id=group, temperature=1.0, top_p=1.0)
+    thread = start(worker, max_idle_s=3.0)
+    thread.join(180)
+    assert not thread.is_alive()
+
+    records = list(read_topic(kafka_broker, topics.trajectories))
+    assert [r.schema for r in records] == ["Trajectory", "Trajectory"]
+    assert all(r.key == b"5" for r in records)
+    trajs = sorted((r.value for r in records), key=lambda t: t["traj_index"])
+    assert [(t["mode"], t["group_id"], t["episode_id"], t["traj_index"]) for t in trajs] == [
+        ("train", 5, 0, 0), ("train", 5, 0, 1)]
+    for t in trajs:
+        assert t["stop_reason"] in ("done", "max_actions") and not t["drop_flag"]
+        assert t["worker"] == worker.worker and t["seed"] == 77 and t["tag"] == "lake"
+        assert len(t["response_mask"]) == sum(len(x["response_token_ids"]) for x in t["turns"]) + sum(
+            len(x["prompt_token_ids"]) for x in t["turns"][1:])
+    [dead] = read_values(kafka_broker, topics.dead_letter)
+    assert (dead["reason"], dead["payload"], dead["offset"]) == ("undecodable", b"\x00not an event", 1)
+    assert (worker.emitted, worker.dead_lettered, worker.duplicates_skipped) == (2, 1, 1)
+    assert committed(kafka_broker, group, source) == 4
+
+    # a second worker of the same group finds nothing left to do
+    again = EnvWorker(bootstrap=kafka_broker, topics=topics, backend=backend, group_id=group)
+    thread = start(again, max_idle_s=2.0)
+    thread.join(60)
+    assert (again.emitted, again.dead_lettered, again.duplicates_skipped) == (0, 0, 0)
+    assert len(read_values(kafka_broker, topics.trajectories)) == 2
+
+
+def test_a_stopped_worker_leaves_unfinished_requests_for_the_next(kafka_broker, topic_factory, backend):
+    topics = topic_factory(["episodes.requests", "trajectories", "dead-letter"])
+    source = topics.episodes_requests
+    SlowEnv.reset_count()  # the first SlowEnv built in this process hangs in reset, later ones do not
+    stuck = episode_request(0, env_type="tests.workers.fault_envs:SlowEnv",
+                            env_config={"delay_s": 300.0, "slow_on": "reset"}, env_step_timeout_s=600.0)
+    send(kafka_broker, source, [
+        (b"5", encode(stuck, "EpisodeRequest")),
+        (b"5", encode(episode_request(1), "EpisodeRequest")),
+    ])
+    group = f"{topics.prefix}env"
+    first = EnvWorker(bootstrap=kafka_broker, topics=topics, backend=backend, group_id=group)
+    thread = start(first)
+    wait_for(lambda: first.emitted == 1, timeout=120, what="the fast trajectory")
+    time.sleep(0.5)  # a few more loop turns: the stuck one must still hold the offset back
+    first.stop()
+    thread.join(30)
+    assert not thread.is_alive()  # the hanging reset thread did not block the shutdown
+    assert committed(kafka_broker, group, source) == 0  # offset 0 is still unfinished
+
+    second = EnvWorker(bootstrap=kafka_broker, topics=topics, backend=backend, group_id=group)
+    thread = start(second, max_idle_s=3.0)
+    thread.join(120)
+    assert not thread.is_alive()
+    # the replay plays request 0 (its env is not slow now) and re-emits 1 (downstream dedups)
+    assert second.emitted == 2
+    trajs = read_values(kafka_broker, topics.trajectories)
+    assert sorted(t["traj_index"] for t in trajs) == [0, 1, 1]
+    replayed = [t for t in trajs if t["traj_index"] == 0]
+    assert replayed[0]["stop_reason"] == "done" and replayed[0]["env_type"].endswith(":SlowEnv")
+    assert committed(kafka_broker, group, source) == 2
+
+
+def agentic_config(topics, env_type: str):
+    from rollstream.config import parse_config
+
+    return parse_config({
+        "kafka": {"topic_prefix": topics.prefix, "partitions": 1},
+        "rollout_batch_size": 2,
+        "max_concurrent_episodes": 3,
+        "actor_infer": {"generating_args": {"temperature": 0.0, "top_p": 1.0}},
+        "train_env_manager": {"num_env_groups": 1, "group_size": 2, "tags": ["count"]},
+        "custom_envs": {"count": {"env_type": env_type, "env_config": {"episode_len": 1}}},
+    })
+
+
+def test_run_env_worker_takes_its_settings_from_an_agentic_config(kafka_broker, topic_factory, backend):
+    from rollstream.exceptions import ConfigError
+    from rollstream.workers.env_worker import run_env_worker
+
+    topics = topic_factory(["episodes.requests", "trajectories", "dead-letter"])
+    with pytest.raises(ConfigError, match="unknown env_type 'gym:Nope-v0'"):
+        run_env_worker(kafka_broker, topics, agentic_config(topics, "gym:Nope-v0"), backend=backend)
+    config = agentic_config(topics, "tests.workers.fault_envs:CountingEnv")
+    env = config.custom_envs["count"]
+    reqs = [episode_request(i, env_type=env.env_type, env_config=env.env_config,
+                            max_tokens_per_step=env.max_tokens_per_step // 4) for i in (0, 1)]
+    send(kafka_broker, topics.episodes_requests, [(b"5", encode(r, "EpisodeRequest")) for r in reqs])
+    done: list = []
+    thread = threading.Thread(target=lambda: done.append(run_env_worker(
+        kafka_broker, topics, config, backend=backend, group_id=f"{topics.prefix}env", max_idle_s=3.0)))
+    thread.start()
+    thread.join(120)
+    [worker] = done
+    assert worker.player.max_concurrent == 3 and worker.player.temperature == 0.0
+    assert worker.emitted == 2 and dict(worker.stop_reasons) == {"done": 2}
+    trajs = sorted(read_values(kafka_broker, topics.trajectories), key=lambda t: t["traj_index"])
+    # greedy (temperature 0 from the config): both runs say the same thing
+    assert trajs[0]["turns"][0]["response_token_ids"] == trajs[1]["turns"][0]["response_token_ids"]
+    assert [t["response_level_rewards"] for t in trajs] == [0.5, 0.5]

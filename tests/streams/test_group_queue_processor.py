@@ -1,0 +1,163 @@
+"""The group queue processor over a plain dict table: real Avro events in and out, no broker."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rollstream.config import parse_config
+from rollstream.schemas import decode, encode
+from rollstream.streams.group_queue_processor import GroupQueueProcessor
+
+STD_FILTER = "rollstream.filtering.group_filters:EnvFailureStdGroupFilter"
+
+
+def agentic_config(**manager) -> dict:
+    return {
+        "name": "gq", "kafka": {"topic_prefix": "gq.", "partitions": 1},
+        "rollout_batch_size": manager.get("group_size", 2),
+        "train_env_manager": {"num_env_groups": 8, "tags": ["lake"], **manager},
+        "custom_envs": {"lake": {"env_type": "gym:FrozenLake-v1", "env_config": {"is_slippery": False},
+                                 "max_actions_per_traj": 3}},
+    }
+
+
+def trajectory(group_id: int, episode_id: int, traj_index: int, reward: float, *, env_failed: bool = False,
+               policy_version: int = 0) -> dict:
+    return {
+        "mode": "train", "group_id": group_id, "episode_id": episode_id, "traj_index": traj_index, "tag": "lake",
+        "env_type": "gym:FrozenLake-v1", "seed": 0,
+        "turns": [{"prompt_token_ids": [1, 2], "response_token_ids": [5, 6], "infer_logprobs": [-0.5, -0.25]}],
+        "response_mask": [1, 1], "step_rewards": [reward], "response_level_rewards": reward,
+        "success": reward > 0, "stop_reason": "env_failed" if env_failed else "done",
+        "env_failed": env_failed, "drop_flag": env_failed, "error": "sandbox lost" if env_failed else None,
+        "policy_version": policy_version, "finished_ms": 1000 + traj_index,
+    }
+
+
+class Run:
+    def __init__(self, **manager) -> None:
+        self.config = parse_config(agentic_config(**manager))
+        self.table: dict[bytes, bytes] = {}
+        self.proc = GroupQueueProcessor(self.config, self.table)
+        self.sent: list[tuple[str, str, str, dict]] = []  # (topic, key, schema, record)
+
+    def feed(self, value: bytes, now: int = 0):
+        handled = self.proc.handle(0, value, now=now)
+        for s in handled.sends:
+            schema, record = decode(s.value)
+            self.sent.append((s.topic, s.key, schema, record))
+        return handled
+
+    def start(self, group_id: int):
+        return self.feed(encode({"command": "start", "mode": "train", "group_id": group_id}, "GroupCommand"))
+
+    def arrive(self, record: dict, now: int = 0):
+        return self.feed(encode(record, "Trajectory"), now)
+
+    def on(self, topic_suffix: str, schema: str | None = None) -> list[dict]:
+        return [r for t, _, s, r in self.sent if t == f"gq.{topic_suffix}" and (schema is None or s == schema)]
+
+    def metric_sum(self, name: str) -> float:
+        return sum(m["value"] for m in self.on("metrics") if m["name"] == name)
+
+
+def test_start_is_idempotent_and_requests_carry_the_env():
+    run = Run(group_size=2, group_size_redundancy=1)
+    run.start(3)
+    run.start(3)
+    requests = run.on("episodes.requests")
+    assert [(r["group_id"], r["episode_id"], r["traj_index"], r["cause"]) for r in requests] == [
+        (3, 0, 0, "start"), (3, 0, 1, "start"), (3, 0, 2, "start")]
+    seed = run.config.group_seed("train", 3)
+    assert {r["seed"] for r in requests} == {seed}
+    assert requests[0]["env_type"] == "gym:FrozenLake-v1"
+    assert json.loads(requests[0]["env_config"]) == {"is_slippery": False}
+    assert requests[0]["max_actions_per_traj"] == 3
+
+
+def test_peer_scenario_5_one_lost_trajectory_is_refilled_not_the_group():
+    """G = 8, group 7: trajectory 5 ends ENV_LOST (env_failed), the others' rewards are
+    [1,0,1,0,0,1,0]. Exactly one refill with the same seed; the lost run goes to the rejected
+    topic as infra_abort and is never trained; the refill (reward 1) completes the group, which
+    passes the std filter with 8 valid trajectories."""
+    run = Run(group_size=8, group_filter_cls=STD_FILTER, refill={"max_refills_per_group": 2})
+    run.start(7)
+    rewards = dict(zip([0, 1, 2, 3, 4, 6, 7], [1, 0, 1, 0, 0, 1, 0]))
+    for t, r in rewards.items():
+        run.arrive(trajectory(7, 0, t, r))
+    run.arrive(trajectory(7, 0, 5, 0.0, env_failed=True))
+    requests = run.on("episodes.requests")
+    refills = [r for r in requests if r["cause"] == "refill"]
+    assert [(r["episode_id"], r["traj_index"]) for r in refills] == [(0, 8)]
+    assert refills[0]["seed"] == requests[0]["seed"]
+    (aborted,) = run.on("groups.rejected")
+    assert (aborted["group_key"], aborted["reason"], aborted["accepted"]) == ("train/7/0/5", "infra_abort", False)
+    assert [t["traj_index"] for t in aborted["trajectories"]] == [5]
+    assert run.on("groups.accepted") == []  # the group window stays open
+
+    run.arrive(trajectory(7, 0, 8, 1.0))
+    (group,) = run.on("groups.accepted")
+    assert group["group_key"] == "train/7/0" and group["refills"] == 1
+    assert [t["traj_index"] for t in group["trajectories"]] == [0, 1, 2, 3, 4, 6, 7, 8]
+    assert all(not t["env_failed"] for t in group["trajectories"])
+    assert run.metric_sum("group_queue/infra_aborts") == 1
+    assert not any(k.startswith(b"t:") for k in run.table)  # members deleted once emitted
+
+
+@pytest.mark.parametrize("min_valid, outcome", [(None, "refill_exhausted"), (7, "accepted")])
+def test_peer_scenario_5_both_refills_fail(min_valid, outcome):
+    refill = {"max_refills_per_group": 2, **({"min_valid_group_size": min_valid} if min_valid else {})}
+    run = Run(group_size=8, group_filter_cls=STD_FILTER, refill=refill)
+    run.start(7)
+    for t, r in zip([0, 1, 2, 3, 4, 6, 7], [1, 0, 1, 0, 0, 1, 0]):
+        run.arrive(trajectory(7, 0, t, r))
+    for t in (5, 8, 9):
+        run.arrive(trajectory(7, 0, t, 0.0, env_failed=True))
+    decided = run.on("groups.accepted") + [g for g in run.on("groups.rejected") if g["reason"] != "infra_abort"]
+    (group,) = decided
+    assert group["reason"] == outcome
+    if outcome == "accepted":
+        assert len(group["trajectories"]) == 7
+    else:  # dropped: a replacement episode starts with a new seed
+        replacement = [r for r in run.on("episodes.requests") if r["episode_id"] == 1]
+        assert len(replacement) == 8 and replacement[0]["seed"] == run.config.group_seed("train", 7) + 1
+
+
+def test_std_filter_drop_replaces_the_episode_and_counts():
+    run = Run(group_size=2, group_filter_cls=STD_FILTER)
+    run.start(0)
+    run.arrive(trajectory(0, 0, 0, 0.0))
+    run.arrive(trajectory(0, 0, 1, 0.0))
+    (rejected,) = run.on("groups.rejected")
+    assert (rejected["reason"], rejected["accepted"]) == ("zero_std", False)
+    assert [(r["episode_id"], r["traj_index"]) for r in run.on("episodes.requests")][-2:] == [(1, 0), (1, 1)]
+    assert run.metric_sum("scheduler/group_filter_count") == 1
+    assert run.metric_sum("group_queue/episodes_replaced") == 1
+    run.arrive(trajectory(0, 0, 1, 0.0))  # redelivered run of the dropped episode
+    assert run.metric_sum("group_queue/late_trajectories") == 1
+
+
+def test_bad_events_come_back_as_errors():
+    run = Run(group_size=2)
+    assert run.feed(b"\x00garbage").error[0] == "undecodable"
+    assert run.arrive(trajectory(5, 0, 0, 1.0)).error[0] == "invalid_event"  # group never started
+    assert run.start(99).error[0] == "invalid_event"  # outside num_env_groups
+    assert run.feed(encode({"command": "explode"}, "GroupCommand")).error[0] == "invalid_event"
+    prompt = encode({"prompt_id": "p", "domain": "d", "prompt": "x"}, "Prompt")
+    assert run.feed(prompt).error == ("invalid_event", "expected Trajectory or GroupCommand, got Prompt")
+
+
+def test_tick_reissues_on_its_partition_only_and_sends_them_elsewhere():
+    config = agentic_config(group_size=2, episode_timeout_s=1.0, max_reissues_per_episode=2)
+    config["kafka"]["partitions"] = 3
+    proc = GroupQueueProcessor(parse_config(config), {})
+    tick = encode({"command": "tick"}, "GroupCommand")
+    proc.handle(2, encode({"command": "start", "mode": "train", "group_id": 0}, "GroupCommand"), now=0)
+    proc.handle(2, encode(trajectory(0, 0, 0, 1.0), "Trajectory"), now=0)
+    assert proc.handle(1, tick, now=10**13).sends == []  # the group lives on partition 2
+    first = [s for s in proc.handle(2, tick, now=10**13).sends if s.topic == "gq.episodes.requests"]
+    second = [s for s in proc.handle(2, tick, now=2 * 10**13).sends if s.topic == "gq.episodes.requests"]
+    assert [(decode(s.value)[1]["traj_index"], decode(s.value)[1]["cause"], s.partition) for s in first + second] == [
+        (2, "reissue", 0), (3, "reissue", 1)]
