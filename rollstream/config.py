@@ -199,7 +199,9 @@ class EnvManagerConfig(_Frozen):
         return self
 
     def tag_of(self, group_id: int) -> str:
-        """The custom_envs tag group ``group_id`` plays."""
+        """The custom_envs tag group ``group_id`` plays. Raises ValueError outside [0, num_env_groups)."""
+        if not 0 <= group_id < self.num_env_groups:
+            raise ValueError(f"group_id {group_id} out of range [0, {self.num_env_groups})")
         counts = self.num_groups_partition or [
             self.num_env_groups // len(self.tags) + (i < self.num_env_groups % len(self.tags))
             for i in range(len(self.tags))]

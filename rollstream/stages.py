@@ -32,8 +32,11 @@ def pipeline_stages(config: Config) -> tuple[Stage, ...]:
 def run_faust_app(app) -> None:
     import faust
 
-    # The faust Worker owns the event loop and signal handlers (SIGTERM stops it cleanly).
-    faust.Worker(app, loglevel="WARNING", quiet=True).execute_from_commandline()
+    # The faust Worker owns the event loop and signal handlers (SIGTERM stops it cleanly). Our
+    # loggers speak at INFO; faust, mode and the Kafka clients only from WARNING (chatty).
+    for name in ("faust", "mode", "aiokafka", "kafka"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    faust.Worker(app, loglevel="INFO", quiet=True).execute_from_commandline()
 
 
 def run_stage(stage: Stage, config: Config, bootstrap: str, max_idle_s: float | None = None,

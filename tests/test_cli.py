@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from rollstream.cli import app
+from rollstream.config import load_config
+from rollstream.exceptions import ConfigError
+from rollstream.stages import Stage, run_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = str(ROOT / "examples" / "rlvr_math.yaml")
@@ -39,3 +43,47 @@ def test_config_errors_name_the_field(tmp_path):
 def test_broker_status_exit_code_when_none_runs(tmp_path):
     result = runner.invoke(app, ["broker", "status", "--data-dir", str(tmp_path)])
     assert result.exit_code == 1 and "no broker running" in result.output
+
+
+# -- the agentic pipeline's commands ------------------------------------------------------------
+
+AGENTIC = str(ROOT / "examples" / "agentic_frozenlake.yaml")
+
+
+def one_line(output: str) -> str:
+    """The error as one line: rich wraps long lines at the console width."""
+    return " ".join(output.split())
+
+
+def test_start_groups_needs_an_agentic_config():
+    result = runner.invoke(app, ["start-groups", "-c", EXAMPLE, "-b", "127.0.0.1:1"])
+    assert result.exit_code == 2
+    # refused before the broker is looked for: no "no Kafka broker answers" here
+    assert one_line(result.output) == (
+        f"error: {EXAMPLE} is an RLVR config; start-groups needs an agentic one (train_env_manager)")
+
+
+def test_produce_prompts_refuses_an_agentic_config():
+    result = runner.invoke(app, ["produce-prompts", "-c", AGENTIC, "-b", "127.0.0.1:1"])
+    assert result.exit_code == 2
+    assert one_line(result.output) == f"error: {AGENTIC} is an agentic config: it has no prompts; use start-groups"
+
+
+RLVR_PIPELINE = "['admission', 'aggregator', 'generation', 'reward', 'trainer']"
+AGENTIC_PIPELINE = "['group-queue', 'env', 'trainer']"
+
+
+@pytest.mark.parametrize("config, stage, expected", [
+    (EXAMPLE, Stage.env, f"stage 'env' is not part of the RLVR pipeline: {RLVR_PIPELINE}"),
+    (EXAMPLE, Stage.group_queue, f"stage 'group-queue' is not part of the RLVR pipeline: {RLVR_PIPELINE}"),
+    (AGENTIC, Stage.aggregator, f"stage 'aggregator' is not part of the agentic pipeline: {AGENTIC_PIPELINE}"),
+    (AGENTIC, Stage.admission, f"stage 'admission' is not part of the agentic pipeline: {AGENTIC_PIPELINE}"),
+    (AGENTIC, Stage.generation, f"stage 'generation' is not part of the agentic pipeline: {AGENTIC_PIPELINE}"),
+    (AGENTIC, Stage.reward, f"stage 'reward' is not part of the agentic pipeline: {AGENTIC_PIPELINE}"),
+])
+def test_stage_of_the_other_pipeline_is_a_config_error_before_kafka(config, stage, expected):
+    # `worker <stage>` checks the broker first (see tests/integration/test_cli_agentic.py for the
+    # whole command); run_stage itself refuses before it touches Kafka: nothing listens on port 1
+    with pytest.raises(ConfigError) as info:
+        run_stage(stage, load_config(config), "127.0.0.1:1")
+    assert str(info.value) == expected

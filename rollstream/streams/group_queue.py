@@ -46,6 +46,8 @@ def build_group_queue_app(config: AgenticConfig, bootstrap: str, store: str = "m
             await emit.dead_letter(event, *handled.error)
         for send in handled.sends:
             await emit.send_raw(send.topic, send.key, send.value, partition=send.partition)
+        for line in handled.log:
+            log.info("%s", line)
 
     @app.agent(source)
     async def queue(stream):

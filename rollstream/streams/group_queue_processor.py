@@ -43,6 +43,7 @@ class Send:
 class Handled:
     sends: list[Send] = field(default_factory=list)
     error: tuple[str, str] | None = None  # (dead-letter reason, message) for an unusable event
+    log: list[str] = field(default_factory=list)  # what an operator wants to see: decisions, reissues
 
 
 def _state_key(mode: str, group_id: int) -> bytes:
@@ -122,7 +123,9 @@ class GroupQueueProcessor:
                 continue
             effects = gq.on_tick(state, self.params[state.mode], now)
             if effects:
-                out.sends += self._apply(state, effects, now).sends
+                applied = self._apply(state, effects, now)
+                out.sends += applied.sends
+                out.log += applied.log
                 self._save(state)
         return out
 
@@ -166,6 +169,9 @@ class GroupQueueProcessor:
                              if effect.reissue else None)
                 out.sends.append(Send(self.topics.episodes_requests, str(gid),
                                       encode(self._request(state, effect, now), "EpisodeRequest"), partition))
+                if effect.cause != "start":
+                    out.log.append(f"{mode}/{gid}/{effect.episode_id}: {effect.cause} run {effect.traj_index}"
+                                   + (f" to partition {partition}" if partition is not None else ""))
             elif isinstance(effect, gq.GroupDecided):
                 members = [self._stored_bytes(mode, gid, effect.episode_id, t) for t in effect.members]
                 values = {**effect.values, "started": float(effect.started), "arrived": float(effect.arrived)}
@@ -174,6 +180,8 @@ class GroupQueueProcessor:
                 for t in effect.members:
                     self.table.pop(_traj_key(mode, gid, effect.episode_id, t), None)
                 out.sends.append(self._metric("group_queue/groups", 1.0, {**labels, "reason": effect.reason}, now))
+                out.log.append(f"{mode}/{gid}/{effect.episode_id}: {effect.reason} with runs {list(effect.members)}"
+                               + (f", replaced by episode {effect.replaced_by}" if effect.replaced_by is not None else ""))
                 if not effect.accepted and effect.reason not in ("refill_exhausted", "episode_timeout"):
                     out.sends.append(self._metric("scheduler/group_filter_count", 1.0,
                                                   {**labels, "reason": effect.reason}, now))
@@ -191,6 +199,7 @@ class GroupQueueProcessor:
             elif isinstance(effect, gq.QueueDone):
                 out.sends.append(self._metric("group_queue/done", float(effect.accepted),
                                               {**labels, "status": effect.status}, now))
+                out.log.append(f"{mode}/{gid}: {effect.status} ({effect.accepted} accepted, {effect.replaced} replaced)")
         return out
 
     def _request(self, state: gq.QueueState, run: gq.StartRun, now: int) -> dict:

@@ -34,30 +34,39 @@ class LoopResult:
     batches: list[dict] = field(default_factory=list)  # manifest entries
 
 
-class BatchEvents:
-    """Tails the ``batches`` topic for the admission's underfilled verdicts."""
+class _Tail:
+    """Reads a topic from its start without a consumer group; ``new()`` returns the decodable
+    events that arrived since the last call, without waiting."""
 
-    def __init__(self, bootstrap: str, topics: Topics) -> None:
-        self.consumer = KafkaConsumer(topics.batches, bootstrap_servers=bootstrap, group_id=None,
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None,
                                       auto_offset_reset="earliest", enable_auto_commit=False)
 
-    def underfilled(self) -> list[dict]:
+    def new(self) -> list[tuple[str, dict]]:
         out = []
         for msgs in self.consumer.poll(timeout_ms=0).values():
             for m in msgs:
                 try:
-                    name, record = decode(m.value)
+                    out.append(decode(m.value))
                 except RollstreamError:
                     continue
-                if name == "Batch" and record["status"] == "underfilled":
-                    out.append(record)
         return out
 
     def close(self) -> None:
         self.consumer.close()
 
 
-class AgenticBatchEvents:
+class BatchEvents(_Tail):
+    """Tails the ``batches`` topic for the admission's underfilled verdicts."""
+
+    def __init__(self, bootstrap: str, topics: Topics) -> None:
+        super().__init__(bootstrap, topics.batches)
+
+    def underfilled(self) -> list[dict]:
+        return [record for name, record in self.new() if name == "Batch" and record["status"] == "underfilled"]
+
+
+class AgenticBatchEvents(_Tail):
     """The agentic counterpart of ``BatchEvents``: the verdict comes from the group queues.
 
     Each train group id reports ``group_queue/done`` (status ``complete`` or ``exhausted``, value =
@@ -67,8 +76,7 @@ class AgenticBatchEvents:
     """
 
     def __init__(self, bootstrap: str, topics: Topics, config, builder) -> None:
-        self.consumer = KafkaConsumer(topics.metrics, bootstrap_servers=bootstrap, group_id=None,
-                                      auto_offset_reset="earliest", enable_auto_commit=False)
+        super().__init__(bootstrap, topics.metrics)
         self.num_groups = config.train_env_manager.num_env_groups
         self.target = config.groups_per_batch
         self.builder = builder
@@ -78,21 +86,16 @@ class AgenticBatchEvents:
         self._verdict_step: int | None = None
 
     def underfilled(self) -> list[dict]:
-        for msgs in self.consumer.poll(timeout_ms=0).values():
-            for m in msgs:
-                try:
-                    name, record = decode(m.value)
-                except RollstreamError:
-                    continue
-                if name != "Metric" or record["labels"].get("mode") != "train":
-                    continue
-                if record["name"] == "group_queue/done":
-                    self.done[record["labels"]["group_id"]] = record["value"]
-                elif record["name"] == "group_queue/groups":
-                    self.episodes += 1
-                    reason = record["labels"].get("reason", "")
-                    if reason != "accepted":
-                        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        for name, record in self.new():
+            if name != "Metric" or record["labels"].get("mode") != "train":
+                continue
+            if record["name"] == "group_queue/done":
+                self.done[record["labels"]["group_id"]] = record["value"]
+            elif record["name"] == "group_queue/groups":
+                self.episodes += 1
+                reason = record["labels"].get("reason", "")
+                if reason != "accepted":
+                    self.rejected[reason] = self.rejected.get(reason, 0) + 1
         if len(self.done) < self.num_groups or self._verdict_step == self.builder.step:
             return []
         remaining = int(sum(self.done.values())) - self.builder.committed_groups
@@ -103,8 +106,6 @@ class AgenticBatchEvents:
                  "accepted_groups": remaining, "prompts_consumed": self.episodes,
                  "rejected_by_reason": dict(self.rejected)}]
 
-    def close(self) -> None:
-        self.consumer.close()
 
 
 def build_batches(builder, events: BatchEvents, *, max_steps: int, min_fill_ratio: float,

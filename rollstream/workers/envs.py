@@ -167,8 +167,6 @@ class GymFrozenLake:
 # textarena seeds the process-global ``random`` module in reset and FrozenLake-v0 draws its map
 # from it: concurrent resets would interleave draws and break same seed -> same map.
 _TEXTARENA_RESET_LOCK = threading.Lock()
-# The move syntax of the built-in textarena games (FrozenLake-v0, Sokoban-v0).
-_TEXTARENA_MOVE = r"\[\s*(up|down|left|right|w|a|s|d)\s*\]"
 _WASD = {"w": "up", "a": "left", "s": "down", "d": "right"}
 
 
@@ -178,12 +176,15 @@ class TextArenaEnv:
     The model sees only what is new each turn (the chat already holds the history), so the
     observations are read from the unwrapped game, skipping textarena's history-accumulating
     observation wrapper; actions still pass through its action wrappers (brackets are added to
-    a bare answer). ``invalid_move`` mirrors textarena's own verdict; the reward is the game's
+    a bare answer). The move is parsed with ``parse_action`` like every other environment and
+    sent as ``[move]``; ``invalid_move`` mirrors textarena's own verdict; the reward is the game's
     final reward, given on the step that ends it (textarena shapes it: partial progress scores
-    in (0, 1)); ``success`` = the game ended with reward >= 1. ``action`` is the move the
-    built-in games read (up/down/left/right, wasd mapped to words), "" for other games or
-    refused moves.
+    in (0, 1)); ``success`` = the game ended with reward >= 1. ``action`` is the move sent
+    (up/down/left/right), "" for refused moves or text naming none.
     """
+
+    # w/a/s/d count only in brackets ("a" in prose is a word); bracketed moves win anyway.
+    MOVES = ("up", "down", "left", "right")
 
     def __init__(self, game_id: str, **env_config: Any) -> None:
         import textarena as ta
@@ -207,7 +208,14 @@ class TextArenaEnv:
         return self._new_messages()
 
     def step(self, action_text: str) -> StepResult:
-        done, _ = self._env.step(action=action_text)
+        # One parser for every environment: the move the text names (bracketed or a plain word,
+        # the last one counts) is sent as "[move]"; a text naming none goes as it is and the game
+        # refuses it (an invalid move), as it would the model's raw text.
+        move = parse_action(action_text, self.MOVES + tuple(_WASD))
+        if move is not None and move in _WASD and f"[{move}" not in action_text.lower().replace(" ", ""):
+            move = parse_action(action_text, self.MOVES)  # a lone "a"/"s" in prose is a word, not a move
+        move = _WASD.get(move, move)
+        done, _ = self._env.step(action=f"[{move}]" if move else action_text)
         state = self._base.state
         info = state.game_info.get(0, {})
         # SinglePlayerState keeps error_count > 0 after a refused move it forgave; a refused move
@@ -217,15 +225,7 @@ class TextArenaEnv:
         text = self._new_messages()
         if done and info.get("reason"):
             text = f"{text}\n\n{info['reason']}" if text else str(info["reason"])
-        action = ""
-        if not invalid:
-            # What the game read: its own pattern's first match (textarena uses re.search), on
-            # the text after ActionFormattingWrapper bracketed a bare answer.
-            sent = action_text if "[" in action_text or "]" in action_text else f"[{action_text}]"
-            found = re.search(_TEXTARENA_MOVE, sent, flags=re.IGNORECASE)
-            if found:
-                word = found.group(1).lower()
-                action = _WASD.get(word, word)
+        action = "" if invalid or move is None else move
         return StepResult(observation=text, reward=reward, done=bool(done), invalid_move=invalid,
                           success=bool(done and reward >= 1.0), action=action)
 

@@ -84,20 +84,19 @@ def produce(bootstrap: str, topic: str, schema: str, records: list[dict], key_fi
     producer.close()
 
 
-class SyntheticRollout(threading.Thread):
-    """Plays generation + reward: each GenerationRequest becomes num_return_sequences scripted
-    RewardedResponse events on ``responses.rewarded``. Records every request it saw."""
+class Responder(threading.Thread):
+    """Answers every event of ``topic`` (read from the start) with ``answer(record, key)``: a list
+    of (topic, key, schema, record) to produce. Records every request it saw."""
 
-    def __init__(self, bootstrap: str, topics: Topics, script: Script) -> None:
+    def __init__(self, bootstrap: str, topic: str, answer: Callable[[dict, bytes], list[tuple]]) -> None:
         super().__init__(daemon=True)
-        self.bootstrap, self.topics, self.script = bootstrap, topics, script
+        self.bootstrap, self.topic, self.answer = bootstrap, topic, answer
         self.requests: list[dict] = []
         self.stop_event = threading.Event()
 
     def run(self) -> None:
         consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, auto_offset_reset="earliest")
-        topic = self.topics.generation_requests
-        consumer.assign([TopicPartition(topic, p) for p in wait_for_partitions(consumer, topic)])
+        consumer.assign([TopicPartition(self.topic, p) for p in wait_for_partitions(consumer, self.topic)])
         producer = make_producer(self.bootstrap)
         try:
             while not self.stop_event.is_set():
@@ -105,11 +104,8 @@ class SyntheticRollout(threading.Thread):
                     for m in msgs:
                         _, req = decode(m.value)
                         self.requests.append(req)
-                        for i in range(req["num_return_sequences"]):
-                            index = req["sample_offset"] + i
-                            reward, finish = self.script(req["prompt_id"], index, req["round"])
-                            rec = response(req["prompt_id"], index, req["round"], reward, finish, mode=req["mode"])
-                            producer.send(self.topics.responses_rewarded, key=m.key, value=encode(rec, "RewardedResponse"))
+                        for topic, key, schema, record in self.answer(req, m.key):
+                            producer.send(topic, key=key, value=encode(record, schema))
                 producer.flush()
         finally:
             consumer.close()
@@ -118,6 +114,23 @@ class SyntheticRollout(threading.Thread):
     def stop(self) -> None:
         self.stop_event.set()
         self.join(10)
+
+
+class SyntheticRollout(Responder):
+    """Plays generation + reward: each GenerationRequest becomes num_return_sequences scripted
+    RewardedResponse events on ``responses.rewarded``."""
+
+    def __init__(self, bootstrap: str, topics: Topics, script: Script) -> None:
+        def answer(req: dict, key: bytes) -> list[tuple]:
+            out = []
+            for i in range(req["num_return_sequences"]):
+                index = req["sample_offset"] + i
+                reward, finish = script(req["prompt_id"], index, req["round"])
+                rec = response(req["prompt_id"], index, req["round"], reward, finish, mode=req["mode"])
+                out.append((topics.responses_rewarded, key, "RewardedResponse", rec))
+            return out
+
+        super().__init__(bootstrap, topics.generation_requests, answer)
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 180.0, interval: float = 0.5, what: str = "",
@@ -178,36 +191,16 @@ def synthetic_trajectory(request: dict, reward: float = 0.0, **fields) -> dict:
     return record
 
 
-class SyntheticEnvs(threading.Thread):
+class SyntheticEnvs(Responder):
     """Plays the env workers: each EpisodeRequest gets the trajectory ``script`` describes, or
-    none. Records every request it saw."""
+    none."""
 
     def __init__(self, bootstrap: str, topics: Topics, script: EnvScript) -> None:
-        super().__init__(daemon=True)
-        self.bootstrap, self.topics, self.script = bootstrap, topics, script
-        self.requests: list[dict] = []
-        self.stop_event = threading.Event()
+        def answer(req: dict, key: bytes) -> list[tuple]:
+            fields = script(req)
+            if fields is None:
+                return []
+            return [(topics.trajectories, str(req["group_id"]).encode(), "Trajectory",
+                     synthetic_trajectory(req, **fields))]
 
-    def run(self) -> None:
-        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, auto_offset_reset="earliest")
-        topic = self.topics.episodes_requests
-        consumer.assign([TopicPartition(topic, p) for p in wait_for_partitions(consumer, topic)])
-        producer = make_producer(self.bootstrap)
-        try:
-            while not self.stop_event.is_set():
-                for msgs in consumer.poll(timeout_ms=200).values():
-                    for m in msgs:
-                        _, req = decode(m.value)
-                        self.requests.append(req)
-                        fields = self.script(req)
-                        if fields is not None:
-                            producer.send(self.topics.trajectories, key=str(req["group_id"]).encode(),
-                                          value=encode(synthetic_trajectory(req, **fields), "Trajectory"))
-                producer.flush()
-        finally:
-            consumer.close()
-            producer.close()
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        self.join(10)
+        super().__init__(bootstrap, topics.episodes_requests, answer)

@@ -126,7 +126,7 @@ def test_a_killed_env_workers_runs_are_reissued_after_the_deadline(kafka_broker,
     from kafka.partitioner.default import murmur2
 
     topics = topic_factory(partitions=2)
-    path = write_agentic_config(tmp_path, topics, 2, manager={"episode_timeout_s": 6.0, "max_reissues_per_episode": 1})
+    path = write_agentic_config(tmp_path, topics, 2, manager={"episode_timeout_s": 20.0, "max_reissues_per_episode": 1})
     home = (murmur2(b"0") & 0x7FFFFFFF) % 2
     stages = start_stages(path, kafka_broker, tmp_path / "logs", Stage.group_queue)
     try:
@@ -147,3 +147,24 @@ def test_a_killed_env_workers_runs_are_reissued_after_the_deadline(kafka_broker,
     placed = {(r.value["traj_index"], r.value["cause"], r.partition)
               for r in read_topic(kafka_broker, topics.episodes_requests)}
     assert placed == {(0, "start", home), (1, "start", home), (2, "reissue", 1 - home), (3, "reissue", 1 - home)}
+
+
+def test_hopeless_environment_ends_the_run_with_batch_underfilled(kafka_broker, topic_factory, tmp_path):
+    """Every run fails and every group id spends its replacement budget: once all have stopped,
+    the trainer gets the underfilled verdict and the run ends with outcome batch_underfilled
+    (no hang, no crash), with the rejections counted by reason."""
+    from rollstream.run import run_pipeline
+
+    topics = topic_factory(partitions=1)
+    path = write_agentic_config(
+        tmp_path, topics, 1,
+        manager={"num_env_groups": 2, "refill": {"max_refills_per_group": 0}, "max_replaced_episodes": 1},
+        env={"env_type": f"{FAULT_ENVS}:FailingEnv", "env_config": {"fail_on": "reset"}},
+        kafka={"bootstrap_servers": kafka_broker, "topic_prefix": topics.prefix, "partitions": 1},
+        rollout_batch_size=4, min_fill_ratio=0.5, time_limit_s=240)
+    summary = run_pipeline(load_config(path), run_dir=tmp_path / "run")
+    assert summary["outcome"] == "batch_underfilled", summary
+    assert "0/2 groups" in summary["detail"] and "refill_exhausted" in summary["detail"]
+    assert summary["groups_rejected"] == {"refill_exhausted": 4}  # 2 group ids x (episode + 1 replacement)
+    assert summary["episodes_replaced"] == 2 and summary["groups_accepted"] == 0
+    assert summary["batches"] == []

@@ -173,3 +173,20 @@ def test_import_path_env_is_built_with_env_config():
         make_env("tests.workers.fault_envs:NotAnEnv", {})
     with pytest.raises(ValueError, match="fail_on"):
         make_env("tests.workers.fault_envs:FailingEnv", {"fail_on": "close"})
+
+
+@pytest.mark.parametrize("text, action, invalid", [
+    ("I think a good move is down.", "down", False),  # a plain move word, like every environment
+    ("Move [s]", "down", False),  # bracketed wasd alias
+    ("Let me go right", "right", False),
+    ("a s d", "", True),  # lone letters in prose are words, not moves
+    ("no idea at all", "", True),
+])
+def test_textarena_moves_use_the_shared_parser(text, action, invalid):
+    env = make_env("textarena:FrozenLake-v0", {})
+    try:
+        env.reset(seed=1)
+        result = env.step(text)
+    finally:
+        env.close()
+    assert (result.action, result.invalid_move) == (action, invalid)

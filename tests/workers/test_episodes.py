@@ -10,7 +10,7 @@ import time
 import pytest
 
 from rollstream.schemas import decode, encode
-from rollstream.workers.env_worker import (
+from rollstream.workers.episodes import (
     EpisodePlayer,
     identity_of,
     turn_seed,
