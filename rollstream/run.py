@@ -229,8 +229,9 @@ def summarize_agentic(config: AgenticConfig, bootstrap: str, topics: Topics, bat
     validation = read_values(bootstrap, topics.groups_validation)
     metrics = [m for m in read_values(bootstrap, topics.metrics) if m["name"].startswith(("group_queue/", "scheduler/"))]
     dead = read_values(bootstrap, topics.dead_letter)
-    aborted = [g for g in rejected_all if g["reason"] == "infra_abort"]  # single trajectories set aside
-    rejected = [g for g in rejected_all if g["reason"] != "infra_abort"]
+    # single trajectories set aside (key mode/group/episode/traj) are not group decisions
+    aside = [g for g in rejected_all if g["group_key"].count("/") == 3]
+    rejected = [g for g in rejected_all if g["group_key"].count("/") != 3]
     by_reason = _counts(g["reason"] for g in rejected)
     tags = {t: {"accepted": 0, "rejected": 0} for t in config.custom_envs}
     for g in accepted:
@@ -267,7 +268,8 @@ def summarize_agentic(config: AgenticConfig, bootstrap: str, topics: Topics, bat
         "episodes_replaced": int(sum(m["value"] for m in metrics if m["name"] == "group_queue/episodes_replaced")),
         "late_trajectories": int(sum(m["value"] for m in metrics if m["name"] == "group_queue/late_trajectories")),
         "group_filter_count": int(sum(m["value"] for m in metrics if m["name"] == "scheduler/group_filter_count")),
-        "infra_aborts": len(aborted),
+        "infra_aborts": sum(g["reason"] == "infra_abort" for g in aside),
+        "trajectories_set_aside": _counts(g["reason"] for g in aside),
         "redundancy_saved_ms": {"episodes": len(saved), "mean": _mean(saved), "max": max(saved) if saved else None},
         "validation": {
             "groups": len(validation),

@@ -144,7 +144,8 @@ class StartRun:
 
 @dataclass(frozen=True)
 class SetAside:
-    """An infra-aborted trajectory leaves its group (emitted as rejected, reason infra_abort)."""
+    """A trajectory leaves its group (emitted as rejected with ``reason``: infra_abort or
+    invalid_reward)."""
 
     episode_id: int
     traj_index: int
@@ -239,8 +240,12 @@ def start(mode: str, group_id: int, group_seed: int, params: QueueParams, now_ms
 
 
 def on_trajectory(state: QueueState, params: QueueParams, episode_id: int, traj_index: int,
-                  infra_failed: bool, finished_ms: int, now_ms: int, decide: Decide) -> list[Effect]:
-    """One trajectory arrived. ``infra_failed``: it ended with env_timeout or env_failed.
+                  infra_failed: bool, finished_ms: int, now_ms: int, decide: Decide,
+                  invalid_reward: bool = False) -> list[Effect]:
+    """One trajectory arrived. ``infra_failed``: it ended with env_timeout, env_failed or an
+    engine error (set aside as ``infra_abort`` when refills are enabled, else a member);
+    ``invalid_reward``: its reward is NaN/inf (always set aside as ``invalid_reward``: it cannot
+    be trained). A set-aside run is refilled while ``max_refills_per_group`` allows.
 
     The caller stores the trajectory when the effects contain no Late/Duplicate for it (it then
     is a member or set aside) and may delete the stored members of a decided episode.
@@ -260,10 +265,13 @@ def on_trajectory(state: QueueState, params: QueueParams, episode_id: int, traj_
     if traj_index in ep.arrived or traj_index in ep.aborted or traj_index not in ep.issued:
         return [Duplicate(episode_id, traj_index)]
     out = []
-    if infra_failed and params.refill_enabled:
+    aside = (RejectReason.INVALID_REWARD if invalid_reward else
+             RejectReason.INFRA_ABORT if infra_failed and params.refill_enabled else None)
+    if aside is not None:
         ep.aborted.append(traj_index)
-        out.append(SetAside(episode_id, traj_index, RejectReason.INFRA_ABORT.value))
-        if len(ep.arrived) + ep.pending < params.group_size and ep.refills < params.max_refills_per_group:
+        out.append(SetAside(episode_id, traj_index, aside.value))
+        if (params.refill_enabled and ep.refills < params.max_refills_per_group
+                and len(ep.arrived) + ep.pending < params.group_size):
             ep.refills += 1
             _issue(ep, "refill", out)
     else:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any, MutableMapping
 
@@ -52,6 +53,11 @@ def _state_key(mode: str, group_id: int) -> bytes:
 
 def _traj_key(mode: str, group_id: int, episode_id: int, traj_index: int) -> bytes:
     return f"t:{mode}/{group_id}/{episode_id}/{traj_index}".encode()
+
+
+def has_invalid_reward(trajectory: dict) -> bool:
+    """A NaN/inf return cannot be trained: rejected as invalid_reward, never passed on silently."""
+    return not math.isfinite(trajectory["response_level_rewards"])
 
 
 def is_infra_failure(trajectory: dict) -> bool:
@@ -146,7 +152,8 @@ class GroupQueueProcessor:
         self._arriving = (key, value)  # readable as stored while its own arrival is decided
         try:
             effects = gq.on_trajectory(state, params, eid, tix, is_infra_failure(record),
-                                       record.get("finished_ms", 0), now, decide)
+                                       record.get("finished_ms", 0), now, decide,
+                                       invalid_reward=has_invalid_reward(record))
             out = self._apply(state, effects, now)
         finally:
             self._arriving = None
@@ -191,7 +198,7 @@ class GroupQueueProcessor:
                 aborted = self._stored_bytes(mode, gid, effect.episode_id, effect.traj_index)
                 out.sends.append(self._group_send(state, effect.episode_id, False, effect.reason, {}, [aborted],
                                                   key_suffix=f"/{effect.traj_index}"))
-                out.sends.append(self._metric("group_queue/infra_aborts", 1.0, labels, now))
+                out.sends.append(self._metric("group_queue/set_aside", 1.0, {**labels, "reason": effect.reason}, now))
             elif isinstance(effect, gq.Late):
                 out.sends.append(self._metric("group_queue/late_trajectories", 1.0, labels, now))
             elif isinstance(effect, gq.RedundancySaved):
@@ -268,6 +275,7 @@ class GroupQueueProcessor:
                 self._filters[key].load_state_dict(json.loads(saved))
         filt = self._filters[key]
         drop, reason, values = filter_group(filt, gid, eid, group)
-        if hasattr(filt, "state_dict"):
-            self.table[f"f:{mode}/{partition}".encode()] = json.dumps(filt.state_dict()).encode()
+        state = filt.state_dict() if hasattr(filt, "state_dict") else None
+        if state:  # stateless filters (the default) write nothing
+            self.table[f"f:{mode}/{partition}".encode()] = json.dumps(state).encode()
         return gq.Verdict(drop=drop, reason=reason, values=values)

@@ -102,7 +102,7 @@ def test_peer_scenario_5_one_lost_trajectory_is_refilled_not_the_group():
     assert group["group_key"] == "train/7/0" and group["refills"] == 1
     assert [t["traj_index"] for t in group["trajectories"]] == [0, 1, 2, 3, 4, 6, 7, 8]
     assert all(not t["env_failed"] for t in group["trajectories"])
-    assert run.metric_sum("group_queue/infra_aborts") == 1
+    assert run.metric_sum("group_queue/set_aside") == 1
     assert not any(k.startswith(b"t:") for k in run.table)  # members deleted once emitted
 
 
@@ -161,3 +161,49 @@ def test_tick_reissues_on_its_partition_only_and_sends_them_elsewhere():
     second = [s for s in proc.handle(2, tick, now=2 * 10**13).sends if s.topic == "gq.episodes.requests"]
     assert [(decode(s.value)[1]["traj_index"], decode(s.value)[1]["cause"], s.partition) for s in first + second] == [
         (2, "reissue", 0), (3, "reissue", 1)]
+
+
+@pytest.mark.parametrize("refill", [True, False])
+def test_nan_reward_is_set_aside_as_invalid_reward_never_a_member(refill):
+    """A NaN return is never passed on (the trainer could not use it) and never decided by a
+    filter that might keep it: it is set aside with reason invalid_reward, refilled when refills
+    are on, whatever the group filter (here the default, which keeps everything)."""
+    run = Run(group_size=2, refill={"enabled": refill})
+    run.start(0)
+    run.arrive(trajectory(0, 0, 0, 1.0))
+    run.arrive(trajectory(0, 0, 1, float("nan")))
+    (aside,) = [g for g in run.on("groups.rejected") if g["group_key"] == "train/0/0/1"]
+    assert aside["reason"] == "invalid_reward"
+    refills = [(r["traj_index"], r["cause"]) for r in run.on("episodes.requests") if r["cause"] == "refill"]
+    if refill:
+        assert refills == [(2, "refill")]
+        run.arrive(trajectory(0, 0, 2, 0.0))
+        (group,) = run.on("groups.accepted")
+        assert [t["response_level_rewards"] for t in group["trajectories"]] == [1.0, 0.0]
+    else:  # no refill: the episode cannot reach group_size and is dropped, then replaced
+        assert refills == []
+        (dropped,) = [g for g in run.on("groups.rejected") if g["group_key"] == "train/0/0"]
+        assert dropped["reason"] == "refill_exhausted"
+    assert run.metric_sum("group_queue/set_aside") == 1
+
+
+def test_drop_flag_ratio_guard_state_survives_a_restart():
+    """The guard's counters live in the table, so a restarted processor (changelog restored)
+    continues the reference's cumulative sequence (k D k | D k D) instead of starting over
+    (which would keep call 4)."""
+    manager = {"group_size": 1, "group_filter_cls": "rollstream.filtering.group_filters:DropFlagGroupFilter",
+               "max_replaced_episodes": 0}
+    run = Run(**manager)
+    flagged = lambda gid: {**trajectory(gid, 0, 0, 1.0), "drop_flag": True}  # noqa: E731
+    for gid in range(3):
+        run.start(gid)
+        run.arrive(flagged(gid))
+    restarted = GroupQueueProcessor(run.config, run.table)  # same table: what the changelog restores
+    run.proc = restarted
+    for gid in range(3, 6):
+        run.start(gid)
+        run.arrive(flagged(gid))
+    decided = sorted(run.on("groups.accepted") + run.on("groups.rejected"), key=lambda g: g["group_id"])
+    assert ["k" if g["accepted"] else "D" for g in decided] == ["k", "D", "k", "D", "k", "D"]
+    assert {g["reason"] for g in decided if not g["accepted"]} == {"drop_flag"}
+    assert json.loads(run.table[b"f:train/0"])["guard"]["total"] == 6
