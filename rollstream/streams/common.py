@@ -36,6 +36,8 @@ def make_app(app_id: str, bootstrap: str, partitions: int, store: str = "memory:
         web_enabled=False,
         stream_wait_empty=False,
         broker_commit_interval=1.0,
+        # a killed worker's partitions move after this long (faust's default is 60 s)
+        broker_session_timeout=20.0,
     )
 
 

@@ -168,3 +168,44 @@ def test_hopeless_environment_ends_the_run_with_batch_underfilled(kafka_broker, 
     assert summary["groups_rejected"] == {"refill_exhausted": 4}  # 2 group ids x (episode + 1 replacement)
     assert summary["episodes_replaced"] == 2 and summary["groups_accepted"] == 0
     assert summary["batches"] == []
+
+
+def test_group_queue_state_survives_a_killed_worker(kafka_broker, topic_factory, tmp_path):
+    """Run 0 of the episode arrives and is stored; the group-queue worker is SIGKILLed; a new one
+    restores the table from its changelog, and when run 1 arrives the group is emitted exactly
+    once with both runs (run 0 never re-played)."""
+    from rollstream.readback import read_topic
+    from rollstream.schemas import encode
+    from rollstream.streams import names
+    from rollstream.workers.base import make_producer
+
+    from .harness import synthetic_trajectory
+
+    topics = topic_factory(partitions=1)
+    path = write_agentic_config(tmp_path, topics, 1)
+    changelog = f"{names.app_id(topics, names.GROUP_QUEUE_APP)}-{names.GROUP_QUEUE_TABLE}-changelog"
+    stages = start_stages(path, kafka_broker, tmp_path / "logs", Stage.group_queue)
+    envs = SyntheticEnvs(kafka_broker, topics, lambda req: {"response_level_rewards": 1.0} if req["traj_index"] == 0 else None)
+    envs.start()
+    try:
+        start_env_groups(load_config(path), kafka_broker)
+        wait_for(lambda: any(r.key == b"t:train/0/0/0" for r in read_topic(kafka_broker, changelog)), timeout=120,
+                 what="run 0 stored in the changelog", stages=stages)
+        stages.procs["group-queue"].kill()
+        stages.procs["group-queue"].wait()
+        del stages.procs["group-queue"]
+        stages.start(Stage.group_queue)
+        (run1,) = [r for r in envs.requests if r["traj_index"] == 1]
+        producer = make_producer(kafka_broker)
+        producer.send(topics.trajectories, key=b"0", value=encode(synthetic_trajectory(run1, 0.0), "Trajectory"))
+        producer.flush()
+        producer.close()
+        wait_for(lambda: read_values(kafka_broker, topics.groups_accepted), timeout=120,
+                 what="the group after the restart", stages=stages)
+    finally:
+        envs.stop()
+        stages.close()
+    (group,) = read_values(kafka_broker, topics.groups_accepted)
+    assert group["group_key"] == "train/0/0"
+    assert [(t["traj_index"], t["response_level_rewards"]) for t in group["trajectories"]] == [(0, 1.0), (1, 0.0)]
+    assert sorted((r["episode_id"], r["traj_index"]) for r in envs.requests) == [(0, 0), (0, 1)]  # no second start

@@ -1,0 +1,588 @@
+"""Throughput of the agentic path (group queue + env player), three ways in one run.
+
+1. ``group_queue_inprocess_trajectories_per_s``: pre-encoded Trajectory events through
+   ``GroupQueueProcessor.handle`` over a plain dict table (no Kafka), once with the default group
+   filter (keeps everything) and once with ``EnvFailureStdGroupFilter`` (drops zero-std groups,
+   which start a replacement episode). Same events both times.
+2. ``group_queue_kafka_trajectories_per_s``: the same events (std filter) produced to
+   ``trajectories`` before ONE group-queue worker subprocess starts, timed from the first decided
+   group read back from ``groups.accepted``/``groups.rejected`` to the last. The ``start``
+   GroupCommands are handled first by a preparing worker that is then stopped: ``episodes.control``
+   and ``trajectories`` are two topics, and faust reads them round-robin, so a trajectory produced
+   after its start command may still be handled before it (and dead-lettered as "never
+   started"). The measured worker therefore starts with the group queues open, restored from the
+   table's changelog, and the whole trajectory backlog waiting. Startup (subprocess start ->
+   first decided group) is ``kafka_startup_s``.
+3. ``env_player_*``: the real model (TransformersBackend on CPU) plays the same N EpisodeRequests
+   (gym:FrozenLake-v1, not slippery) with ``EpisodePlayer(max_concurrent=1)`` (one trajectory at
+   a time, batch 1) and ``max_concurrent=N`` (every waiting turn in one batched generate call).
+   Sampling seeds depend on the request only, so both variants sample the same tokens (the
+   counts are reported so that this can be checked).
+
+Workload of 1 and 2: ``--groups`` env groups of ``--group-size`` (8) + 1 redundant run per episode,
+two episodes open per group id, ``--accepted-per-group`` accepted episodes per group id. Every
+fourth episode (shifted by group id) has all-zero rewards: the std filter drops it and a
+replacement episode follows, so the workload carries those episodes too. Events of a group id
+arrive episode pair by episode pair in a random order, the 9th (redundant) run of each episode
+only during the next pair, i.e. late; group ids are interleaved at random. A trajectory has 3 turns:
+``--prompt-tokens`` (300) first-turn prompt, ``--response-tokens`` (32) per turn, ``--env-tokens``
+(60) per environment answer. What the filters must decide is known exactly and checked
+(``*_correct``). Never asserts on time: it prints JSON and writes it to ``--out``.
+
+    .venv/bin/python benchmarks/agentic.py --out runs/bench/agentic.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from filter_stage import _end_offsets, process_cpu_s, produce_events, versions  # noqa: E402
+
+from rollstream.config import parse_config  # noqa: E402
+from rollstream.schemas import decode, encode  # noqa: E402
+from rollstream.topics import Topics  # noqa: E402
+
+PARTITIONS = 4
+REDUNDANCY = 1
+OPEN_EPISODES = 2  # max_traj_per_env: episodes each group id keeps open at once
+ZERO_STD_EVERY = 4  # episode e of group g has all-zero rewards when (e + g) % 4 == 3
+TURNS = 3
+TAG = "lake"
+ENV_TYPE = "gym:FrozenLake-v1"
+STD_FILTER = "rollstream.filtering.group_filters:EnvFailureStdGroupFilter"
+DEFAULT_FILTER = "rollstream.filtering.group_filters:GroupFilter"
+SAFETY_TIMEOUT_S = 300.0
+STALL_TIMEOUT_S = 60.0  # no new decided group for this long after the first one: give up
+
+
+# ---- workload -------------------------------------------------------------------------------
+
+
+def config_dict(prefix: str, groups: int, group_size: int, accepted_per_group: int, filter_cls: str) -> dict:
+    if accepted_per_group % OPEN_EPISODES:
+        raise ValueError(f"accepted per group must be a multiple of {OPEN_EPISODES}")
+    return {
+        "name": "bench-agentic",
+        "kafka": {"topic_prefix": prefix, "partitions": PARTITIONS},
+        "rollout_batch_size": group_size,
+        # accepted episodes per group id = max_traj_per_env * max_steps
+        "max_steps": accepted_per_group // OPEN_EPISODES,
+        "train_env_manager": {
+            "num_env_groups": groups, "group_size": group_size, "group_size_redundancy": REDUNDANCY,
+            "tags": [TAG], "max_traj_per_env": OPEN_EPISODES, "group_filter_cls": filter_cls,
+            "group_filter_config": {"std_threshold": 0.0}, "max_replaced_episodes": 100_000,
+            "episode_timeout_s": 3600.0,
+        },
+        "custom_envs": {TAG: {"env_type": ENV_TYPE, "env_config": {"is_slippery": False},
+                              "max_actions_per_traj": TURNS, "max_tokens_per_step": 32}},
+    }
+
+
+def zero_std(group_id: int, episode_id: int) -> bool:
+    return (group_id + episode_id) % ZERO_STD_EVERY == ZERO_STD_EVERY - 1
+
+
+def template_trajectory(rng: random.Random, prompt_tokens: int, response_tokens: int, env_tokens: int) -> dict:
+    """A Trajectory record with realistic sizes; identity and reward fields are set per event."""
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(49_152) for _ in range(n)]
+
+    turns = []
+    for k in range(TURNS):
+        turns.append({
+            "prompt_token_ids": ids(prompt_tokens if k == 0 else env_tokens),
+            "response_token_ids": ids(response_tokens),
+            "infer_logprobs": [-rng.random() * 4.0 for _ in range(response_tokens)],
+            "response_text": "I should walk down towards the goal and avoid the hole. [down]"[:response_tokens * 4],
+            "action": "down", "invalid_move": False, "step_reward": 0.0, "finish_reason": "stop", "env_ms": 0.05,
+        })
+    mask = []
+    for k, t in enumerate(turns):
+        if k:
+            mask += [0] * len(t["prompt_token_ids"])
+        mask += [1] * len(t["response_token_ids"])
+    return {
+        "mode": "train", "group_id": 0, "episode_id": 0, "traj_index": 0, "tag": TAG, "env_type": ENV_TYPE,
+        "seed": 0, "turns": turns, "response_mask": mask, "step_rewards": [0.0] * TURNS,
+        "response_level_rewards": 0.0, "success": False, "stop_reason": "max_actions",
+        "env_timeout": False, "env_failed": False, "drop_flag": False, "error": None,
+        "policy_version": 0, "started_ms": 1_700_000_000_000, "finished_ms": 1_700_000_005_000,
+        "worker": "bench-env-0",
+    }
+
+
+def make_workload(config, groups: int, group_size: int, accepted_per_group: int, prompt_tokens: int,
+                  response_tokens: int, env_tokens: int, seed: int = 0) -> dict:
+    """Start commands, trajectory events in topic order and what each filter must decide.
+
+    The order of one group id's events is drawn step by step: any not yet sent member run (the
+    first ``group_size`` of a random order of the episode's runs) of an episode open at that
+    point, or the redundant run of an episode already decided (late). Which episodes are open
+    follows the group queue's own rules (``rollstream.filtering.group_queue``, std filter), so
+    every run arrives while its episode is open, as it would from real env workers. A
+    non-zero-std episode rewards runs 0, 3, 6 (any 8 of the 9 have std > 0).
+    """
+    from rollstream.filtering import group_queue as gq
+
+    rng = random.Random(seed)
+    template = template_trajectory(rng, prompt_tokens, response_tokens, env_tokens)
+    runs = group_size + REDUNDANCY
+    params = gq.QueueParams.from_config(config.train_env_manager, config.episodes_per_group("train"))
+    per_group: dict[int, list[tuple[bytes, bytes]]] = {}
+    expected = {"default": {"accepted": 0, "rejected": 0, "late": 0},
+                "std": {"accepted": 0, "rejected": 0, "late": 0}}
+    for g in range(groups):
+        # episodes the std filter needs: every zero-std one is dropped and replaced
+        episodes, kept = 0, 0
+        while kept < accepted_per_group:
+            kept += not zero_std(g, episodes)
+            episodes += 1
+        extra = episodes - accepted_per_group
+        expected["std"]["accepted"] += accepted_per_group
+        expected["std"]["rejected"] += extra
+        expected["std"]["late"] += episodes * REDUNDANCY
+        # the default filter keeps the first accepted_per_group episodes; the rest arrive late
+        expected["default"]["accepted"] += accepted_per_group
+        expected["default"]["late"] += accepted_per_group * REDUNDANCY + extra * runs
+
+        group_seed = config.group_seed("train", g)
+        state, _ = gq.start("train", g, group_seed, params, 0)
+        orders: dict[int, list[int]] = {}
+        members: list[tuple[int, int]] = []  # runs of open episodes still to send
+        late: list[tuple[int, int]] = []  # redundant runs of decided episodes
+
+        def opened() -> None:
+            for e in state.open:
+                if e not in orders:
+                    orders[e] = rng.sample(range(runs), runs)
+                    members.extend((e, t) for t in orders[e][:group_size])
+
+        def decide(e: int, _members: list[int]) -> gq.Verdict:
+            return gq.Verdict(drop=zero_std(g, e), reason="zero_std")
+
+        opened()
+        key = str(g).encode()
+        events: list[tuple[bytes, bytes]] = []
+        while members or late:
+            pool = members if members and (not late or rng.random() < 0.8) else late
+            e, t = pool.pop(rng.randrange(len(pool)))
+            events.append((key, _encode(template, g, e, t, group_seed)))
+            effects = gq.on_trajectory(state, params, e, t, False, 0, 0, decide)
+            if any(isinstance(x, gq.GroupDecided) for x in effects):
+                late.extend((e, r) for r in orders[e][group_size:])
+                opened()
+        if (state.accepted, state.rejected, len(orders)) != (accepted_per_group, extra, episodes):
+            raise AssertionError(f"workload of group {g}: {state.accepted} accepted, {state.rejected} rejected "
+                                 f"of {len(orders)} episodes; expected {accepted_per_group}, {extra} of {episodes}")
+        per_group[g] = events
+    # interleave group ids uniformly at random, each keeping its own order
+    picks = [g for g, evs in per_group.items() for _ in evs]
+    rng.shuffle(picks)
+    cursors = dict.fromkeys(per_group, 0)
+    ordered = []
+    for g in picks:
+        ordered.append(per_group[g][cursors[g]])
+        cursors[g] += 1
+    starts = [(str(g).encode(), encode({"command": "start", "mode": "train", "group_id": g,
+                                        "created_ms": 1_700_000_000_000}, "GroupCommand"))
+              for g in range(groups)]
+    return {"starts": starts, "events": ordered, "expected": expected}
+
+
+def _encode(template: dict, group_id: int, episode_id: int, traj_index: int, group_seed: int) -> bytes:
+    reward = 0.0 if zero_std(group_id, episode_id) else float(traj_index % 3 == 0)
+    rec = dict(template, group_id=group_id, episode_id=episode_id, traj_index=traj_index,
+               seed=group_seed + episode_id, step_rewards=[0.0] * (TURNS - 1) + [reward],
+               response_level_rewards=reward, success=reward > 0,
+               stop_reason="done" if reward > 0 else "max_actions")
+    return encode(rec, "Trajectory")
+
+
+# ---- 1. in-process group queue ---------------------------------------------------------------
+
+
+def bench_inprocess(config, workload: dict, expected: dict) -> dict:
+    from rollstream.streams.group_queue_processor import GroupQueueProcessor
+
+    topics = Topics(config.kafka.topic_prefix)
+    table: dict[bytes, bytes] = {}
+    proc = GroupQueueProcessor(config, table)
+    errors = 0
+    for _, value in workload["starts"]:
+        errors += proc.handle(0, value).error is not None
+    events = workload["events"]
+    sends = {topics.groups_accepted: 0, topics.groups_rejected: 0}
+    decided_at: list[int] = []  # index of each event that decided a group
+    t0, c0 = time.perf_counter(), time.process_time()
+    for i, (_, value) in enumerate(events):
+        handled = proc.handle(0, value)
+        if handled.error is not None:
+            errors += 1
+        for s in handled.sends:
+            if s.topic in sends:
+                sends[s.topic] += 1
+                decided_at.append(i)
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+    # the outcome, from the group queues' own counters
+    got = {"accepted": 0, "rejected": 0, "late": 0}
+    complete = 0
+    for key, raw in table.items():
+        if key.startswith(b"g:"):
+            state = json.loads(raw)
+            for k in got:
+                got[k] += state[k]
+            complete += state["status"] == "complete" and not state["open"]
+    leftover = sum(1 for k in table if k.startswith(b"t:"))
+    groups = config.train_env_manager.num_env_groups
+    correct = (errors == 0 and got == expected and complete == groups and leftover == 0
+               and sends[topics.groups_accepted] == expected["accepted"]
+               and sends[topics.groups_rejected] == expected["rejected"])
+    return {"trajectories_per_s": round(len(events) / elapsed, 1),
+            "trajectories_per_cpu_s": round(len(events) / cpu, 1),
+            "seconds": round(elapsed, 3),
+            "us_per_trajectory": round(elapsed / len(events) * 1e6, 1),
+            "groups_decided_per_s": round((got["accepted"] + got["rejected"]) / elapsed, 1),
+            "accepted": got["accepted"], "rejected": got["rejected"], "late": got["late"],
+            "groups_complete": complete, "errors": errors, "correct": correct,
+            "first_decided_at": decided_at[0] if decided_at else None,
+            "last_decided_at": decided_at[-1] if decided_at else None}
+
+
+# ---- 2. Kafka: one group-queue worker subprocess --------------------------------------------------
+
+
+def _worker(config_path: Path, bootstrap: str, log_path: Path, workdir: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "rollstream.cli", "worker", "group-queue",
+           "--config", str(config_path), "--bootstrap", bootstrap]
+    with open(log_path, "ab") as log:
+        # cwd=workdir: nothing the worker writes lands in the caller's directory
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=workdir, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _committed(bootstrap: str, group_id: str, topic: str, partitions: list[int]) -> dict[int, int]:
+    """Offsets ``group_id`` committed on ``topic`` (-1: none yet); reads, never joins the group."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False)
+    try:
+        return {p: (consumer.committed(TopicPartition(topic, p)) or -1) for p in partitions}
+    finally:
+        consumer.close(autocommit=False)
+
+
+def prepare_queues(bootstrap: str, topics: Topics, config_path: Path, workdir: Path, starts, runs_opened: int) -> dict:
+    """Open every group queue with a first worker: send the start commands, wait for the
+    EpisodeRequests they cause and for the worker to commit its control offsets, then stop it."""
+    from rollstream.streams import names
+
+    t0 = time.perf_counter()
+    produce_events(bootstrap, topics.episodes_control, starts)
+    control_end = _end_offsets_by_partition(bootstrap, topics.episodes_control)
+    proc = _worker(config_path, bootstrap, workdir / "prepare.log", workdir)
+    error = None
+    try:
+        deadline = time.monotonic() + SAFETY_TIMEOUT_S
+        while True:
+            requests = _end_offsets(bootstrap, [topics.episodes_requests])[topics.episodes_requests]
+            committed = _committed(bootstrap, names.app_id(topics, names.GROUP_QUEUE_APP), topics.episodes_control,
+                                   list(control_end))
+            if requests >= runs_opened and all(committed.get(p, -1) >= end for p, end in control_end.items()):
+                break
+            if proc.poll() is not None:
+                error = f"preparing worker exited with {proc.returncode}"
+                break
+            if time.monotonic() > deadline:
+                error = f"preparing worker: {requests}/{runs_opened} requests after {SAFETY_TIMEOUT_S:.0f} s"
+                break
+            time.sleep(0.5)
+    finally:
+        _stop(proc)
+    return {"kafka_prepare_s": round(time.perf_counter() - t0, 2), "kafka_prepare_error": error}
+
+
+def _end_offsets_by_partition(bootstrap: str, topic: str) -> dict[int, int]:
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        return {tp.partition: off for tp, off in consumer.end_offsets(tps).items()}
+    finally:
+        consumer.close()
+
+
+def bench_kafka(bootstrap: str, config_dict_: dict, workload: dict, expected: dict, timed: int,
+                workdir: Path) -> dict:
+    """``timed``: trajectories handled after the event that decides the first group up to the one
+    that decides the last (known from the in-process run of the same events): the span the
+    read-back timing covers."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from rollstream.broker import create_topics
+    from rollstream.readback import read_values
+
+    topics = Topics(f"bench-{uuid.uuid4().hex[:8]}.")
+    create_topics(bootstrap, topics.all(PARTITIONS))
+    config_path = workdir / "config.yaml"
+    config_path.write_text(yaml.safe_dump({**config_dict_, "kafka": {"topic_prefix": topics.prefix,
+                                                                     "partitions": PARTITIONS}}))
+    manager = config_dict_["train_env_manager"]
+    runs_opened = manager["num_env_groups"] * OPEN_EPISODES * (manager["group_size"] + REDUNDANCY)
+    result: dict = {"kafka_topic_prefix": topics.prefix}
+    result.update(prepare_queues(bootstrap, topics, config_path, workdir, workload["starts"], runs_opened))
+    events = workload["events"]
+    result["kafka_produce_s"] = round(produce_events(bootstrap, topics.trajectories, events), 3)
+
+    want = expected["accepted"] + expected["rejected"]
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                             fetch_max_wait_ms=50)
+    tps = [TopicPartition(t, p) for t in (topics.groups_accepted, topics.groups_rejected) for p in range(PARTITIONS)]
+    consumer.assign(tps)
+    consumer.seek_to_beginning(*tps)
+
+    log_path = workdir / "group_queue.log"
+    seen: set[bytes] = set()
+    counts = {topics.groups_accepted: 0, topics.groups_rejected: 0}
+    duplicates = 0
+    first_at = last_at = first_ts = last_ts = first_cpu = last_cpu = None
+    error = result["kafka_prepare_error"]
+    started = time.monotonic()
+    proc = _worker(config_path, bootstrap, log_path, workdir)
+    try:
+        while error is None and len(seen) < want:
+            if time.monotonic() - started > SAFETY_TIMEOUT_S:
+                error = f"safety timeout: {len(seen)}/{want} groups after {SAFETY_TIMEOUT_S:.0f} s"
+                break
+            if last_at is not None and time.monotonic() - last_at > STALL_TIMEOUT_S:
+                error = f"stalled: {len(seen)}/{want} groups, none for {STALL_TIMEOUT_S:.0f} s"
+                break
+            if proc.poll() is not None:
+                error = f"group-queue worker exited with {proc.returncode}; see {log_path}"
+                break
+            for msgs in consumer.poll(timeout_ms=100).values():
+                now = time.monotonic()
+                for m in msgs:
+                    # a decided episode is keyed mode/group/episode; a set-aside run has /traj too
+                    if m.key.count(b"/") != 2:
+                        continue
+                    if first_at is None:
+                        first_at, first_ts, first_cpu = now, m.timestamp, process_cpu_s(proc.pid)
+                    if m.key in seen:
+                        duplicates += 1
+                        continue
+                    seen.add(m.key)
+                    counts[m.topic] += 1
+                    last_at, last_ts = now, m.timestamp
+            if last_at is not None and len(seen) >= want:
+                last_cpu = process_cpu_s(proc.pid)
+    finally:
+        consumer.close()
+        _stop(proc)
+    late = sum(m["value"] for m in read_values(bootstrap, topics.metrics)
+               if m["name"] == "group_queue/late_trajectories")
+    dead = _end_offsets(bootstrap, [topics.dead_letter])[topics.dead_letter]
+    result.update({
+        "kafka_startup_s": round(first_at - started, 3) if first_at is not None else None,
+        "kafka_groups_decided": len(seen), "kafka_duplicate_groups": duplicates,
+        "kafka_accepted": counts[topics.groups_accepted], "kafka_rejected": counts[topics.groups_rejected],
+        "kafka_late": int(late), "kafka_dead_letters": dead, "kafka_error": error, "kafka_trajectories_timed": timed,
+        "kafka_seconds": None, "group_queue_kafka_trajectories_per_s": None,
+    })
+    # the first decided group needs at least its own 8 trajectories; the span covers the rest
+    if first_at is not None and last_at is not None and len(seen) == want and last_at > first_at:
+        elapsed = last_at - first_at
+        result["kafka_seconds"] = round(elapsed, 3)
+        result["group_queue_kafka_trajectories_per_s"] = round(timed / elapsed, 1)
+        if first_cpu is not None and last_cpu is not None and last_cpu > first_cpu:
+            result["kafka_worker_cpu_s"] = round(last_cpu - first_cpu, 2)
+            result["group_queue_kafka_trajectories_per_cpu_s"] = round(timed / (last_cpu - first_cpu), 1)
+        if first_ts and last_ts and last_ts > first_ts:
+            result["group_queue_kafka_trajectories_per_s_by_record_time"] = round(
+                timed / ((last_ts - first_ts) / 1000), 1)
+    result["kafka_correct"] = (error is None and dead == 0 and duplicates == 0 and
+                               (counts[topics.groups_accepted], counts[topics.groups_rejected], int(late)) ==
+                               (expected["accepted"], expected["rejected"], expected["late"]))
+    return result
+
+
+# ---- 3. env player: the real model, one trajectory at a time vs batched -------------------------
+
+
+def player_requests(n: int, actions: int, tokens: int) -> list[dict]:
+    return [{
+        "mode": "train", "group_id": 0, "episode_id": i // 8, "traj_index": i % 8, "tag": TAG,
+        "env_type": ENV_TYPE, "env_config": json.dumps({"is_slippery": False}), "seed": 1000 + i // 8,
+        "max_actions_per_traj": actions, "max_tokens_per_step": tokens, "env_step_timeout_s": 60.0,
+        "format_penalty": -0.1, "cause": "start", "created_ms": 0,
+    } for i in range(n)]
+
+
+def bench_player(n: int, actions: int, tokens: int) -> dict:
+    from rollstream.workers.episodes import EpisodePlayer
+    from rollstream.workers.generation import SamplingParams, TransformersBackend
+
+    t0 = time.perf_counter()
+    backend = TransformersBackend(max_batch=n)
+    result: dict = {"env_player_model_load_s": round(time.perf_counter() - t0, 2)}
+    # warm-up (first calls allocate), batch 1 and batch n, outside any timing
+    warm = backend.tokenizer("Warm up the model", add_special_tokens=False)["input_ids"]
+    for rows in (1, n):
+        backend.generate([warm] * rows, [1] * rows, [SamplingParams(max_new_tokens=2, seed=1)] * rows)
+    requests = player_requests(n, actions, tokens)
+    played: dict[str, list[dict]] = {}
+    for name, concurrent in (("sequential", 1), ("batched", n)):
+        player = EpisodePlayer(backend, temperature=1.0, top_p=1.0, max_concurrent=concurrent, worker="bench")
+        t0, c0 = time.perf_counter(), time.process_time()
+        trajs = player.play(requests, timeout_s=SAFETY_TIMEOUT_S)
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+        played[name] = trajs
+        turns = sum(len(t["turns"]) for t in trajs)
+        generated = sum(len(turn["response_token_ids"]) for t in trajs for turn in t["turns"])
+        prompt = sum(len(turn["prompt_token_ids"]) for t in trajs for turn in t["turns"])
+        result[f"env_player_{name}"] = {
+            "max_concurrent": concurrent, "trajectories": len(trajs), "seconds": round(elapsed, 2),
+            "cpu_s": round(cpu, 2), "trajectories_per_s": round(len(trajs) / elapsed, 3),
+            "model_tokens_per_s": round(generated / elapsed, 1), "generated_tokens": generated,
+            "prompt_tokens": prompt, "turns": turns, "generate_calls": player.generate_calls,
+            "mean_batch": round(turns / max(player.generate_calls, 1), 2),
+            "stop_reasons": _counts(t["stop_reason"] for t in trajs),
+            "successes": sum(t["success"] for t in trajs),
+        }
+    seq, bat = result["env_player_sequential"], result["env_player_batched"]
+    result["env_player_speedup"] = round(bat["trajectories_per_s"] / seq["trajectories_per_s"], 2)
+    result["env_player_same_tokens"] = sum(
+        [turn["response_token_ids"] for turn in a["turns"]] == [turn["response_token_ids"] for turn in b["turns"]]
+        for a, b in zip(played["sequential"], played["batched"]))
+    result["env_player_correct"] = all(
+        r["trajectories"] == n and not ({"env_failed", "env_timeout", "engine_error"} & set(r["stop_reasons"]))
+        for r in (seq, bat))
+    return result
+
+
+def _counts(items) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        out[item] = out.get(item, 0) + 1
+    return dict(sorted(out.items()))
+
+
+# ---- main -------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("runs/bench/agentic.json"))
+    parser.add_argument("--groups", type=int, default=128, help="env group ids")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--accepted-per-group", type=int, default=8, help="accepted episodes per group id (even)")
+    parser.add_argument("--prompt-tokens", type=int, default=300, help="first-turn prompt tokens")
+    parser.add_argument("--response-tokens", type=int, default=32, help="model tokens per turn")
+    parser.add_argument("--env-tokens", type=int, default=60, help="tokens of each later environment answer")
+    parser.add_argument("--trajectories", type=int, default=16, help="env player: EpisodeRequests played")
+    parser.add_argument("--max-actions", type=int, default=2, help="env player: max_actions_per_traj")
+    parser.add_argument("--max-tokens", type=int, default=16, help="env player: max_tokens_per_step")
+    parser.add_argument("--bootstrap", default=None, help="existing broker; default: start an embedded one")
+    parser.add_argument("--skip-kafka", action="store_true")
+    parser.add_argument("--skip-player", action="store_true")
+    args = parser.parse_args(argv)
+    if args.group_size < 2:
+        parser.error("--group-size must be >= 2 (the std filter needs two rewards)")
+    if args.accepted_per_group < OPEN_EPISODES or args.accepted_per_group % OPEN_EPISODES:
+        parser.error(f"--accepted-per-group must be a positive multiple of {OPEN_EPISODES}")
+
+    wall0 = time.perf_counter()
+    result: dict = {"benchmark": "agentic", "groups": args.groups, "group_size": args.group_size,
+                    "group_size_redundancy": REDUNDANCY, "max_traj_per_env": OPEN_EPISODES,
+                    "accepted_per_group": args.accepted_per_group, "turns": TURNS,
+                    "prompt_tokens": args.prompt_tokens, "response_tokens": args.response_tokens,
+                    "env_tokens": args.env_tokens, "partitions": PARTITIONS, "cpu_count": os.cpu_count(),
+                    "loadavg_start": [round(x, 2) for x in os.getloadavg()], **versions()}
+    configs = {name: config_dict("bench.", args.groups, args.group_size, args.accepted_per_group, cls)
+               for name, cls in (("default", DEFAULT_FILTER), ("std", STD_FILTER))}
+    parsed = {name: parse_config(c) for name, c in configs.items()}
+    t0 = time.perf_counter()
+    workload = make_workload(parsed["std"], args.groups, args.group_size, args.accepted_per_group,
+                             args.prompt_tokens, args.response_tokens, args.env_tokens)
+    expected = workload["expected"]
+    result["workload_build_s"] = round(time.perf_counter() - t0, 2)
+    result["trajectories"] = len(workload["events"])
+    result["trajectory_event_bytes"] = len(workload["events"][0][1])
+    result["expected"] = expected
+
+    for name in ("default", "std"):
+        r = bench_inprocess(parsed[name], workload, expected[name])
+        result[f"group_queue_inprocess_{name}"] = r
+        result[f"group_queue_inprocess_trajectories_per_s_{name}"] = r["trajectories_per_s"]
+    ok = all(result[f"group_queue_inprocess_{n}"]["correct"] for n in ("default", "std"))
+
+    if not args.skip_kafka:
+        with tempfile.TemporaryDirectory(prefix="rollstream-bench-") as tmp:
+            workdir = Path(tmp)
+            broker = None
+            bootstrap = args.bootstrap
+            try:
+                if bootstrap is None:
+                    from rollstream.broker import EmbeddedBroker
+
+                    broker = EmbeddedBroker(workdir / "kafka")
+                    t0 = time.perf_counter()
+                    bootstrap = broker.start()
+                    result["broker_start_s"] = round(time.perf_counter() - t0, 2)
+                result["broker"] = "embedded" if broker else "external"
+                result["kafka_filter"] = "std"
+                std = result["group_queue_inprocess_std"]
+                timed = std["last_decided_at"] - std["first_decided_at"]
+                result.update(bench_kafka(bootstrap, configs["std"], workload, expected["std"], timed, workdir))
+                ok = ok and result["kafka_correct"]
+                if not result["kafka_correct"]:
+                    for log in ("prepare.log", "group_queue.log"):
+                        if (workdir / log).exists():
+                            result[f"{log.split('.')[0]}_log_tail"] = (
+                                (workdir / log).read_text(errors="replace").splitlines()[-20:])
+            finally:
+                if broker is not None:
+                    broker.stop()
+    del workload
+
+    if not args.skip_player:
+        result["env_player_env"] = f"{ENV_TYPE} is_slippery=false"
+        result["env_player_max_actions_per_traj"] = args.max_actions
+        result["env_player_max_tokens_per_step"] = args.max_tokens
+        result.update(bench_player(args.trajectories, args.max_actions, args.max_tokens))
+        ok = ok and result["env_player_correct"]
+
+    result["correct"] = ok
+    result["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    result["wall_s"] = round(time.perf_counter() - wall0, 1)
+    text = json.dumps(result, indent=2)
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
