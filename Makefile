@@ -45,6 +45,7 @@ test-unit: env
 bench: env
 	mkdir -p runs/bench
 	$(PY) benchmarks/filter_stage.py --out runs/bench/filter_stage.json
+	$(PY) benchmarks/agentic.py --out runs/bench/agentic.json
 
 clean:
 	rm -rf .venv runs .rollstream

@@ -1,33 +1,37 @@
 """Throughput of the agentic path (group queue + env player), three ways in one run.
 
-1. ``group_queue_inprocess_trajectories_per_s``: pre-encoded Trajectory events through
-   ``GroupQueueProcessor.handle`` over a plain dict table (no Kafka), once with the default group
-   filter (keeps everything) and once with ``EnvFailureStdGroupFilter`` (drops zero-std groups,
-   which start a replacement episode). Same events both times.
+1. ``group_queue_inprocess_trajectories_per_s_{default,std}``: pre-encoded Trajectory events
+   through ``GroupQueueProcessor.handle`` over a plain dict table (no Kafka), once with the
+   default group filter (keeps every group) and once with ``EnvFailureStdGroupFilter`` (drops
+   zero-std groups; each drop starts a replacement episode). Same events both times.
 2. ``group_queue_kafka_trajectories_per_s``: the same events (std filter) produced to
    ``trajectories`` before ONE group-queue worker subprocess starts, timed from the first decided
-   group read back from ``groups.accepted``/``groups.rejected`` to the last. The ``start``
-   GroupCommands are handled first by a preparing worker that is then stopped: ``episodes.control``
-   and ``trajectories`` are two topics, and faust reads them round-robin, so a trajectory produced
-   after its start command may still be handled before it (and dead-lettered as "never
-   started"). The measured worker therefore starts with the group queues open, restored from the
-   table's changelog, and the whole trajectory backlog waiting. Startup (subprocess start ->
-   first decided group) is ``kafka_startup_s``.
+   group read back from ``groups.accepted``/``groups.rejected`` to the last; the trajectories
+   counted are those handled in that span (``kafka_trajectories_timed``, known from the
+   in-process run). Startup (subprocess start -> first decided group) is ``kafka_startup_s``.
+   The ``start`` GroupCommands on ``episodes.control`` are handled beforehand by a preparing
+   worker, stopped once it has committed them (``kafka_prepare_s``): faust reads its two input
+   topics round-robin, so a backlog of trajectories produced after the start commands could
+   still be handled before them (dead-lettered as "never started"). The measured worker
+   restores the open group queues from the table's changelog and finds the whole backlog.
 3. ``env_player_*``: the real model (TransformersBackend on CPU) plays the same N EpisodeRequests
-   (gym:FrozenLake-v1, not slippery) with ``EpisodePlayer(max_concurrent=1)`` (one trajectory at
-   a time, batch 1) and ``max_concurrent=N`` (every waiting turn in one batched generate call).
-   Sampling seeds depend on the request only, so both variants sample the same tokens (the
-   counts are reported so that this can be checked).
+   (gym:FrozenLake-v1, is_slippery false) with ``EpisodePlayer(max_concurrent=1)`` (one
+   trajectory at a time, batch 1) and ``max_concurrent=N`` (all waiting turns in one batched
+   generate call), in the order batched, sequential, batched (the mean of the two batched runs
+   is reported, with both runs). Sampling seeds depend on the request only, so both variants
+   sample the same tokens: ``env_player_same_tokens`` counts the trajectories whose tokens match.
 
-Workload of 1 and 2: ``--groups`` env groups of ``--group-size`` (8) + 1 redundant run per episode,
-two episodes open per group id, ``--accepted-per-group`` accepted episodes per group id. Every
-fourth episode (shifted by group id) has all-zero rewards: the std filter drops it and a
-replacement episode follows, so the workload carries those episodes too. Events of a group id
-arrive episode pair by episode pair in a random order, the 9th (redundant) run of each episode
-only during the next pair, i.e. late; group ids are interleaved at random. A trajectory has 3 turns:
-``--prompt-tokens`` (300) first-turn prompt, ``--response-tokens`` (32) per turn, ``--env-tokens``
-(60) per environment answer. What the filters must decide is known exactly and checked
-(``*_correct``). Never asserts on time: it prints JSON and writes it to ``--out``.
+Workload of 1 and 2: ``--groups`` env group ids, ``--group-size`` (8) + 1 redundant run per
+episode, two episodes open per group id (``max_traj_per_env``), ``--accepted-per-group``
+accepted episodes per group id. Every fourth episode (shifted by group id) has all-zero rewards:
+the std filter drops it and the workload carries the replacement episode too (the default filter,
+which keeps it, then finds the group id complete early and counts those runs as late). A group
+id's events come in a random order that respects which episodes are open (the queue's own rules),
+the redundant run of each episode only after its group was decided (late); group ids are
+interleaved at random. A trajectory has 3 turns: ``--prompt-tokens`` (300) first-turn prompt,
+``--response-tokens`` (32) per turn, ``--env-tokens`` (60) per later environment answer.
+What each filter must decide (accepted, rejected, late) follows from the workload and is checked
+(``*correct``). Never asserts on time: it prints JSON and writes it to ``--out``.
 
     .venv/bin/python benchmarks/agentic.py --out runs/bench/agentic.json
 """
@@ -52,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from filter_stage import _end_offsets, process_cpu_s, produce_events, versions  # noqa: E402
 
 from rollstream.config import parse_config  # noqa: E402
-from rollstream.schemas import decode, encode  # noqa: E402
+from rollstream.schemas import encode  # noqa: E402
 from rollstream.topics import Topics  # noqa: E402
 
 PARTITIONS = 4
@@ -222,13 +226,13 @@ def bench_inprocess(config, workload: dict, expected: dict) -> dict:
     proc = GroupQueueProcessor(config, table)
     errors = 0
     for _, value in workload["starts"]:
-        errors += proc.handle(0, value).error is not None
+        errors += proc.handle(topics.episodes_control, 0, value).error is not None
     events = workload["events"]
     sends = {topics.groups_accepted: 0, topics.groups_rejected: 0}
     decided_at: list[int] = []  # index of each event that decided a group
     t0, c0 = time.perf_counter(), time.process_time()
     for i, (_, value) in enumerate(events):
-        handled = proc.handle(0, value)
+        handled = proc.handle(topics.trajectories, 0, value)
         if handled.error is not None:
             errors += 1
         for s in handled.sends:
@@ -288,7 +292,8 @@ def _committed(bootstrap: str, group_id: str, topic: str, partitions: list[int])
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False)
     try:
-        return {p: (consumer.committed(TopicPartition(topic, p)) or -1) for p in partitions}
+        offsets = {p: consumer.committed(TopicPartition(topic, p)) for p in partitions}
+        return {p: -1 if off is None else off for p, off in offsets.items()}
     finally:
         consumer.close(autocommit=False)
 
@@ -453,33 +458,56 @@ def bench_player(n: int, actions: int, tokens: int) -> dict:
         backend.generate([warm] * rows, [1] * rows, [SamplingParams(max_new_tokens=2, seed=1)] * rows)
     requests = player_requests(n, actions, tokens)
     played: dict[str, list[dict]] = {}
-    for name, concurrent in (("sequential", 1), ("batched", n)):
+    timings: dict[str, list[tuple[float, float, float]]] = {"sequential": [], "batched": []}  # (wall, cpu, load)
+    calls: dict[str, int] = {}
+    # batched, sequential, batched: the slow sequential run sits between two batched ones, so a
+    # change in the machine's other load shows up as a difference between the batched runs
+    for name in ("batched", "sequential", "batched"):
+        concurrent = n if name == "batched" else 1
         player = EpisodePlayer(backend, temperature=1.0, top_p=1.0, max_concurrent=concurrent, worker="bench")
+        load = os.getloadavg()[0]
         t0, c0 = time.perf_counter(), time.process_time()
         trajs = player.play(requests, timeout_s=SAFETY_TIMEOUT_S)
-        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+        timings[name].append((time.perf_counter() - t0, time.process_time() - c0, load))
+        if name in played and _tokens(played[name]) != _tokens(trajs):
+            result["env_player_batched_runs_differ"] = True
         played[name] = trajs
+        calls[name] = player.generate_calls
+    for name, concurrent in (("sequential", 1), ("batched", n)):
+        trajs = played[name]
+        elapsed = sum(w for w, _, _ in timings[name]) / len(timings[name])
+        cpu = sum(c for _, c, _ in timings[name]) / len(timings[name])
         turns = sum(len(t["turns"]) for t in trajs)
         generated = sum(len(turn["response_token_ids"]) for t in trajs for turn in t["turns"])
         prompt = sum(len(turn["prompt_token_ids"]) for t in trajs for turn in t["turns"])
         result[f"env_player_{name}"] = {
-            "max_concurrent": concurrent, "trajectories": len(trajs), "seconds": round(elapsed, 2),
-            "cpu_s": round(cpu, 2), "trajectories_per_s": round(len(trajs) / elapsed, 3),
-            "model_tokens_per_s": round(generated / elapsed, 1), "generated_tokens": generated,
-            "prompt_tokens": prompt, "turns": turns, "generate_calls": player.generate_calls,
-            "mean_batch": round(turns / max(player.generate_calls, 1), 2),
+            "max_concurrent": concurrent, "trajectories": len(trajs), "runs": len(timings[name]),
+            "seconds": round(elapsed, 2), "cpu_s": round(cpu, 2),
+            "run_seconds": [round(w, 2) for w, _, _ in timings[name]],
+            "run_loadavg_1m": [round(x, 2) for _, _, x in timings[name]],
+            "trajectories_per_s": round(len(trajs) / elapsed, 3),
+            "model_tokens_per_s": round(generated / elapsed, 1),
+            "model_tokens_per_cpu_s": round(generated / cpu, 1),
+            "generated_tokens": generated, "prompt_tokens": prompt, "turns": turns,
+            "generate_calls": calls[name], "mean_batch": round(turns / max(calls[name], 1), 2),
             "stop_reasons": _counts(t["stop_reason"] for t in trajs),
             "successes": sum(t["success"] for t in trajs),
         }
     seq, bat = result["env_player_sequential"], result["env_player_batched"]
+    result["env_player_sequential_trajectories_per_s"] = seq["trajectories_per_s"]
+    result["env_player_batched_trajectories_per_s"] = bat["trajectories_per_s"]
     result["env_player_speedup"] = round(bat["trajectories_per_s"] / seq["trajectories_per_s"], 2)
+    result["env_player_speedup_cpu"] = round(seq["cpu_s"] / bat["cpu_s"], 2)
     result["env_player_same_tokens"] = sum(
-        [turn["response_token_ids"] for turn in a["turns"]] == [turn["response_token_ids"] for turn in b["turns"]]
-        for a, b in zip(played["sequential"], played["batched"]))
+        a == b for a, b in zip(_tokens(played["sequential"]), _tokens(played["batched"])))
     result["env_player_correct"] = all(
         r["trajectories"] == n and not ({"env_failed", "env_timeout", "engine_error"} & set(r["stop_reasons"]))
         for r in (seq, bat))
     return result
+
+
+def _tokens(trajs: list[dict]) -> list[list[list[int]]]:
+    return [[turn["response_token_ids"] for turn in t["turns"]] for t in trajs]
 
 
 def _counts(items) -> dict[str, int]:
@@ -554,7 +582,8 @@ def main(argv: list[str] | None = None) -> dict:
                 result["broker"] = "embedded" if broker else "external"
                 result["kafka_filter"] = "std"
                 std = result["group_queue_inprocess_std"]
-                timed = std["last_decided_at"] - std["first_decided_at"]
+                timed = (std["last_decided_at"] - std["first_decided_at"] if std["first_decided_at"] is not None
+                         else len(workload["events"]))
                 result.update(bench_kafka(bootstrap, configs["std"], workload, expected["std"], timed, workdir))
                 ok = ok and result["kafka_correct"]
                 if not result["kafka_correct"]:

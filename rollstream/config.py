@@ -236,6 +236,8 @@ class AgenticConfig(_Frozen):
 
     @model_validator(mode="after")
     def _consistent(self) -> "AgenticConfig":
+        if self.train_env_manager.num_env_groups < 1:
+            raise ValueError("train_env_manager.num_env_groups must be >= 1: no group could ever fill a batch")
         for mode, manager in self.env_managers().items():
             unknown = [t for t in manager.tags if t not in self.custom_envs]
             if unknown:

@@ -29,7 +29,7 @@ from rich.table import Table
 from rollstream.config import AgenticConfig, Config, RLVRConfig
 from rollstream.exceptions import RollstreamError
 from rollstream.readback import read_values
-from rollstream.stages import Stage, groups_per_batch, pipeline_stages
+from rollstream.stages import Stage, groups_per_batch, pipeline_stages, preflight
 from rollstream.topics import Topics
 from rollstream.trainer.loop import AgenticBatchEvents, BatchEvents, LoopResult, build_batches
 
@@ -64,7 +64,8 @@ class StageProcesses:
     def check(self) -> None:
         for name, proc in self.procs.items():
             if proc.poll() is not None:
-                tail = (self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()[-30:]
+                lines = (self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()
+                tail = [line for line in lines if " INFO kafka." not in line][-30:]
                 raise StageDied(f"stage {name} exited with {proc.returncode}; log tail:\n" + "\n".join(tail))
 
     def close(self, timeout: float = 15.0) -> None:
@@ -86,6 +87,7 @@ def run_pipeline(config: Config, summary_json: Path | None = None, console: Cons
     from rollstream.broker import EmbeddedBroker, wait_for_broker
 
     console = console or Console()
+    preflight(config)  # a bad env type or group filter fails now, before the broker starts
     started = time.monotonic()
     run_dir = run_dir or Path("runs") / config.name
     if run_dir.exists():

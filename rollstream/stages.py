@@ -39,12 +39,27 @@ def run_faust_app(app) -> None:
     faust.Worker(app, loglevel="INFO", quiet=True).execute_from_commandline()
 
 
+def preflight(config: Config) -> None:
+    """Check what the config names but cannot check itself (environment types, group filter
+    classes and their arguments), before any process or broker starts. Raises ConfigError."""
+    if not isinstance(config, AgenticConfig):
+        return
+    from rollstream.filtering.group_filters import load_group_filter
+    from rollstream.workers.envs import resolve_env
+
+    for env in config.custom_envs.values():
+        resolve_env(env.env_type)
+    for mode, manager in config.env_managers().items():
+        load_group_filter(manager.group_filter_cls, config, manager, mode)
+
+
 def run_stage(stage: Stage, config: Config, bootstrap: str, max_idle_s: float | None = None,
               instance: int = 0, instances: int = 1) -> None:
     """``instance``/``instances`` split the input partitions of the plain workers (generation,
     reward, env); the faust stages share theirs through their consumer group. Raises ConfigError
     when the stage does not belong to the config's pipeline."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.WARNING)  # kafka-python is chatty at INFO
     if stage is not Stage.trainer and stage not in pipeline_stages(config):
         kind = "agentic" if isinstance(config, AgenticConfig) else "RLVR"
         raise ConfigError(f"stage {stage.value!r} is not part of the {kind} pipeline: "

@@ -162,13 +162,15 @@ def set_in(*path_and_value):
      "train_env_manager.group_size_redundancy: Input should be greater than or equal to 0"),
     (set_in("custom_envs", "FrozenLake", "format_penalty", 0.5),
      "custom_envs.FrozenLake.format_penalty: Input should be less than or equal to 0"),
+    (lambda d: (d["train_env_manager"].update(num_env_groups=0), d["train_env_manager"].pop("num_groups_partition")),
+     "<root>: Value error, train_env_manager.num_env_groups must be >= 1: no group could ever fill a batch"),
     (set_in("surprise_key", 1), "surprise_key: Extra inputs are not permitted"),
     (set_in("train_env_manager", "surprise_key", 1), "train_env_manager.surprise_key: Extra inputs are not permitted"),
     (set_in("custom_envs", "GymFrozenLake", "max_turns", 3),
      "custom_envs.GymFrozenLake.max_turns: Extra inputs are not permitted"),
 ], ids=["batch-not-multiple", "train-tag-unknown", "val-tag-unknown", "partition-length", "partition-sum",
         "val-partition-sum", "min-valid-above-group-size", "filter-cls-no-colon", "negative-redundancy",
-        "positive-format-penalty", "unknown-top-key", "unknown-manager-key", "unknown-env-key"])
+        "positive-format-penalty", "no-train-groups", "unknown-top-key", "unknown-manager-key", "unknown-env-key"])
 def test_invalid_agentic_config_names_field_and_reason(mutate, expected):
     with pytest.raises(ConfigError) as info:
         parse_modified(mutate)
@@ -212,6 +214,23 @@ def test_unknown_env_type_is_refused_at_env_worker_start_not_by_the_config():
     with pytest.raises(ConfigError) as info:
         run_stage(Stage.env, cfg, UNREACHABLE)
     assert str(info.value) == expected
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (set_in("custom_envs", "GymFrozenLake", "env_type", "nope:x"), "unknown env_type 'nope:x'"),
+    (set_in("train_env_manager", "group_filter_cls", "nosuch.module:Filter"), "nosuch.module:Filter"),
+    (set_in("train_env_manager", "group_filter_config", {"std_threshold": "abc"}),
+     "group_filter_config.std_threshold must be a number, got 'abc'"),
+])
+def test_run_refuses_what_the_config_cannot_check_before_starting_a_broker(tmp_path, mutate, expected):
+    """`rollstream run` checks env types and group filters first: a clear error, no broker, no
+    stage processes (the run directory is never created)."""
+    from rollstream.run import run_pipeline
+
+    cfg = parse_modified(mutate)
+    with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        run_pipeline(cfg, run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
 
 
 # -- the group filter contract in the help text ---------------------------------------------------

@@ -144,8 +144,8 @@ class StartRun:
 
 @dataclass(frozen=True)
 class SetAside:
-    """A trajectory leaves its group (emitted as rejected with ``reason``: infra_abort or
-    invalid_reward)."""
+    """A trajectory leaves its group (emitted as rejected with ``reason``: infra_abort,
+    invalid_reward or invalid_trajectory)."""
 
     episode_id: int
     traj_index: int
@@ -241,11 +241,12 @@ def start(mode: str, group_id: int, group_seed: int, params: QueueParams, now_ms
 
 def on_trajectory(state: QueueState, params: QueueParams, episode_id: int, traj_index: int,
                   infra_failed: bool, finished_ms: int, now_ms: int, decide: Decide,
-                  invalid_reward: bool = False) -> list[Effect]:
+                  invalid: str | None = None) -> list[Effect]:
     """One trajectory arrived. ``infra_failed``: it ended with env_timeout, env_failed or an
     engine error (set aside as ``infra_abort`` when refills are enabled, else a member);
-    ``invalid_reward``: its reward is NaN/inf (always set aside as ``invalid_reward``: it cannot
-    be trained). A set-aside run is refilled while ``max_refills_per_group`` allows.
+    ``invalid``: why it cannot be trained at all (``invalid_reward`` for a NaN/inf return,
+    ``invalid_trajectory`` for inconsistent token arrays): always set aside with that reason.
+    A set-aside run is refilled while ``max_refills_per_group`` allows.
 
     The caller stores the trajectory when the effects contain no Late/Duplicate for it (it then
     is a member or set aside) and may delete the stored members of a decided episode.
@@ -265,11 +266,10 @@ def on_trajectory(state: QueueState, params: QueueParams, episode_id: int, traj_
     if traj_index in ep.arrived or traj_index in ep.aborted or traj_index not in ep.issued:
         return [Duplicate(episode_id, traj_index)]
     out = []
-    aside = (RejectReason.INVALID_REWARD if invalid_reward else
-             RejectReason.INFRA_ABORT if infra_failed and params.refill_enabled else None)
+    aside = invalid or (RejectReason.INFRA_ABORT.value if infra_failed and params.refill_enabled else None)
     if aside is not None:
         ep.aborted.append(traj_index)
-        out.append(SetAside(episode_id, traj_index, aside.value))
+        out.append(SetAside(episode_id, traj_index, aside))
         if (params.refill_enabled and ep.refills < params.max_refills_per_group
                 and len(ep.arrived) + ep.pending < params.group_size):
             ep.refills += 1

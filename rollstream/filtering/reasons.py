@@ -27,6 +27,7 @@ class RejectReason(str, Enum):
     ENV_TIMEOUT = "env_timeout"  # an environment step outlived env_step_timeout_s
     ENV_FAILED = "env_failed"  # the environment raised
     INFRA_ABORT = "infra_abort"  # one trajectory set aside (env_timeout/env_failed), refilled
+    INVALID_TRAJECTORY = "invalid_trajectory"  # token arrays that disagree: cannot be trained
     REFILL_EXHAUSTED = "refill_exhausted"  # too few valid trajectories left after the refills
     EPISODE_TIMEOUT = "episode_timeout"  # runs still missing after the deadline and its reissues
     DROP_FLAG = "drop_flag"  # the drop_flag group filter dropped the group

@@ -41,7 +41,7 @@ def build_group_queue_app(config: AgenticConfig, bootstrap: str, store: str = "m
     processor = GroupQueueProcessor(config, table)
 
     async def handle(event) -> None:
-        handled = processor.handle(event.message.partition, event.value)
+        handled = processor.handle(event.message.topic, event.message.partition, event.value)
         if handled.error is not None:
             await emit.dead_letter(event, *handled.error)
         for send in handled.sends:

@@ -22,8 +22,9 @@ from typing import Any, MutableMapping
 from rollstream.config import AgenticConfig
 from rollstream.filtering import group_queue as gq
 from rollstream.filtering.group_filters import filter_group, load_group_filter
-from rollstream.filtering.reasons import ACCEPTED
+from rollstream.filtering.reasons import ACCEPTED, RejectReason
 from rollstream.schemas import REGISTRY, decode, encode
+from rollstream.schemas.validation import check_trajectory
 from rollstream.topics import Topics
 from rollstream.workers.base import now_ms, worker_id
 
@@ -55,9 +56,17 @@ def _traj_key(mode: str, group_id: int, episode_id: int, traj_index: int) -> byt
     return f"t:{mode}/{group_id}/{episode_id}/{traj_index}".encode()
 
 
-def has_invalid_reward(trajectory: dict) -> bool:
-    """A NaN/inf return cannot be trained: rejected as invalid_reward, never passed on silently."""
-    return not math.isfinite(trajectory["response_level_rewards"])
+def invalid_reason(trajectory: dict) -> str | None:
+    """Why a trajectory cannot be trained (checked where it enters, so the trainer never has to
+    refuse an accepted group): ``invalid_reward`` (NaN/inf return, never passed on silently),
+    ``invalid_trajectory`` (token arrays that disagree), or None."""
+    if not math.isfinite(trajectory["response_level_rewards"]):
+        return RejectReason.INVALID_REWARD.value
+    try:
+        check_trajectory(trajectory)
+    except ValueError:
+        return RejectReason.INVALID_TRAJECTORY.value
+    return None
 
 
 def is_infra_failure(trajectory: dict) -> bool:
@@ -85,24 +94,25 @@ class GroupQueueProcessor:
 
     # -- inputs -----------------------------------------------------------------------------
 
-    def handle(self, partition: int, value: bytes, now: int | None = None) -> Handled:
-        """One event of ``trajectories`` or ``episodes.control`` read from ``partition``.
-        Never raises for bad input: it comes back as ``Handled.error``."""
+    def handle(self, topic: str, partition: int, value: bytes, now: int | None = None) -> Handled:
+        """One event read from ``topic`` (``trajectories`` or ``episodes.control``) at
+        ``partition``. Never raises for bad input: it comes back as ``Handled.error``."""
         now = now_ms() if now is None else now
+        expected = {self.topics.episodes_control: "GroupCommand", self.topics.trajectories: "Trajectory"}.get(topic)
         try:
             schema, record = decode(value)
         except Exception as exc:  # DecodeError, UnknownFingerprintError
             reason = "unknown_schema" if "fingerprint" in str(exc).lower() else "undecodable"
             return Handled(error=(reason, str(exc)))
+        if schema != expected:
+            return Handled(error=("invalid_event", f"expected {expected} on {topic}, got {schema}"))
         if schema == "GroupCommand":
             if record["command"] == "tick":
                 return self.tick(partition, now)
             if record["command"] == "start":
                 return self.start(record["mode"], record["group_id"], partition, now)
             return Handled(error=("invalid_event", f"unknown group command {record['command']!r}"))
-        if schema == "Trajectory":
-            return self.trajectory(record, value, now)
-        return Handled(error=("invalid_event", f"expected Trajectory or GroupCommand, got {schema}"))
+        return self.trajectory(record, value, now)
 
     def start(self, mode: str, group_id: int, partition: int, now: int) -> Handled:
         manager = self.managers.get(mode)
@@ -152,13 +162,13 @@ class GroupQueueProcessor:
         self._arriving = (key, value)  # readable as stored while its own arrival is decided
         try:
             effects = gq.on_trajectory(state, params, eid, tix, is_infra_failure(record),
-                                       record.get("finished_ms", 0), now, decide,
-                                       invalid_reward=has_invalid_reward(record))
+                                       record.get("finished_ms", 0), now, decide, invalid=invalid_reason(record))
             out = self._apply(state, effects, now)
         finally:
             self._arriving = None
-        if eid in state.open and tix in state.open[eid].arrived:
-            self.table[key] = value  # a member of a still open episode
+        redelivered = any(isinstance(e, (gq.Duplicate, gq.Late)) for e in effects)
+        if not redelivered and eid in state.open and tix in state.open[eid].arrived:
+            self.table[key] = value  # a new member of a still open episode (a duplicate never overwrites)
         self._save(state)
         return out
 

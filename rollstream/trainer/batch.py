@@ -49,6 +49,8 @@ from typing import Sequence, overload
 import torch
 from torch import Tensor
 
+from rollstream.schemas.validation import check_trajectory
+
 GRPO_EPS = 1e-6
 """Added to the group std before dividing, so a near-constant group cannot blow up."""
 
@@ -192,36 +194,10 @@ def _check_trajectory_group(group: dict) -> None:
     seen: set[int] = set()
     for traj in trajectories:
         idx = traj["traj_index"]
-        where = f"group {key!r} trajectory {idx}"
         if idx in seen:
             raise ValueError(f"group {key!r}: traj_index {idx} appears twice")
         seen.add(idx)
-        turns = traj["turns"]
-        # no turns (the environment failed before the model spoke): a placeholder row, all
-        # padding, that trains nothing; its reward still counts in the group's statistics, like
-        # the reference's failed-reset placeholder (reference-behaviour.md g)
-        if turns and not turns[0]["prompt_token_ids"]:
-            raise ValueError(f"{where}: turns[0] has no prompt tokens")
-        for t, turn in enumerate(turns):
-            n_tok, n_lp = len(turn["response_token_ids"]), len(turn["infer_logprobs"])
-            if n_tok != n_lp:
-                raise ValueError(
-                    f"{where} turn {t}: {n_tok} response tokens but {n_lp} infer_logprobs")
-        n_flat = sum(len(turn["response_token_ids"]) for turn in turns) + sum(
-            len(turn["prompt_token_ids"]) for turn in turns[1:])
-        mask = traj["response_mask"]
-        if len(mask) != n_flat:
-            raise ValueError(
-                f"{where}: response_mask has {len(mask)} entries but the flattened response "
-                f"has {n_flat} tokens")
-        bad = set(mask) - {0, 1}
-        if bad:
-            raise ValueError(f"{where}: response_mask values must be 0 or 1, got {sorted(bad)}")
-        reward = traj["response_level_rewards"]
-        if not math.isfinite(reward):
-            raise ValueError(
-                f"{where}: non-finite response_level_rewards {reward} "
-                "(such groups must be rejected upstream with reason invalid_reward)")
+        check_trajectory(traj, where=f"group {key!r} trajectory {idx}")
 
 
 def _rows(group: dict) -> list[_Row]:

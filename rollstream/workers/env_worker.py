@@ -149,6 +149,8 @@ class EnvWorker:
             self.producer.send(self.topics.trajectories, key=str(rec["group_id"]).encode(), value=value)
             self.emitted += 1
             self.stop_reasons[rec["stop_reason"]] += 1
+            if rec["error"]:  # infra failures must be visible to whoever runs the worker
+                log.warning("%s/%s/%s/%s ended %s: %s", *identity_of(rec), rec["stop_reason"], rec["error"])
         return outputs
 
     def _commit(self) -> None:

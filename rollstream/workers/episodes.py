@@ -80,7 +80,9 @@ def turn_seed(seed: int, traj_index: int, turn: int) -> int:
 
 def validate_request(request: dict) -> None:
     """Raise ValueError when an EpisodeRequest cannot be played whatever the environment does
-    (non-positive limits or timeout)."""
+    (an unknown mode, non-positive limits or timeout)."""
+    if request["mode"] not in ("train", "val"):
+        raise ValueError(f"mode must be 'train' or 'val', got {request['mode']!r}")
     if int(request["max_actions_per_traj"]) < 1:
         raise ValueError(f"max_actions_per_traj must be >= 1, got {request['max_actions_per_traj']}")
     if int(request["max_tokens_per_step"]) < 1:

@@ -43,8 +43,8 @@ class Run:
         self.proc = GroupQueueProcessor(self.config, self.table)
         self.sent: list[tuple[str, str, str, dict]] = []  # (topic, key, schema, record)
 
-    def feed(self, value: bytes, now: int = 0):
-        handled = self.proc.handle(0, value, now=now)
+    def feed(self, value: bytes, now: int = 0, topic: str = "gq.episodes.control"):
+        handled = self.proc.handle(topic, 0, value, now=now)
         for s in handled.sends:
             schema, record = decode(s.value)
             self.sent.append((s.topic, s.key, schema, record))
@@ -54,7 +54,7 @@ class Run:
         return self.feed(encode({"command": "start", "mode": "train", "group_id": group_id}, "GroupCommand"))
 
     def arrive(self, record: dict, now: int = 0):
-        return self.feed(encode(record, "Trajectory"), now)
+        return self.feed(encode(record, "Trajectory"), now, topic="gq.trajectories")
 
     def on(self, topic_suffix: str, schema: str | None = None) -> list[dict]:
         return [r for t, _, s, r in self.sent if t == f"gq.{topic_suffix}" and (schema is None or s == schema)]
@@ -146,7 +146,12 @@ def test_bad_events_come_back_as_errors():
     assert run.start(99).error[0] == "invalid_event"  # outside num_env_groups
     assert run.feed(encode({"command": "explode"}, "GroupCommand")).error[0] == "invalid_event"
     prompt = encode({"prompt_id": "p", "domain": "d", "prompt": "x"}, "Prompt")
-    assert run.feed(prompt).error == ("invalid_event", "expected Trajectory or GroupCommand, got Prompt")
+    assert run.feed(prompt).error == ("invalid_event", "expected GroupCommand on gq.episodes.control, got Prompt")
+    # each input topic carries its own schema: a command on trajectories does not open a group
+    start = encode({"command": "start", "mode": "train", "group_id": 0}, "GroupCommand")
+    assert run.feed(start, topic="gq.trajectories").error == (
+        "invalid_event", "expected Trajectory on gq.trajectories, got GroupCommand")
+    assert run.on("episodes.requests") == []
 
 
 def test_tick_reissues_on_its_partition_only_and_sends_them_elsewhere():
@@ -154,11 +159,12 @@ def test_tick_reissues_on_its_partition_only_and_sends_them_elsewhere():
     config["kafka"]["partitions"] = 3
     proc = GroupQueueProcessor(parse_config(config), {})
     tick = encode({"command": "tick"}, "GroupCommand")
-    proc.handle(2, encode({"command": "start", "mode": "train", "group_id": 0}, "GroupCommand"), now=0)
-    proc.handle(2, encode(trajectory(0, 0, 0, 1.0), "Trajectory"), now=0)
-    assert proc.handle(1, tick, now=10**13).sends == []  # the group lives on partition 2
-    first = [s for s in proc.handle(2, tick, now=10**13).sends if s.topic == "gq.episodes.requests"]
-    second = [s for s in proc.handle(2, tick, now=2 * 10**13).sends if s.topic == "gq.episodes.requests"]
+    control, trajectories = "gq.episodes.control", "gq.trajectories"
+    proc.handle(control, 2, encode({"command": "start", "mode": "train", "group_id": 0}, "GroupCommand"), now=0)
+    proc.handle(trajectories, 2, encode(trajectory(0, 0, 0, 1.0), "Trajectory"), now=0)
+    assert proc.handle(control, 1, tick, now=10**13).sends == []  # the group lives on partition 2
+    first = [s for s in proc.handle(control, 2, tick, now=10**13).sends if s.topic == "gq.episodes.requests"]
+    second = [s for s in proc.handle(control, 2, tick, now=2 * 10**13).sends if s.topic == "gq.episodes.requests"]
     assert [(decode(s.value)[1]["traj_index"], decode(s.value)[1]["cause"], s.partition) for s in first + second] == [
         (2, "reissue", 0), (3, "reissue", 1)]
 
@@ -207,3 +213,31 @@ def test_drop_flag_ratio_guard_state_survives_a_restart():
     assert ["k" if g["accepted"] else "D" for g in decided] == ["k", "D", "k", "D", "k", "D"]
     assert {g["reason"] for g in decided if not g["accepted"]} == {"drop_flag"}
     assert json.loads(run.table[b"f:train/0"])["guard"]["total"] == 6
+
+
+def test_a_redelivered_run_never_overwrites_the_stored_member():
+    """Run 0 arrives, then a different trajectory under the same identity (an env worker that
+    replayed the request after a crash): the group ships the first one, the one its decision
+    saw."""
+    run = Run(group_size=2)
+    run.start(0)
+    run.arrive(trajectory(0, 0, 0, 1.0))
+    run.arrive({**trajectory(0, 0, 0, 5.0), "policy_version": 9})
+    run.arrive(trajectory(0, 0, 1, 0.0))
+    (group,) = run.on("groups.accepted")
+    assert [(t["traj_index"], t["response_level_rewards"]) for t in group["trajectories"]] == [(0, 1.0), (1, 0.0)]
+
+
+def test_inconsistent_token_arrays_are_set_aside_before_a_filter_can_keep_them():
+    """The trainer would refuse a group holding this trajectory (a lost accepted group); the
+    group queue sets it aside as invalid_trajectory and refills the run instead."""
+    run = Run(group_size=2)
+    run.start(0)
+    run.arrive(trajectory(0, 0, 0, 1.0))
+    run.arrive({**trajectory(0, 0, 1, 0.0), "response_mask": [1, 1, 1]})  # 2 response tokens
+    (aside,) = run.on("groups.rejected")
+    assert (aside["group_key"], aside["reason"]) == ("train/0/0/1", "invalid_trajectory")
+    assert [(r["traj_index"], r["cause"]) for r in run.on("episodes.requests")][-1] == (2, "refill")
+    run.arrive(trajectory(0, 0, 2, 0.0))
+    (group,) = run.on("groups.accepted")
+    assert [t["traj_index"] for t in group["trajectories"]] == [0, 2]

@@ -1,0 +1,40 @@
+"""Consistency checks of decoded events beyond what Avro enforces (lengths that must agree,
+finite numbers). Shared by the processors that accept an event and the trainer that uses it, so
+an event the trainer would refuse is refused where it enters."""
+
+from __future__ import annotations
+
+import math
+
+
+def check_trajectory(traj: dict, where: str = "") -> None:
+    """Raise ``ValueError`` unless a decoded ``Trajectory`` record can be trained.
+
+    Checks: ``turns[0].prompt_token_ids`` non-empty (when there are turns; a trajectory without
+    turns is an all-padding placeholder), per turn as many ``infer_logprobs`` as
+    ``response_token_ids``, a ``response_mask`` of 0/1 values exactly as long as the flattened
+    response (``sum len(response_k) + sum_{k>=1} len(prompt_k)``), a finite
+    ``response_level_rewards``. ``where`` prefixes the message (default: the identity).
+    """
+    where = where or (f"trajectory {traj.get('mode')}/{traj.get('group_id')}/{traj.get('episode_id')}/"
+                      f"{traj.get('traj_index')}")
+    turns = traj["turns"]
+    if turns and not turns[0]["prompt_token_ids"]:
+        raise ValueError(f"{where}: turns[0] has no prompt tokens")
+    for t, turn in enumerate(turns):
+        n_tok, n_lp = len(turn["response_token_ids"]), len(turn["infer_logprobs"])
+        if n_tok != n_lp:
+            raise ValueError(f"{where} turn {t}: {n_tok} response tokens but {n_lp} infer_logprobs")
+    n_flat = sum(len(turn["response_token_ids"]) for turn in turns) + sum(
+        len(turn["prompt_token_ids"]) for turn in turns[1:])
+    mask = traj["response_mask"]
+    if len(mask) != n_flat:
+        raise ValueError(f"{where}: response_mask has {len(mask)} entries but the flattened response "
+                         f"has {n_flat} tokens")
+    bad = set(mask) - {0, 1}
+    if bad:
+        raise ValueError(f"{where}: response_mask values must be 0 or 1, got {sorted(bad)}")
+    reward = traj["response_level_rewards"]
+    if not math.isfinite(reward):
+        raise ValueError(f"{where}: non-finite response_level_rewards {reward} "
+                         "(such groups must be rejected upstream with reason invalid_reward)")
