@@ -53,7 +53,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from filter_stage import _end_offsets, process_cpu_s, produce_events, versions  # noqa: E402
+from filter_stage import _end_offsets, kafka_bootstrap, process_cpu_s, produce_events, versions  # noqa: E402
 
 from rollstream.config import parse_config  # noqa: E402
 from rollstream.schemas import encode  # noqa: E402
@@ -569,17 +569,7 @@ def main(argv: list[str] | None = None) -> dict:
     if not args.skip_kafka:
         with tempfile.TemporaryDirectory(prefix="rollstream-bench-") as tmp:
             workdir = Path(tmp)
-            broker = None
-            bootstrap = args.bootstrap
-            try:
-                if bootstrap is None:
-                    from rollstream.broker import EmbeddedBroker
-
-                    broker = EmbeddedBroker(workdir / "kafka")
-                    t0 = time.perf_counter()
-                    bootstrap = broker.start()
-                    result["broker_start_s"] = round(time.perf_counter() - t0, 2)
-                result["broker"] = "embedded" if broker else "external"
+            with kafka_bootstrap(args.bootstrap, workdir, result) as bootstrap:
                 result["kafka_filter"] = "std"
                 std = result["group_queue_inprocess_std"]
                 timed = (std["last_decided_at"] - std["first_decided_at"] if std["first_decided_at"] is not None
@@ -591,9 +581,6 @@ def main(argv: list[str] | None = None) -> dict:
                         if (workdir / log).exists():
                             result[f"{log.split('.')[0]}_log_tail"] = (
                                 (workdir / log).read_text(errors="replace").splitlines()[-20:])
-            finally:
-                if broker is not None:
-                    broker.stop()
     del workload
 
     if not args.skip_player:

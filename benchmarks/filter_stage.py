@@ -29,7 +29,9 @@ import sys
 import tempfile
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import yaml
 
@@ -317,6 +319,27 @@ def versions() -> dict:
             "fastavro": fastavro.__version__}
 
 
+@contextmanager
+def kafka_bootstrap(requested: str | None, workdir: Path, result: dict) -> Iterator[str]:
+    """``requested``, or an embedded broker under ``workdir`` for the block (its start time and
+    kind go into ``result``)."""
+    broker = None
+    try:
+        bootstrap = requested
+        if bootstrap is None:
+            from rollstream.broker import EmbeddedBroker
+
+            broker = EmbeddedBroker(workdir / "kafka")
+            t0 = time.perf_counter()
+            bootstrap = broker.start()
+            result["broker_start_s"] = round(time.perf_counter() - t0, 2)
+        result["broker"] = "embedded" if broker else "external"
+        yield bootstrap
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/bench/filter_stage.json"))
@@ -350,24 +373,11 @@ def main(argv: list[str] | None = None) -> dict:
     if not args.skip_kafka:
         with tempfile.TemporaryDirectory(prefix="rollstream-bench-") as tmp:
             workdir = Path(tmp)
-            broker = None
-            bootstrap = args.bootstrap
-            try:
-                if bootstrap is None:
-                    from rollstream.broker import EmbeddedBroker
-
-                    broker = EmbeddedBroker(workdir / "kafka")
-                    t0 = time.perf_counter()
-                    bootstrap = broker.start()
-                    result["broker_start_s"] = round(time.perf_counter() - t0, 2)
-                result["broker"] = "embedded" if broker else "external"
+            with kafka_bootstrap(args.bootstrap, workdir, result) as bootstrap:
                 result.update(bench_kafka(bootstrap, events, args.group_size, (exp_acc, exp_rej), workdir))
                 kafka_ok = result["kafka_correct"]
                 if not kafka_ok:
                     result["aggregator_log_tail"] = (workdir / "aggregator.log").read_text(errors="replace").splitlines()[-20:]
-            finally:
-                if broker is not None:
-                    broker.stop()
     result["correct"] = inprocess_ok and kafka_ok
     result["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
 

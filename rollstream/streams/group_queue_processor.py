@@ -91,6 +91,7 @@ class GroupQueueProcessor:
             load_group_filter(manager.group_filter_cls, config, manager, mode)
         self._filters: dict[tuple[str, int], Any] = {}
         self._arriving: tuple[bytes, bytes] | None = None
+        self._decoded: dict[bytes, dict] = {}  # member records decoded while handling one event
 
     # -- inputs -----------------------------------------------------------------------------
 
@@ -98,6 +99,12 @@ class GroupQueueProcessor:
         """One event read from ``topic`` (``trajectories`` or ``episodes.control``) at
         ``partition``. Never raises for bad input: it comes back as ``Handled.error``."""
         now = now_ms() if now is None else now
+        try:
+            return self._handle(topic, partition, value, now)
+        finally:
+            self._decoded = {}  # the cache lives for one event: memory stays flat
+
+    def _handle(self, topic: str, partition: int, value: bytes, now: int) -> Handled:
         expected = {self.topics.episodes_control: "GroupCommand", self.topics.trajectories: "Trajectory"}.get(topic)
         try:
             schema, record = decode(value)
@@ -160,6 +167,7 @@ class GroupQueueProcessor:
 
         key = _traj_key(mode, gid, eid, tix)
         self._arriving = (key, value)  # readable as stored while its own arrival is decided
+        self._decoded[key] = record  # a member is decoded once per event, not per use
         try:
             effects = gq.on_trajectory(state, params, eid, tix, is_infra_failure(record),
                                        record.get("finished_ms", 0), now, decide, invalid=invalid_reason(record))
@@ -190,10 +198,9 @@ class GroupQueueProcessor:
                     out.log.append(f"{mode}/{gid}/{effect.episode_id}: {effect.cause} run {effect.traj_index}"
                                    + (f" to partition {partition}" if partition is not None else ""))
             elif isinstance(effect, gq.GroupDecided):
-                members = [self._stored_bytes(mode, gid, effect.episode_id, t) for t in effect.members]
                 values = {**effect.values, "started": float(effect.started), "arrived": float(effect.arrived)}
                 out.sends.append(self._group_send(state, effect.episode_id, effect.accepted, effect.reason, values,
-                                                  members, effect=effect))
+                                                  list(effect.members), effect=effect))
                 for t in effect.members:
                     self.table.pop(_traj_key(mode, gid, effect.episode_id, t), None)
                 out.sends.append(self._metric("group_queue/groups", 1.0, {**labels, "reason": effect.reason}, now))
@@ -205,9 +212,8 @@ class GroupQueueProcessor:
                 if effect.replaced_by is not None:
                     out.sends.append(self._metric("group_queue/episodes_replaced", 1.0, labels, now))
             elif isinstance(effect, gq.SetAside):
-                aborted = self._stored_bytes(mode, gid, effect.episode_id, effect.traj_index)
-                out.sends.append(self._group_send(state, effect.episode_id, False, effect.reason, {}, [aborted],
-                                                  key_suffix=f"/{effect.traj_index}"))
+                out.sends.append(self._group_send(state, effect.episode_id, False, effect.reason, {},
+                                                  [effect.traj_index], key_suffix=f"/{effect.traj_index}"))
                 out.sends.append(self._metric("group_queue/set_aside", 1.0, {**labels, "reason": effect.reason}, now))
             elif isinstance(effect, gq.Late):
                 out.sends.append(self._metric("group_queue/late_trajectories", 1.0, labels, now))
@@ -232,10 +238,11 @@ class GroupQueueProcessor:
         }
 
     def _group_send(self, state: gq.QueueState, episode_id: int, accepted: bool, reason: str,
-                    values: dict[str, float], members: list[bytes], *, effect: gq.GroupDecided | None = None,
+                    values: dict[str, float], traj_indices: list[int], *, effect: gq.GroupDecided | None = None,
                     key_suffix: str = "") -> Send:
         mode, gid = state.mode, state.group_id
-        records = [decode(m)[1] for m in members]
+        members = [self._stored_bytes(mode, gid, episode_id, t) for t in traj_indices]
+        records = [self._stored(mode, gid, episode_id, t) for t in traj_indices]
         tag = self.managers[mode].tag_of(gid)
         group = {
             "group_key": f"{mode}/{gid}/{episode_id}{key_suffix}", "kind": "agentic", "mode": mode,
@@ -273,7 +280,10 @@ class GroupQueueProcessor:
         return self.table[key]
 
     def _stored(self, mode: str, gid: int, eid: int, tix: int) -> dict:
-        return decode(self._stored_bytes(mode, gid, eid, tix))[1]
+        key = _traj_key(mode, gid, eid, tix)
+        if key not in self._decoded:
+            self._decoded[key] = decode(self._stored_bytes(mode, gid, eid, tix))[1]
+        return self._decoded[key]
 
     def _filter(self, mode: str, partition: int, gid: int, eid: int, group: list[dict]) -> gq.Verdict:
         key = (mode, partition)
