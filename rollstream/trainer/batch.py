@@ -69,6 +69,8 @@ class RolloutBatch:
     - ``infer_logprobs``: ``(B, T) float32``, the inference engine's log p(token) (nats) at model
       tokens; 0.0 at padding and environment tokens, so they stay finite for the train-infer
       correction (reference-behaviour.md (h)).
+    - ``response_lengths``: ``(B,) int64``, real tokens in each row's response (model and
+      environment tokens); positions from there on are padding.
     - ``response_level_rewards``: ``(B,) float32``, the scalar reward of each row.
     - ``advantages``: ``(B, T) float32``, the row's GRPO advantage broadcast over its trained
       tokens (``response_mask == 1``), 0 at padding and environment tokens.
@@ -90,6 +92,7 @@ class RolloutBatch:
     response_ids: Tensor
     response_mask: Tensor
     infer_logprobs: Tensor
+    response_lengths: Tensor
     response_level_rewards: Tensor
     advantages: Tensor
     group_index: Tensor
@@ -98,6 +101,14 @@ class RolloutBatch:
     sample_index: list[int]
     policy_versions: list[int]
     step: int
+
+    @property
+    def response_attention_mask(self) -> Tensor:
+        """``(B, T) int64``: 1 on every real response token (model or environment), 0 on padding.
+        Unlike ``response_mask`` it marks what the model attends to, not what is trained."""
+        T = self.response_ids.shape[1]
+        positions = torch.arange(T, device=self.response_ids.device)
+        return (positions[None, :] < self.response_lengths[:, None].to(positions.device)).long()
 
     @property
     def batch_size(self) -> int:
@@ -291,6 +302,7 @@ def build_batch(groups: Sequence[dict], step: int, pad_token_id: int) -> Rollout
         response_ids=response_ids,
         response_mask=response_mask,
         infer_logprobs=infer_logprobs,
+        response_lengths=torch.tensor([len(row.response) for row in rows], dtype=torch.int64),
         response_level_rewards=torch.cat(group_rewards),
         advantages=row_advantages[:, None] * response_mask,
         group_index=torch.tensor(group_index, dtype=torch.int64),

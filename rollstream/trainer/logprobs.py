@@ -1,0 +1,55 @@
+"""Per-token log-probabilities of a batch's sampled tokens under the training model
+(``old_log_probs``), aligned with ``infer_logprobs`` and ``response_mask``.
+
+The input of row b is ``cat([prompt_ids[b], response_ids[b]])``: the prompt left-padded to P
+columns, the response right-padded to T. Response token t sits at column P + t and is predicted
+by the logits at column P + t - 1. Position ids count real tokens only (``cumsum(mask) - 1``),
+as the generation engine numbered them, so left padding does not shift positions.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rollstream.trainer.batch import RolloutBatch
+
+
+def response_log_probs(model: torch.nn.Module, batch: RolloutBatch, micro_batch_size: int = 8,
+                       grad: bool = False) -> Tensor:
+    """log p(response_ids[b, t] | everything before it) under ``model``.
+
+    Args:
+        model: a causal LM (transformers ``AutoModelForCausalLM``) on the device it should run on.
+        batch: the rollout batch; moved to the model's device row-chunk by row-chunk.
+        micro_batch_size: rows per forward pass (memory: rows × (P + T) × vocab floats).
+        grad: keep the autograd graph (the policy loss); False runs under ``torch.no_grad``.
+
+    Returns:
+        ``(B, T) float32`` on the model's device, in nats; 0.0 at padding positions (beyond
+        ``response_lengths``). Environment tokens of agentic rows get their (unused) values;
+        ``response_mask`` says which positions count.
+
+    Raises:
+        ValueError: ``micro_batch_size`` < 1.
+    """
+    if micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+    device = next(model.parameters()).device
+    P = batch.prompt_ids.shape[1]
+    T = batch.response_ids.shape[1]
+    out = []
+    with torch.set_grad_enabled(grad):
+        for start in range(0, batch.batch_size, micro_batch_size):
+            rows = slice(start, start + micro_batch_size)
+            response_attention = batch.response_attention_mask[rows]
+            input_ids = torch.cat([batch.prompt_ids[rows], batch.response_ids[rows]], dim=1).to(device)
+            attention = torch.cat([batch.prompt_mask[rows], response_attention], dim=1).to(device)
+            positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
+            logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions).logits
+            # column P-1+t predicts response token t; log_softmax in float32 whatever the model dtype
+            predicting = logits[:, P - 1:P - 1 + T, :].float()
+            targets = input_ids[:, P:P + T]
+            logp = torch.log_softmax(predicting, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+            out.append(torch.where(response_attention.to(device) > 0, logp, torch.zeros_like(logp)))
+    return torch.cat(out, dim=0)
