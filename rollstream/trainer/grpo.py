@@ -1,0 +1,176 @@
+"""The GRPO policy-gradient step: clipped surrogate loss over the final mask, optional
+train-inference importance weight, one optimiser step.
+
+Loss per valid token (PPO clipped surrogate, Schulman et al. 2017, eq. 7, with GRPO's
+group-normalised advantages, Shao et al. 2024 section 4.1)::
+
+    r_t  = exp(log_probs_t - old_log_probs_t)
+    l_t  = max(-A_t * r_t, -A_t * clip(r_t, 1 - pg_clip_low, 1 + pg_clip_high)) * w_t
+
+``w_t`` is the train-inference IS weight when enabled (reference-behaviour.md (h)), else 1.
+Aggregation (the reference's ``loss_agg_mode`` names):
+
+- ``token-mean``: ``sum(l * m) / sum(m)`` over the whole batch;
+- ``seq-mean-token-mean``: the token mean of each row with valid tokens, averaged over those rows.
+
+``m`` is the FINAL mask (response mask times the correction filters), and the normaliser is
+taken from it: a token the correction removed neither adds to the numerator nor to the count
+(ARCHITECTURE.md section 6). A final mask without any token is not trained on: the step is
+skipped and reported (reference caveat (i) 22 trains on nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean")
+
+
+@dataclass(frozen=True)
+class PolicyLossConfig:
+    """``pg_clip_low`` / ``pg_clip_high``: the clip range of the ratio (1 - low, 1 + high)."""
+
+    pg_clip_low: float = 0.2
+    pg_clip_high: float = 0.2
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
+
+    def __post_init__(self) -> None:
+        """Raises ValueError for a negative clip or an unknown aggregation."""
+        if not (self.pg_clip_low >= 0 and self.pg_clip_high >= 0):
+            raise ValueError(f"pg_clip_low/high must be >= 0, got {self.pg_clip_low}, {self.pg_clip_high}")
+        if self.pg_clip_low >= 1:
+            raise ValueError(f"pg_clip_low must be < 1 (the lower bound 1 - low must stay positive), got {self.pg_clip_low}")
+        if self.loss_agg_mode not in LOSS_AGG_MODES:
+            raise ValueError(f"loss_agg_mode must be one of {list(LOSS_AGG_MODES)}, got {self.loss_agg_mode!r}")
+
+
+def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, final_mask: Tensor,
+                config: PolicyLossConfig = PolicyLossConfig(), is_weight: Tensor | None = None,
+                normaliser: float | None = None) -> tuple[Tensor, dict[str, float]]:
+    """The clipped GRPO surrogate over ``final_mask``.
+
+    Args:
+        log_probs: ``(B, T) float32`` current policy log p(token), with grad.
+        old_log_probs: ``(B, T) float32`` log p(token) of the policy that is being updated, taken
+            before the step (detached here).
+        advantages: ``(B, T) float32`` per-token advantages (GRPO: the row's group-normalised reward).
+        final_mask: ``(B, T)`` 0/1 (any dtype): tokens that are trained.
+        config: clip range and aggregation.
+        is_weight: ``(B, T)`` train-inference importance weight, or None; detached here.
+        normaliser: the denominator of the aggregation when these rows are one micro-batch of a
+            larger batch (token-mean: the batch's valid tokens; seq-mean-token-mean: its rows with
+            valid tokens), so accumulated micro-batch gradients equal the full batch's.
+
+    Returns:
+        ``(loss, metrics)``: a scalar tensor (0.0 with no valid token, still differentiable) and
+        ``pg_clipfrac`` (share of valid tokens whose ratio was clipped where it mattered),
+        ``approx_kl`` (mean of old - new over valid tokens), ``ratio_mean``, ``valid_tokens``.
+
+    Raises:
+        ValueError: the four tensors differ in shape.
+    """
+    shapes = {tuple(t.shape) for t in (log_probs, old_log_probs, advantages, final_mask)}
+    if is_weight is not None:
+        shapes.add(tuple(is_weight.shape))
+    if len(shapes) != 1:
+        raise ValueError(f"policy_loss needs tensors of one shape, got {sorted(shapes)}")
+    mask = final_mask.to(log_probs.dtype)
+    valid = mask > 0
+    # masked positions get log-ratio 0 before exp: padding values (even inf) never reach the loss
+    log_ratio = torch.where(valid, log_probs - old_log_probs.detach(), torch.zeros_like(log_probs))
+    ratio = torch.exp(log_ratio)
+    adv = torch.where(valid, advantages, torch.zeros_like(advantages))
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - config.pg_clip_low, 1.0 + config.pg_clip_high)
+    per_token = torch.maximum(unclipped, clipped)
+    if is_weight is not None:
+        per_token = per_token * torch.where(valid, is_weight.detach(), torch.zeros_like(is_weight))
+    per_token = per_token * mask
+    n_valid = mask.sum()
+    if config.loss_agg_mode == "token-mean":
+        loss = per_token.sum() / (normaliser if normaliser is not None else n_valid.clamp(min=1.0))
+    else:
+        row_tokens = mask.sum(dim=1)
+        rows = row_tokens > 0
+        row_means = per_token.sum(dim=1) / row_tokens.clamp(min=1.0)
+        loss = (row_means * rows).sum() / (normaliser if normaliser is not None else rows.sum().clamp(min=1))
+    with torch.no_grad():
+        count = max(float(n_valid), 1.0)
+        metrics = {
+            "pg_clipfrac": float(((clipped > unclipped) & valid).sum()) / count,
+            "approx_kl": float((-log_ratio * mask).sum()) / count,
+            "ratio_mean": float((ratio * mask).sum()) / count,
+            "valid_tokens": float(n_valid),
+        }
+    return loss, metrics
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What one ``train_step`` did. ``skipped`` is True when the final mask held no token (no
+    optimiser step was taken)."""
+
+    skipped: bool
+    loss: float
+    grad_norm: float
+    metrics: dict[str, float]
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch, old_log_probs: Tensor,
+               final_mask: Tensor, config: PolicyLossConfig = PolicyLossConfig(),
+               is_weight: Tensor | None = None, micro_batch_size: int = 8,
+               max_grad_norm: float | None = 1.0) -> StepReport:
+    """One GRPO optimiser step over ``batch`` (a RolloutBatch) with gradient accumulation over
+    micro-batches of ``micro_batch_size`` rows; the aggregation's normaliser is the whole batch's.
+
+    ``old_log_probs``, ``final_mask`` and ``is_weight``: ``(B, T)`` as in ``policy_loss``, on any
+    device (moved to the model's). Returns a StepReport; a final mask without any token skips
+    the step (nothing is trained on nothing). Raises ValueError for mismatched shapes.
+    """
+    from rollstream.trainer.logprobs import response_log_probs
+
+    device = next(model.parameters()).device
+    mask = final_mask.to(device=device, dtype=torch.float32)
+    if mask.sum() == 0:
+        return StepReport(skipped=True, loss=0.0, grad_norm=0.0, metrics={"valid_tokens": 0.0})
+    if config.loss_agg_mode == "token-mean":
+        normaliser = float(mask.sum())
+    else:
+        normaliser = float((mask.sum(dim=1) > 0).sum())
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    total, sums = 0.0, {"pg_clipfrac": 0.0, "approx_kl": 0.0, "ratio_mean": 0.0}
+    for start in range(0, batch.batch_size, micro_batch_size):
+        rows = slice(start, start + micro_batch_size)
+        micro = _rows_of(batch, rows)
+        if mask[rows].sum() == 0:
+            continue
+        log_probs = response_log_probs(model, micro, micro_batch_size=micro_batch_size, grad=True)
+        loss, metrics = policy_loss(
+            log_probs, old_log_probs[rows].to(device), micro.advantages.to(device), mask[rows], config,
+            None if is_weight is None else is_weight[rows].to(device), normaliser=normaliser)
+        loss.backward()
+        total += float(loss.detach())
+        for key in sums:  # token-weighted, so the batch figure is the mean over valid tokens
+            sums[key] += metrics[key] * metrics["valid_tokens"]
+    params = [p for p in model.parameters() if p.grad is not None]
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm else float("inf")))
+    optimizer.step()
+    model.eval()
+    valid = float(mask.sum())
+    return StepReport(skipped=False, loss=total, grad_norm=grad_norm,
+                      metrics={**{k: v / valid for k, v in sums.items()}, "valid_tokens": valid})
+
+
+def _rows_of(batch, rows: slice):
+    """The RolloutBatch of rows ``rows`` (tensors sliced; per-row lists too)."""
+    from dataclasses import fields, replace
+
+    per_row_lists = ("prompt_ids_str", "sample_index", "policy_versions")  # group_keys is per group
+    sliced = {f.name: getattr(batch, f.name)[rows] for f in fields(batch)
+              if isinstance(getattr(batch, f.name), Tensor) or f.name in per_row_lists}
+    return replace(batch, **sliced)
