@@ -46,6 +46,7 @@ bench: env
 	mkdir -p runs/bench
 	$(PY) benchmarks/filter_stage.py --out runs/bench/filter_stage.json
 	$(PY) benchmarks/agentic.py --out runs/bench/agentic.json
+	$(PY) benchmarks/corrections.py --out runs/bench/corrections.json
 
 clean:
 	rm -rf .venv runs .rollstream
