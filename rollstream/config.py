@@ -20,6 +20,7 @@ from rollstream.exceptions import ConfigError
 from rollstream.filtering.prompt_state import REWARD_METRIC, DomainFilters
 from rollstream.filtering.query_filters import resolve_query_filter
 from rollstream.filtering.response_filters import resolve_response_filter
+from rollstream.trainer.corrections import TrainInferCorrectionConfig
 
 # Score keys every reward function reports (rollstream.workers.rewards); a query filter may read
 # one of these instead of the shaped reward (peer scenario 6).
@@ -79,6 +80,25 @@ class ActorInferConfig(_Frozen):
     max_batch: int = Field(16, gt=0, description="Generation requests per engine call.")
 
 
+class ActorTrainConfig(_Frozen):
+    """The trainer's GRPO step (reference names: pg_clip, loss_agg_mode)."""
+
+    enabled: bool = Field(True, description="False: build and commit batches without training (no model in the trainer).")
+    lr: float = Field(1e-6, gt=0.0, le=1.0, description="AdamW learning rate.")
+    micro_batch_size: int = Field(4, gt=0, le=4096, description="Rows per forward/backward pass (gradients accumulate over the batch).")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
+    pg_clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="The ratio is clipped below at 1 - pg_clip_low.")
+    pg_clip_high: float = Field(0.2, ge=0.0, description="The ratio is clipped above at 1 + pg_clip_high.")
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
+
+    def settings(self):
+        from rollstream.trainer.grpo import PolicyLossConfig
+        from rollstream.trainer.policy import TrainSettings
+
+        return TrainSettings(lr=self.lr, micro_batch_size=self.micro_batch_size, max_grad_norm=self.max_grad_norm,
+                             loss=PolicyLossConfig(self.pg_clip_low, self.pg_clip_high, self.loss_agg_mode))
+
+
 class KafkaConfig(_Frozen):
     bootstrap_servers: str | None = Field(None, description="null starts the embedded local broker.")
     topic_prefix: str = "rollstream."
@@ -100,6 +120,8 @@ class RLVRConfig(_Frozen):
     max_steps: int = Field(1, gt=0, description="Trainer batches to build, then stop.")
     prompt_length: int = Field(1024, gt=0, description="Tokenised (chat-templated) prompt length at most; longer -> prompt_too_long.")
     actor_infer: ActorInferConfig = Field(default_factory=ActorInferConfig)
+    actor_train: ActorTrainConfig = Field(default_factory=ActorTrainConfig)
+    train_infer_correction: TrainInferCorrectionConfig = Field(default_factory=TrainInferCorrectionConfig)
     rewards: dict[str, RewardDomainConfig]
     datasets: list[DatasetConfig]
     domain_interleave_probs: dict[str, float] = Field(default_factory=dict)
@@ -230,6 +252,8 @@ class AgenticConfig(_Frozen):
     max_concurrent_episodes: int = Field(16, gt=0, le=4096, description="Trajectories one env worker plays at once (their turns are generated as one batch).")
     max_context_tokens: int = Field(2048, gt=0, le=1_000_000, description="Tokens of a trajectory's context at most; a turn that would pass it ends the run (stop_reason max_length).")
     actor_infer: ActorInferConfig = Field(default_factory=ActorInferConfig)
+    actor_train: ActorTrainConfig = Field(default_factory=ActorTrainConfig)
+    train_infer_correction: TrainInferCorrectionConfig = Field(default_factory=TrainInferCorrectionConfig)
     train_env_manager: EnvManagerConfig
     val_env_manager: EnvManagerConfig | None = None
     custom_envs: dict[str, EnvConfig]

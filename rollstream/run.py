@@ -29,7 +29,7 @@ from rich.table import Table
 from rollstream.config import AgenticConfig, Config, RLVRConfig
 from rollstream.exceptions import RollstreamError
 from rollstream.readback import read_values
-from rollstream.stages import Stage, groups_per_batch, pipeline_stages, preflight
+from rollstream.stages import Stage, groups_per_batch, pipeline_stages, policy_trainer, preflight
 from rollstream.topics import Topics
 from rollstream.trainer.loop import AgenticBatchEvents, BatchEvents, LoopResult, build_batches
 
@@ -158,8 +158,10 @@ def _build(config: Config, bootstrap: str, topics: Topics, stages: StageProcesse
                 last = f"batch {result.batches[-1]['step']} built" if result.batches else "filling batches"
                 progress.update(bar, completed=min(target, done + buffered), description=last)
 
+            trainer = policy_trainer(config)
             return build_batches(builder, events, max_steps=config.max_steps, min_fill_ratio=config.min_fill_ratio,
-                                 deadline=started + config.time_limit_s, check=stages.check, on_progress=show)
+                                 deadline=started + config.time_limit_s, check=stages.check, on_progress=show,
+                                 train=trainer.train if trainer is not None else None)
     finally:
         events.close()
         builder.close()
@@ -198,7 +200,8 @@ def summarize_rlvr(config: RLVRConfig, bootstrap: str, topics: Topics, batches: 
         "domains": domains,
         "batches": [
             {"step": b["step"], "status": b["status"], "groups": b["accepted_groups"],
-             "responses_per_group": b["responses_per_group"], "fill_seconds": round(b["fill_seconds"], 2)}
+             "responses_per_group": b["responses_per_group"], "fill_seconds": round(b["fill_seconds"], 2),
+             **_training(b)}
             for b in batches
         ],
         "retention_rate": round(len(accepted) / decided, 4) if decided else 0.0,
@@ -262,7 +265,7 @@ def summarize_agentic(config: AgenticConfig, bootstrap: str, topics: Topics, bat
         "batches": [
             {"step": b["step"], "status": b["status"], "groups": b["accepted_groups"],
              "responses_per_group": b["responses_per_group"], "trajectories_per_group": b["responses_per_group"],
-             "fill_seconds": round(b["fill_seconds"], 2)}
+             "fill_seconds": round(b["fill_seconds"], 2), **_training(b)}
             for b in batches
         ],
         "retention_rate": round(len(accepted) / decided, 4) if decided else 0.0,
@@ -293,6 +296,15 @@ def summarize_agentic(config: AgenticConfig, bootstrap: str, topics: Topics, bat
     }
 
 
+TRAINING_KEYS = ("loss", "skipped", "policy_version", "final_mask_mean", "pass_rates", "mask_collapse",
+                 "reward_mean", "grad_norm", "pg_clipfrac", "train_seconds")
+
+
+def _training(batch: dict) -> dict:
+    """The training step's figures of a manifest entry (none when training is off)."""
+    return {k: batch[k] for k in TRAINING_KEYS if k in batch}
+
+
 def _mean(values: list[float]) -> float | None:
     finite = [v for v in values if math.isfinite(v)]
     return round(sum(finite) / len(finite), 4) if finite else None
@@ -321,6 +333,10 @@ def print_summary(summary: dict, console: Console) -> None:
     for b in summary["batches"]:
         table.add_row(f"batch {b['step']}", f"{b['groups']} groups x {b['responses_per_group']} {unit}, "
                                             f"filled in {b['fill_seconds']} s ({b['status']})")
+        if "loss" in b:
+            step = "skipped (every token masked)" if b["skipped"] else f"loss {b['loss']}, policy v{b['policy_version']}"
+            table.add_row(f"  step {b['step']}", f"{step}, final mask mean {b['final_mask_mean']}, "
+                                                 f"reward {b['reward_mean']}, {b['train_seconds']} s")
     table.add_row("reward all / accepted", f"{summary['reward']['all']} / {summary['reward']['accepted']}")
     val = summary["validation"]
     if agentic:

@@ -105,6 +105,15 @@ def run_stage(stage: Stage, config: Config, bootstrap: str, max_idle_s: float | 
         run_trainer(config, bootstrap)
 
 
+def policy_trainer(config: Config):
+    """The PolicyTrainer of ``config`` (loads the model), or None when ``actor_train.enabled`` is off."""
+    if not config.actor_train.enabled:
+        return None
+    from rollstream.trainer.policy import PolicyTrainer
+
+    return PolicyTrainer(config.actor_train.settings(), config.train_infer_correction)
+
+
 def groups_per_batch(config: Config) -> int:
     """Groups in one trainer batch: RLVR counts prompts, the agentic rollout_batch_size trajectories."""
     return config.groups_per_batch if isinstance(config, AgenticConfig) else config.rollout_batch_size
@@ -127,8 +136,9 @@ def run_trainer(config: Config, bootstrap: str) -> None:
     events = (AgenticBatchEvents(bootstrap, topics, config, builder) if isinstance(config, AgenticConfig)
               else BatchEvents(bootstrap, topics))
     try:
+        trainer = policy_trainer(config)
         result = build_batches(builder, events, max_steps=config.max_steps, min_fill_ratio=config.min_fill_ratio,
-                               should_stop=stop.is_set)
+                               should_stop=stop.is_set, train=trainer.train if trainer is not None else None)
     finally:
         events.close()
         builder.close()

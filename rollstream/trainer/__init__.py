@@ -1,9 +1,10 @@
-"""Trainer side: batches of accepted groups, advantages, and (later) the policy step.
+"""Trainer side: batches of accepted groups, advantages, and the policy step.
 
-``batch`` is pure torch (no Kafka): ``build_batch`` turns decoded ``Group`` records into a padded
-``RolloutBatch`` and ``grpo_advantages`` computes group-normalised advantages. ``consumer`` is the
-thin Kafka shell: ``BatchBuilder`` consumes ``groups.accepted`` and commits offsets only after the
-caller confirms a batch was trained.
+Pure torch (no Kafka): ``batch`` (``build_batch``: decoded groups -> padded ``RolloutBatch`` with
+GRPO advantages), ``logprobs`` (old_log_probs under the training model), ``corrections`` (the
+train-inference correction masks), ``grpo`` (clipped policy loss and step), ``policy`` (one step
+per batch, tying them together). ``consumer`` is the thin Kafka shell: ``BatchBuilder`` consumes
+``groups.accepted`` and commits offsets only after the caller confirms a batch was trained.
 """
 
 from rollstream.trainer.batch import RolloutBatch, build_batch, check_group, grpo_advantages

@@ -193,7 +193,7 @@ class BatchBuilder:
         n = min(len(self._buffer), self.rollout_batch_size)
         return self._build(n, "complete" if n == self.rollout_batch_size else "partial")
 
-    def commit(self, batch: RolloutBatch) -> dict:
+    def commit(self, batch: RolloutBatch, report: dict | None = None) -> dict:
         """Confirm ``batch`` was trained: append its manifest line, publish ``Batch``, commit.
 
         Order: manifest line (fsynced) -> ``Batch`` event and pending dead letters acknowledged ->
@@ -202,7 +202,8 @@ class BatchBuilder:
 
         Returns the manifest entry: ``step``, ``status``, ``target_groups``, ``accepted_groups``,
         ``group_keys``, ``offsets`` (partition as str -> next offset committed), ``fill_seconds``,
-        ``responses_per_group`` (responses or trajectories per group), ``created_ms``.
+        ``responses_per_group`` (responses or trajectories per group), ``created_ms``, plus the
+        keys of ``report`` (the training step's figures, see PolicyTrainer.train).
 
         Raises:
             ValueError: ``batch`` is not an outstanding batch of this builder (e.g. committed).
@@ -233,6 +234,7 @@ class BatchBuilder:
             "fill_seconds": out.fill_seconds,
             "responses_per_group": [_group_size(item.group) for item in out.items],
             "created_ms": now_ms(),
+            **(report or {}),  # the training step's figures (loss, policy_version, masks ...)
         }
         self._append_manifest(entry)
         event = {k: entry[k] for k in (

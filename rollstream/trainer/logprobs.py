@@ -46,9 +46,11 @@ def response_log_probs(model: torch.nn.Module, batch: RolloutBatch, micro_batch_
             input_ids = torch.cat([batch.prompt_ids[rows], batch.response_ids[rows]], dim=1).to(device)
             attention = torch.cat([batch.prompt_mask[rows], response_attention], dim=1).to(device)
             positions = (attention.cumsum(dim=1) - 1).clamp(min=0)
-            logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions).logits
-            # column P-1+t predicts response token t; log_softmax in float32 whatever the model dtype
-            predicting = logits[:, P - 1:P - 1 + T, :].float()
+            # only the last T + 1 columns' logits (P-1 .. P+T-1): the vocabulary projection of
+            # the prompt positions would be wasted work; column P-1+t predicts response token t
+            logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                           logits_to_keep=T + 1).logits
+            predicting = logits[:, :T, :].float()  # log_softmax in float32 whatever the model dtype
             targets = input_ids[:, P:P + T]
             logp = torch.log_softmax(predicting, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
             out.append(torch.where(response_attention.to(device) > 0, logp, torch.zeros_like(logp)))

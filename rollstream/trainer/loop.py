@@ -111,11 +111,14 @@ class AgenticBatchEvents(_Tail):
 def build_batches(builder, events: BatchEvents, *, max_steps: int, min_fill_ratio: float,
                   deadline: float | None = None, check: Callable[[], None] = lambda: None,
                   on_progress: Callable[[LoopResult, int], None] = lambda result, buffered: None,
-                  should_stop: Callable[[], bool] = lambda: False) -> LoopResult:
+                  should_stop: Callable[[], bool] = lambda: False,
+                  train: Callable[[object], dict] | None = None) -> LoopResult:
     """Run until ``max_steps`` batches are committed or the loop must end (see module doc).
 
     ``builder`` is a rollstream.trainer.consumer.BatchBuilder; ``check`` raises when a stage
-    died; ``on_progress(result, buffered_groups)`` is called after every poll.
+    died; ``on_progress(result, buffered_groups)`` is called after every poll; ``train(batch)``
+    (a PolicyTrainer's) runs before the batch is committed, and its report joins the manifest
+    entry, so a batch counts as done only once it was trained.
     """
     result = LoopResult()
     while len(result.batches) < max_steps:
@@ -140,7 +143,7 @@ def build_batches(builder, events: BatchEvents, *, max_steps: int, min_fill_rati
                         f"{event['prompts_consumed']} prompts (min_fill_ratio {min_fill_ratio}); "
                         f"rejected: {event['rejected_by_reason']}")
         if batch is not None:
-            result.batches.append(builder.commit(batch))
+            result.batches.append(builder.commit(batch, train(batch) if train is not None else None))
         on_progress(result, builder.buffered)
         if result.outcome != "complete":
             break
