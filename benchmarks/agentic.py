@@ -53,7 +53,9 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from filter_stage import _end_offsets, kafka_bootstrap, process_cpu_s, produce_events, versions  # noqa: E402
+from filter_stage import (  # noqa: E402
+    _end_offsets, kafka_bootstrap, process_cpu_s, produce_events, versions, write_result,
+)
 
 from rollstream.config import parse_config  # noqa: E402
 from rollstream.schemas import encode  # noqa: E402
@@ -593,10 +595,7 @@ def main(argv: list[str] | None = None) -> dict:
     result["correct"] = ok
     result["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     result["wall_s"] = round(time.perf_counter() - wall0, 1)
-    text = json.dumps(result, indent=2)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n")
+    write_result(result, args.out)
     return result
 
 

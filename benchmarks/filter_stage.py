@@ -319,6 +319,15 @@ def versions() -> dict:
             "fastavro": fastavro.__version__}
 
 
+def write_result(result: dict, out: Path) -> None:
+    """Print the figures as JSON and write them to ``out``."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text + "\n")
+
+
 @contextmanager
 def kafka_bootstrap(requested: str | None, workdir: Path, result: dict) -> Iterator[str]:
     """``requested``, or an embedded broker under ``workdir`` for the block (its start time and
@@ -381,10 +390,7 @@ def main(argv: list[str] | None = None) -> dict:
     result["correct"] = inprocess_ok and kafka_ok
     result["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
 
-    text = json.dumps(result, indent=2)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n")
+    write_result(result, args.out)
     return result
 
 
