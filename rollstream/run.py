@@ -248,16 +248,18 @@ def summarize_agentic(config: AgenticConfig, bootstrap: str, topics: Topics, bat
     decided = len(accepted) + len(rejected)
     saved = [m["value"] for m in metrics if m["name"] == "group_queue/redundancy_saved_ms"]
     model_tokens = [sum(t["response_mask"]) for t in trajectories]
+    episodes = len({(r["mode"], r["group_id"], r["episode_id"]) for r in requests})
+    reruns = sum(1 for r in requests if r["cause"] != "start")  # refills and reissues
     return {
         "outcome": outcome,
         "detail": detail,
         "elapsed_seconds": round(elapsed, 2),
-        "prompts_admitted": len({(r["mode"], r["group_id"], r["episode_id"]) for r in requests}),
-        "episodes_started": len({(r["mode"], r["group_id"], r["episode_id"]) for r in requests}),
+        "prompts_admitted": episodes,
+        "episodes_started": episodes,
         "responses_generated": len(trajectories),
         "trajectories_played": len(trajectories),
-        "replacement_requests": sum(1 for r in requests if r["cause"] != "start"),
-        "replacement_responses_requested": sum(1 for r in requests if r["cause"] != "start"),
+        "replacement_requests": reruns,
+        "replacement_responses_requested": reruns,
         "requests_by_cause": _counts(r["cause"] for r in requests),
         "groups_accepted": len(accepted),
         "groups_rejected": by_reason,

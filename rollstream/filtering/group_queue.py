@@ -305,26 +305,21 @@ def _close(state: QueueState, params: QueueParams, ep: Episode, now_ms: int, *, 
         state.closed[ep.episode_id] = Closed(closed_ms=now_ms, pending=ep.pending)
         while len(state.closed) > CLOSED_MEMORY:
             del state.closed[min(state.closed)]
-    out: list[Effect] = []
-    replaced_by = None
     if accepted:
         state.accepted += 1
     else:
         state.rejected += 1
-    wanted = params.episodes_target - state.accepted - len(state.open)
-    if wanted > 0:
-        if accepted or state.replaced < params.max_replaced_episodes:
-            if not accepted:
-                state.replaced += 1
-            replaced_by = _open_episode(state, params, now_ms, run_effects := [])
-        else:
-            run_effects = []
-    else:
-        run_effects = []
-    out.append(GroupDecided(
+    # the next episode: one more of the target after a keep, a replacement (bounded) after a drop
+    run_effects: list[Effect] = []
+    next_episode = None
+    if params.episodes_target - state.accepted - len(state.open) > 0 and (
+            accepted or state.replaced < params.max_replaced_episodes):
+        state.replaced += not accepted
+        next_episode = _open_episode(state, params, now_ms, run_effects)
+    out: list[Effect] = [GroupDecided(
         episode_id=ep.episode_id, accepted=accepted, reason=reason, members=tuple(members), values=dict(values),
         started=len(ep.issued), arrived=len(ep.arrived) + len(ep.aborted), refills=ep.refills,
-        reissues=ep.reissues, replaced_by=None if accepted else replaced_by))
+        reissues=ep.reissues, replaced_by=None if accepted else next_episode)]
     out += run_effects
     if not state.open and state.status == "running":
         state.status = "complete" if state.accepted >= params.episodes_target else "exhausted"

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import faust
 
-from rollstream.exceptions import DecodeError, UnknownFingerprintError
-from rollstream.schemas import decode, encode
-from rollstream.workers.base import dead_letter, now_ms, worker_id
+from rollstream.schemas import encode
+from rollstream.workers.base import dead_letter, decode_expected, now_ms, worker_id
 
 log = logging.getLogger(__name__)
 
@@ -108,18 +107,9 @@ class Emitter:
         await self.send(out.topic, out.key, out.record, out.schema)
 
     async def decode_or_dead_letter(self, event, expected: str) -> dict | None:
-        try:
-            name, record = decode(event.value)
-        except UnknownFingerprintError as exc:
-            await self.dead_letter(event, "unknown_schema", str(exc))
-            return None
-        except DecodeError as exc:
-            await self.dead_letter(event, "undecodable", str(exc))
-            return None
-        if name != expected:
-            await self.dead_letter(event, "invalid_event", f"expected {expected}, got {name}")
-            return None
+        _, record, problem = decode_expected(event.value, (expected,))
+        if problem is not None:
+            await self.dead_letter(event, *problem)
         return record
-
 
 __all__ = ["Emitter", "derive_seed", "make_app", "now_ms", "raw_topic"]

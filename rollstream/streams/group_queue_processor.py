@@ -26,7 +26,7 @@ from rollstream.filtering.reasons import ACCEPTED, RejectReason
 from rollstream.schemas import REGISTRY, decode, encode
 from rollstream.schemas.validation import check_trajectory
 from rollstream.topics import Topics
-from rollstream.workers.base import now_ms, worker_id
+from rollstream.workers.base import decode_expected, now_ms, worker_id
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +106,11 @@ class GroupQueueProcessor:
 
     def _handle(self, topic: str, partition: int, value: bytes, now: int) -> Handled:
         expected = {self.topics.episodes_control: "GroupCommand", self.topics.trajectories: "Trajectory"}.get(topic)
-        try:
-            schema, record = decode(value)
-        except Exception as exc:  # DecodeError, UnknownFingerprintError
-            reason = "unknown_schema" if "fingerprint" in str(exc).lower() else "undecodable"
-            return Handled(error=(reason, str(exc)))
-        if schema != expected:
-            return Handled(error=("invalid_event", f"expected {expected} on {topic}, got {schema}"))
+        if expected is None:
+            return Handled(error=("invalid_event", f"{topic} is not an input of the group queue"))
+        schema, record, problem = decode_expected(value, (expected,), where=f" on {topic}")
+        if problem is not None:
+            return Handled(error=problem)
         if schema == "GroupCommand":
             if record["command"] == "tick":
                 return self.tick(partition, now)

@@ -40,11 +40,10 @@ from pathlib import Path
 
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
-from rollstream.exceptions import DecodeError, UnknownFingerprintError
-from rollstream.schemas import decode, encode
+from rollstream.schemas import encode
 from rollstream.topics import Topics
 from rollstream.trainer.batch import RolloutBatch, build_batch, check_group
-from rollstream.workers.base import assigned_consumer, dead_letter, make_producer, now_ms, worker_id
+from rollstream.workers.base import assigned_consumer, dead_letter, decode_expected, make_producer, now_ms, worker_id
 
 log = logging.getLogger(__name__)
 
@@ -308,15 +307,9 @@ class BatchBuilder:
     def _decode(msg) -> tuple[dict | None, str, str]:
         """(group, "", "") for a trainable accepted ``Group`` or ``TrajectoryGroup``, else
         (None, reason, error)."""
-        try:
-            schema, record = decode(msg.value)
-        except UnknownFingerprintError as exc:
-            return None, "unknown_schema", str(exc)
-        except DecodeError as exc:
-            return None, "undecodable", str(exc)
-        if schema not in ACCEPTED_SCHEMAS:
-            return None, "invalid_event", (
-                f"expected {' or '.join(ACCEPTED_SCHEMAS)}, got {schema}")
+        _, record, problem = decode_expected(msg.value, ACCEPTED_SCHEMAS)
+        if problem is not None:
+            return None, *problem
         if not record["accepted"]:
             return None, "invalid_event", (
                 f"group {record['group_key']!r} on the accepted topic is not accepted "

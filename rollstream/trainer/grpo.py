@@ -21,11 +21,13 @@ skipped and reported (reference caveat (i) 22 trains on nothing).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 import torch
 from torch import Tensor
+
+from rollstream.trainer.logprobs import response_log_probs
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean")
 
@@ -131,8 +133,6 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch, 
     device (moved to the model's). Returns a StepReport; a final mask without any token skips
     the step (nothing is trained on nothing). Raises ValueError for mismatched shapes.
     """
-    from rollstream.trainer.logprobs import response_log_probs
-
     device = next(model.parameters()).device
     mask = final_mask.to(device=device, dtype=torch.float32)
     if mask.sum() == 0:
@@ -168,8 +168,6 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch, 
 
 def _rows_of(batch, rows: slice):
     """The RolloutBatch of rows ``rows`` (tensors sliced; per-row lists too)."""
-    from dataclasses import fields, replace
-
     per_row_lists = ("prompt_ids_str", "sample_index", "policy_versions")  # group_keys is per group
     sliced = {f.name: getattr(batch, f.name)[rows] for f in fields(batch)
               if isinstance(getattr(batch, f.name), Tensor) or f.name in per_row_lists}

@@ -10,6 +10,7 @@ report per batch.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -62,8 +63,6 @@ class PolicyTrainer:
         ``final_mask_mean``, ``pass_rates`` (metric key -> share of valid tokens kept by that
         filter check), ``mask_collapse``, ``reward_mean``, ``grad_norm``, ``pg_clipfrac``,
         ``train_seconds``."""
-        import time
-
         started = time.perf_counter()
         device = next(self.model.parameters()).device
         old = response_log_probs(self.model, batch, micro_batch_size=self.settings.micro_batch_size)

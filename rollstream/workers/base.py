@@ -97,6 +97,26 @@ def assigned_consumer(bootstrap: str, group_id: str, topic: str, client_id: str,
     return consumer, partitions
 
 
+def decode_expected(value: bytes | None, expected: Sequence[str], where: str = ""
+                    ) -> tuple[str, dict, None] | tuple[None, None, tuple[str, str]]:
+    """Decode an event that must be one of the ``expected`` schemas.
+
+    Returns ``(schema, record, None)``, or ``(None, None, (reason, error))`` with the dead-letter
+    reason every stage uses: ``unknown_schema`` (a fingerprint no schema here has),
+    ``undecodable`` (not a single-object Avro event) or ``invalid_event`` (another schema;
+    ``where`` is added to the message, e.g. " on <topic>").
+    """
+    try:
+        schema, record = decode(value or b"")
+    except UnknownFingerprintError as exc:
+        return None, None, ("unknown_schema", str(exc))
+    except DecodeError as exc:
+        return None, None, ("undecodable", str(exc))
+    if schema not in expected:
+        return None, None, ("invalid_event", f"expected {' or '.join(expected)}{where}, got {schema}")
+    return schema, record, None
+
+
 def dead_letter(
     topics: Topics, *, topic: str, partition: int, offset: int, key: bytes | None,
     value: bytes | None, reason: str, error: str, worker: str,
@@ -114,7 +134,23 @@ def dead_letter(
     )
 
 
-class EventWorker:
+class StoppableLoop:
+    """A worker loop that ends when ``stop()`` sets ``stop_event`` (subclasses create it)."""
+
+    stop_event: threading.Event
+
+    def stop(self, *_: object) -> None:
+        self.stop_event.set()
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT stop the loop. Only the main thread may install handlers; a worker run
+        in another thread is stopped by its caller via stop()."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self.stop)
+            signal.signal(signal.SIGINT, self.stop)
+
+
+class EventWorker(StoppableLoop):
     """Run ``handler`` over ``input_topic`` until stopped.
 
     ``expected_schema`` names the only schema the handler accepts; anything else is
@@ -159,30 +195,13 @@ class EventWorker:
             bootstrap, group_id, input_topic, self.worker, max_batch, instance, instances)
         self.producer = make_producer(bootstrap, client_id=self.worker)
 
-    def stop(self, *_: object) -> None:
-        self.stop_event.set()
-
-    def install_signal_handlers(self) -> None:
-        """SIGTERM/SIGINT stop the loop. Only the main thread may install handlers; a worker run
-        in another thread is stopped by its caller via stop()."""
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self.stop)
-            signal.signal(signal.SIGINT, self.stop)
-
     def _decode(self, msg) -> tuple[Input | None, Output | None]:
-        try:
-            schema, record = decode(msg.value)
-        except UnknownFingerprintError as exc:
-            reason, error = "unknown_schema", str(exc)
-        except DecodeError as exc:
-            reason, error = "undecodable", str(exc)
-        else:
-            if schema == self.expected_schema:
-                return Input(schema, record, msg.topic, msg.partition, msg.offset, msg.key, msg.value), None
-            reason, error = "invalid_event", f"expected {self.expected_schema}, got {schema}"
+        schema, record, problem = decode_expected(msg.value, (self.expected_schema,))
+        if problem is None:
+            return Input(schema, record, msg.topic, msg.partition, msg.offset, msg.key, msg.value), None
         return None, dead_letter(
             self.topics, topic=msg.topic, partition=msg.partition, offset=msg.offset,
-            key=msg.key, value=msg.value, reason=reason, error=error, worker=self.worker,
+            key=msg.key, value=msg.value, reason=problem[0], error=problem[1], worker=self.worker,
         )
 
     def process(self, messages: Sequence) -> list[Output]:

@@ -11,7 +11,6 @@ identity.
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from collections import Counter
@@ -21,10 +20,12 @@ from typing import Any, Callable, Sequence
 from kafka.errors import CommitFailedError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
-from rollstream.exceptions import DecodeError, EncodeError, UnknownFingerprintError
-from rollstream.schemas import decode, encode
+from rollstream.exceptions import EncodeError
+from rollstream.schemas import encode
 from rollstream.topics import Topics
-from rollstream.workers.base import Output, assigned_consumer, dead_letter, make_producer, worker_id
+from rollstream.workers.base import (
+    Output, StoppableLoop, assigned_consumer, dead_letter, decode_expected, make_producer, worker_id,
+)
 from rollstream.workers.envs import TextEnv, make_env, resolve_env
 from rollstream.workers.episodes import DEFAULT_MAX_CONTEXT_TOKENS, EpisodePlayer, Finished, identity_of
 from rollstream.workers.generation import GenerationBackend
@@ -43,7 +44,7 @@ class _Source:
     value: bytes
 
 
-class EnvWorker:
+class EnvWorker(StoppableLoop):
     """Consume ``episodes.requests``, play them with an EpisodePlayer, produce ``trajectories``.
 
     Partitions are assigned statically (instance ``i`` of ``n`` owns ``p % n == i``; see
@@ -95,15 +96,6 @@ class EnvWorker:
             bootstrap, group_id, self.input_topic, self.worker, max_concurrent_episodes, instance, instances)
         self.producer = make_producer(bootstrap, client_id=self.worker)
 
-    def stop(self, *_: object) -> None:
-        self.stop_event.set()
-
-    def install_signal_handlers(self) -> None:
-        """SIGTERM/SIGINT stop the loop (main thread only; otherwise call stop())."""
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self.stop)
-            signal.signal(signal.SIGINT, self.stop)
-
     def _dead_letter(self, msg, reason: str, error: str) -> Output:
         self.dead_lettered += 1
         return dead_letter(self.topics, topic=msg.topic, partition=msg.partition, offset=msg.offset,
@@ -112,14 +104,9 @@ class EnvWorker:
     def _accept(self, msg) -> Output | None:
         """Start playing one polled message; returns a dead letter when it cannot be played."""
         self._next[msg.partition] = msg.offset + 1
-        try:
-            schema, record = decode(msg.value)
-        except UnknownFingerprintError as exc:
-            return self._dead_letter(msg, "unknown_schema", str(exc))
-        except DecodeError as exc:
-            return self._dead_letter(msg, "undecodable", str(exc))
-        if schema != "EpisodeRequest":
-            return self._dead_letter(msg, "invalid_event", f"expected EpisodeRequest, got {schema}")
+        _, record, problem = decode_expected(msg.value, ("EpisodeRequest",))
+        if problem is not None:
+            return self._dead_letter(msg, *problem)
         source = _Source(msg.partition, msg.offset, msg.key, msg.value)
         try:
             started = self.player.submit(record, tag=source)
