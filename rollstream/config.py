@@ -76,6 +76,7 @@ class GeneratingArgs(_Frozen):
 
 class ActorInferConfig(_Frozen):
     backend: Literal["transformers", "vllm"] = "transformers"
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Generation weights' dtype; the trainer computes old_log_probs in float32, so bfloat16 here gives the train-inference mismatch the correction masks handle.")
     generating_args: GeneratingArgs = Field(default_factory=GeneratingArgs)
     max_batch: int = Field(16, gt=0, description="Generation requests per engine call.")
 
@@ -90,6 +91,7 @@ class ActorTrainConfig(_Frozen):
     pg_clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="The ratio is clipped below at 1 - pg_clip_low.")
     pg_clip_high: float = Field(0.2, ge=0.0, description="The ratio is clipped above at 1 + pg_clip_high.")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
+    keep_checkpoints: int = Field(2, gt=0, le=1000, description="Policy-version checkpoints kept on disk (runs/<name>/checkpoints); older ones are deleted.")
 
     def settings(self):
         from rollstream.trainer.grpo import PolicyLossConfig
@@ -118,6 +120,7 @@ class RLVRConfig(_Frozen):
     max_prompts_per_batch: int = Field(..., gt=0, description="Resampling budget: training prompts spent on one batch at most.")
     min_fill_ratio: float = Field(1.0, gt=0.0, le=1.0, description="An underfilled batch ships partial if accepted/target >= this, else the run fails.")
     max_steps: int = Field(1, gt=0, description="Trainer batches to build, then stop.")
+    max_staleness: int | None = Field(None, ge=0, le=1_000_000, description="Policy versions a group may lag the newest published one; older groups are rejected 'stale'. The admission starts step s only once version s - max_staleness exists (0 = on-policy). null = unbounded.")
     prompt_length: int = Field(1024, gt=0, description="Tokenised (chat-templated) prompt length at most; longer -> prompt_too_long.")
     actor_infer: ActorInferConfig = Field(default_factory=ActorInferConfig)
     actor_train: ActorTrainConfig = Field(default_factory=ActorTrainConfig)
@@ -148,6 +151,7 @@ class RLVRConfig(_Frozen):
                 query_filter_config=d.query_filter_config.model_dump(),
                 max_response_rounds=self.max_response_rounds,
                 val_num_return_sequences=self.val_num_return_sequences,
+                max_staleness=self.max_staleness,
             )
             for name, d in self.rewards.items()
         }
@@ -157,7 +161,7 @@ class RLVRConfig(_Frozen):
         return json.dumps(
             {"query_filter_config": d.query_filter_config.model_dump(),
              "response_filter_config": d.response_filter_config.model_dump(),
-             "max_response_rounds": self.max_response_rounds},
+             "max_response_rounds": self.max_response_rounds, "max_staleness": self.max_staleness},
             sort_keys=True,
         )
 
@@ -247,6 +251,7 @@ class AgenticConfig(_Frozen):
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     rollout_batch_size: int = Field(..., gt=0, description="Trajectories per trainer batch; a multiple of train_env_manager.group_size.")
     max_steps: int = Field(1, gt=0, description="Trainer batches to build, then stop.")
+    max_staleness: int | None = Field(None, ge=0, le=1_000_000, description="Policy versions a group may lag the newest published one; older groups are rejected 'stale'. null = unbounded.")
     min_fill_ratio: float = Field(1.0, gt=0.0, le=1.0, description="When every group id is spent, ship a partial batch if accepted/target >= this.")
     time_limit_s: float = Field(900.0, gt=0, description="Wall-clock bound of `rollstream run`.")
     max_concurrent_episodes: int = Field(16, gt=0, le=4096, description="Trajectories one env worker plays at once (their turns are generated as one batch).")

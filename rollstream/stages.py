@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from enum import Enum
+from pathlib import Path
 
 from rollstream.config import AgenticConfig, Config
 from rollstream.exceptions import ConfigError
@@ -53,6 +54,15 @@ def preflight(config: Config) -> None:
         load_group_filter(manager.group_filter_cls, config, manager, mode)
 
 
+def backend_kwargs(actor_infer) -> dict:
+    """Constructor arguments of the configured generation backend beyond its defaults."""
+    if actor_infer.backend == "transformers":
+        import torch
+
+        return {"dtype": getattr(torch, actor_infer.dtype)}
+    return {"dtype": actor_infer.dtype}  # vllm.LLM takes the name
+
+
 def run_stage(stage: Stage, config: Config, bootstrap: str, max_idle_s: float | None = None,
               instance: int = 0, instances: int = 1) -> None:
     """``instance``/``instances`` split the input partitions of the plain workers (generation,
@@ -85,7 +95,8 @@ def run_stage(stage: Stage, config: Config, bootstrap: str, max_idle_s: float | 
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens)
         run_generation_worker(bootstrap, topics, params, backend=config.actor_infer.backend,
                               group_id=f"{topics.prefix}generation", max_batch=config.actor_infer.max_batch,
-                              max_idle_s=max_idle_s, instance=instance, instances=instances)
+                              max_idle_s=max_idle_s, instance=instance, instances=instances,
+                              backend_kwargs=backend_kwargs(config.actor_infer))
     elif stage is Stage.reward:
         from rollstream.workers.rewards import run_reward_worker
 
@@ -100,18 +111,41 @@ def run_stage(stage: Stage, config: Config, bootstrap: str, max_idle_s: float | 
         from rollstream.workers.env_worker import run_env_worker
 
         run_env_worker(bootstrap, topics, config, group_id=f"{topics.prefix}env", max_idle_s=max_idle_s,
-                       instance=instance, instances=instances)
+                       instance=instance, instances=instances, backend_kwargs=backend_kwargs(config.actor_infer))
     elif stage is Stage.trainer:
         run_trainer(config, bootstrap)
 
 
-def policy_trainer(config: Config):
-    """The PolicyTrainer of ``config`` (loads the model), or None when ``actor_train.enabled`` is off."""
+def policy_trainer(config: Config, checkpoint_dir: Path):
+    """The PolicyTrainer of ``config`` (loads the model; resumes from the newest checkpoint in
+    ``checkpoint_dir``), or None when ``actor_train.enabled`` is off."""
     if not config.actor_train.enabled:
         return None
+    from rollstream.trainer.checkpoint import CheckpointStore
     from rollstream.trainer.policy import PolicyTrainer
 
-    return PolicyTrainer(config.actor_train.settings(), config.train_infer_correction)
+    return PolicyTrainer(config.actor_train.settings(), config.train_infer_correction,
+                         checkpoints=CheckpointStore(checkpoint_dir, config.actor_train.keep_checkpoints))
+
+
+def start_training(config: Config, bootstrap: str, builder, run_dir: Path):
+    """The trainer side of a run: returns ``(trainer, publisher)``.
+
+    The PolicyTrainer (None with training off) resumes from ``run_dir/checkpoints``; a batch a
+    crash left trained but uncommitted is recorded in the builder (BatchBuilder.recover); the
+    current policy version is published, so workers and the admission start from it.
+    """
+    from rollstream.policy_versions import PolicyPublisher
+
+    trainer = policy_trainer(config, run_dir / "checkpoints")
+    if trainer is not None and trainer.resumed is not None:
+        builder.recover(trainer.resumed)
+    publisher = PolicyPublisher(bootstrap, Topics(config.kafka.topic_prefix))
+    if trainer is not None:
+        publisher.publish(trainer.policy_version, builder.step - 1, trainer.checkpoint, trainer.policy_version > 0)
+    else:
+        publisher.publish(builder.step, builder.step - 1, "", False)
+    return trainer, publisher
 
 
 def groups_per_batch(config: Config) -> int:
@@ -123,7 +157,6 @@ def run_trainer(config: Config, bootstrap: str) -> None:
     """Build batches until max_steps (or an underfilled verdict); SIGTERM stops it between polls."""
     import signal
     import threading
-    from pathlib import Path
 
     from rollstream.trainer.consumer import BatchBuilder
     from rollstream.trainer.loop import AgenticBatchEvents, BatchEvents, build_batches
@@ -131,15 +164,20 @@ def run_trainer(config: Config, bootstrap: str) -> None:
     topics = Topics(config.kafka.topic_prefix)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    run_dir = Path("runs") / config.name
     builder = BatchBuilder(bootstrap, topics, groups_per_batch(config), group_id=f"{topics.prefix}trainer",
-                           manifest_path=Path("runs") / config.name / "batches.jsonl")
+                           manifest_path=run_dir / "batches.jsonl")
     events = (AgenticBatchEvents(bootstrap, topics, config, builder) if isinstance(config, AgenticConfig)
               else BatchEvents(bootstrap, topics))
+    publisher = None
     try:
-        trainer = policy_trainer(config)
+        trainer, publisher = start_training(config, bootstrap, builder, run_dir)
         result = build_batches(builder, events, max_steps=config.max_steps, min_fill_ratio=config.min_fill_ratio,
-                               should_stop=stop.is_set, train=trainer.train if trainer is not None else None)
+                               should_stop=stop.is_set, train=trainer.train if trainer is not None else None,
+                               publish=publisher.publish_batch)
     finally:
         events.close()
         builder.close()
+        if publisher is not None:
+            publisher.close()
     logging.getLogger(__name__).info("trainer finished: %s %s (%d batches)", result.outcome, result.detail, len(result.batches))

@@ -8,6 +8,8 @@ groups), admission:
 * stops admitting once ``accepted + in_flight`` covers the batch plus
   ``max_additional_running_prompts`` (no refill wave: a rejection frees exactly one slot, so
   exactly one new prompt replaces it);
+* starts the prompts of step s only once policy version ``s - max_staleness`` is published
+  (filtering/staleness.py), so generation never runs further ahead of the trainer than that;
 * spends at most ``max_prompts_per_batch`` training prompts on one batch. When the budget is
   spent and nothing of the step is in flight while the batch is short, the step ends with a
   ``BatchUnderfilled`` verdict instead of resampling forever (the reference has no cap:
@@ -22,6 +24,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Union
 
+from rollstream.filtering.staleness import may_start_step
+
 
 @dataclass(frozen=True)
 class AdmissionLimits:
@@ -30,6 +34,7 @@ class AdmissionLimits:
     max_prompts_per_batch: int
     max_additional_running_prompts: int = 0  # over-provisioning beyond the batch's deficit
     max_steps: int | None = None  # stop admitting training prompts after this many batches
+    max_staleness: int | None = None  # policy versions generation may run ahead; None = unbounded
 
     def __post_init__(self) -> None:
         for name in ("rollout_batch_size", "max_running_prompts", "max_prompts_per_batch"):
@@ -86,13 +91,15 @@ class UnknownOutcome:
 AdmissionEffect = Union[StepComplete, BatchUnderfilled, UnknownOutcome]
 
 
-def can_admit(state: AdmissionState, limits: AdmissionLimits, mode: str = "train") -> bool:
-    """Whether a prompt of ``mode`` may be admitted now."""
+def can_admit(state: AdmissionState, limits: AdmissionLimits, mode: str = "train",
+              policy_version: int | None = None) -> bool:
+    """Whether a prompt of ``mode`` may be admitted now; ``policy_version`` is the newest
+    published one (None: none yet)."""
     if len(state.in_flight) >= limits.max_running_prompts:
         return False
     if mode == "val":
         return True
-    if state.finished:
+    if state.finished or not may_start_step(state.step, policy_version, limits.max_staleness):
         return False
     return (
         state.accepted_in_step + state.train_in_flight()

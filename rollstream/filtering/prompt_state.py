@@ -29,6 +29,7 @@ from rollstream.filtering.decision import Decision
 from rollstream.filtering.query_filters import decide_query
 from rollstream.filtering.reasons import RejectReason
 from rollstream.filtering.response_filters import decide_response
+from rollstream.filtering.staleness import stale_decision
 
 REWARD_METRIC = "response_level_reward"
 
@@ -42,6 +43,7 @@ class DomainFilters:
     query_filter_config: Mapping[str, Any] = field(default_factory=lambda: {"type": "no_filter"})
     max_response_rounds: int = 5
     val_num_return_sequences: int = 1
+    max_staleness: int | None = None  # policy versions; None = unbounded (filtering/staleness.py)
 
     @property
     def metric(self) -> str:
@@ -148,9 +150,14 @@ def closed(state: PromptState, reason: str) -> PromptState:
 
 
 def step(
-    state: PromptState | None, rewarded: Mapping[str, Any], filters: DomainFilters
+    state: PromptState | None, rewarded: Mapping[str, Any], filters: DomainFilters,
+    current_version: int | None = None,
 ) -> tuple[PromptState, list[Effect]]:
-    """Apply one RewardedResponse record; returns the new state (closed once decided) and effects."""
+    """Apply one RewardedResponse record; returns the new state (closed once decided) and effects.
+
+    ``current_version`` is the newest published policy version (None: unknown); a training group
+    whose oldest response lags it by more than ``filters.max_staleness`` is rejected ``stale``
+    before its query filter runs."""
     if state is None:
         state = open_state(rewarded, filters)
     response = rewarded["response"]
@@ -174,11 +181,11 @@ def step(
         effects.append(ResponseRejected(index, decision.reason))
     if state.expected:
         return state, effects
-    return _round_complete(state, filters, effects)
+    return _round_complete(state, filters, effects, current_version)
 
 
 def _round_complete(
-    state: PromptState, filters: DomainFilters, effects: list[Effect]
+    state: PromptState, filters: DomainFilters, effects: list[Effect], current_version: int | None
 ) -> tuple[PromptState, list[Effect]]:
     missing = state.num_return_sequences - len(state.accepted)
     if missing > 0:
@@ -197,7 +204,8 @@ def _round_complete(
         decision = Decision.accept()
     else:
         metrics = [state.accepted[str(i)] for i in state.accepted_indices]
-        decision = decide_query(metrics, filters.query_filter_config)
+        decision = (stale_decision(max(state.policy_version, 0), current_version, filters.max_staleness)
+                    or decide_query(metrics, filters.query_filter_config))
     return closed(state, decision.reason), [*effects, Decided(
         accepted=decision.keep, reason=decision.reason, values=dict(decision.values),
         sample_indices=state.accepted_indices, rounds=state.rounds,

@@ -19,6 +19,7 @@ import faust
 from rollstream.config import RLVRConfig
 from rollstream.filtering import admission as core
 from rollstream.filtering.reasons import RejectReason
+from rollstream.policy_versions import PolicyVersionWatcher
 from rollstream.streams import names
 from rollstream.streams.common import Emitter, derive_seed, make_app, raw_topic
 from rollstream.streams.events import batch_event, generation_request, group_record
@@ -27,6 +28,7 @@ from rollstream.topics import Topics
 log = logging.getLogger(__name__)
 
 Tokenize = Callable[[str], Sequence[int]]
+VERSION_POLL_S = 0.5
 
 
 def default_tokenize() -> Tokenize:
@@ -44,6 +46,7 @@ def limits_of(config: RLVRConfig) -> core.AdmissionLimits:
         max_prompts_per_batch=config.max_prompts_per_batch,
         max_additional_running_prompts=config.max_additional_running_prompts,
         max_steps=config.max_steps,
+        max_staleness=config.max_staleness,
     )
 
 
@@ -58,6 +61,9 @@ def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize |
     table = app.Table(names.ADMISSION_TABLE, default=None, partitions=1, key_type=bytes,
                       value_type=bytes, help="the single AdmissionState (credits, step, budget)")
     credit = asyncio.Event()
+    versions = PolicyVersionWatcher(bootstrap, topics) if limits.max_staleness is not None else None
+    # credits arrive as events; policy versions are polled while the staleness bound holds a step
+    recheck_s = VERSION_POLL_S if versions is not None else None
     tokenizer: list[Tokenize] = [tokenize] if tokenize else []
 
     def load() -> core.AdmissionState:
@@ -76,9 +82,13 @@ def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize |
             return
         mode = prompt.get("mode", "train")
         prompt_ids = list(tokenizer[0](prompt["prompt"]))
-        while not core.can_admit(state := load(), limits, mode):
+        while not core.can_admit(state := load(), limits, mode,
+                                 versions.latest_version() if versions is not None else None):
             credit.clear()
-            await credit.wait()  # the outcomes agent returns credits
+            try:  # the outcomes agent returns credits
+                await asyncio.wait_for(credit.wait(), timeout=recheck_s)
+            except asyncio.TimeoutError:
+                pass
         if len(prompt_ids) > config.prompt_length:
             state = core.reject_before_generation(state, RejectReason.PROMPT_TOO_LONG.value, mode)
             state, effects = core.check_step(state, limits)

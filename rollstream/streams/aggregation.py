@@ -70,13 +70,15 @@ class Aggregation:
         self.filter_json = {d: config.filter_config_json(d) for d in self.filters}
         self.filter_hash = {d: config.filter_config_hash(d) for d in self.filters}
 
-    def apply(self, table_value: bytes | None, event_value: bytes, record: dict) -> Applied:
+    def apply(self, table_value: bytes | None, event_value: bytes, record: dict,
+              current_version: int | None = None) -> Applied:
         """One decoded RewardedResponse ``record`` (``event_value`` its bytes) against the prompt's
-        table value. The caller checked that the record's domain is configured."""
+        table value; ``current_version``: the newest published policy version, for the staleness
+        bound. The caller checked that the record's domain is configured."""
         response = record["response"]
         pid = response["prompt_id"]
         state, stored = unpack_state(table_value) if table_value else (None, {})
-        state, effects = step(state, record, self.filters[response["domain"]])
+        state, effects = step(state, record, self.filters[response["domain"]], current_version)
         out = Applied(value=None)
         changed = False
         for effect in effects:

@@ -11,6 +11,7 @@ from collections import deque
 import faust
 
 from rollstream.config import RLVRConfig
+from rollstream.policy_versions import PolicyVersionWatcher
 from rollstream.streams import names
 from rollstream.streams.aggregation import Aggregation
 from rollstream.streams.common import Emitter, make_app, raw_topic
@@ -18,7 +19,8 @@ from rollstream.topics import Topics
 
 log = logging.getLogger(__name__)
 
-DECIDED_TTL_S = 300.0  # closed transactions are kept this long: well beyond the 1 s commit interval
+DECIDED_TTL_S = 300.0
+VERSION_MAX_AGE_S = 0.2  # the staleness check may use a policy version this old (one broker call per 0.2 s)  # closed transactions are kept this long: well beyond the 1 s commit interval
 
 
 def build_aggregator_app(config: RLVRConfig, bootstrap: str, store: str = "memory://") -> faust.App:
@@ -31,6 +33,7 @@ def build_aggregator_app(config: RLVRConfig, bootstrap: str, store: str = "memor
     table = app.Table(names.PROMPT_STATE_TABLE, default=None, partitions=partitions, key_type=bytes,
                       value_type=bytes, help="prompt_id -> PromptState + accepted RewardedResponse bytes")
     closed_keys: dict[int, deque] = {}  # partition -> [(closed_at, key)], oldest first
+    versions = PolicyVersionWatcher(bootstrap, topics) if config.max_staleness is not None else None
 
     async def handle(event) -> None:
         record = await emit.decode_or_dead_letter(event, "RewardedResponse")
@@ -42,7 +45,8 @@ def build_aggregator_app(config: RLVRConfig, bootstrap: str, store: str = "memor
                                    f"unknown domain {domain!r}; configured: {sorted(aggregation.filters)}")
             return
         key = record["response"]["prompt_id"].encode()
-        applied = aggregation.apply(table.get(key), event.value, record)
+        current = versions.latest_version(VERSION_MAX_AGE_S) if versions is not None else None
+        applied = aggregation.apply(table.get(key), event.value, record, current)
         for send in applied.sends:
             await emit.send_raw(send.topic, send.key, send.value)
         if applied.value is not None:

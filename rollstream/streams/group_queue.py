@@ -15,6 +15,7 @@ import logging
 import faust
 
 from rollstream.config import AgenticConfig
+from rollstream.policy_versions import PolicyVersionWatcher
 from rollstream.schemas import encode
 from rollstream.streams import names
 from rollstream.streams.common import Emitter, make_app, raw_topic
@@ -25,6 +26,7 @@ from rollstream.workers.base import now_ms
 log = logging.getLogger(__name__)
 
 TICK_INTERVAL_S = 1.0
+VERSION_MAX_AGE_S = 0.2  # the staleness check may use a policy version this old
 
 
 def build_group_queue_app(config: AgenticConfig, bootstrap: str, store: str = "memory://",
@@ -38,7 +40,9 @@ def build_group_queue_app(config: AgenticConfig, bootstrap: str, store: str = "m
     control = raw_topic(app, topics.episodes_control, partitions)
     table = app.Table(names.GROUP_QUEUE_TABLE, default=None, partitions=partitions, key_type=bytes,
                       value_type=bytes, help="group queues, member trajectories and filter state (see processor)")
-    processor = GroupQueueProcessor(config, table)
+    versions = PolicyVersionWatcher(bootstrap, topics) if config.max_staleness is not None else None
+    processor = GroupQueueProcessor(config, table, (lambda: versions.latest_version(VERSION_MAX_AGE_S))
+                                    if versions is not None else (lambda: None))
 
     async def handle(event) -> None:
         handled = processor.handle(event.message.topic, event.message.partition, event.value)

@@ -17,11 +17,12 @@ import json
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any, MutableMapping
+from typing import Any, Callable, MutableMapping
 
 from rollstream.config import AgenticConfig
 from rollstream.filtering import group_queue as gq
 from rollstream.filtering.group_filters import filter_group, load_group_filter
+from rollstream.filtering.staleness import stale_decision
 from rollstream.filtering.reasons import ACCEPTED, RejectReason
 from rollstream.schemas import REGISTRY, decode, encode
 from rollstream.schemas.validation import check_trajectory
@@ -77,10 +78,15 @@ def is_infra_failure(trajectory: dict) -> bool:
 
 
 class GroupQueueProcessor:
-    """The group queues of one agentic config over a dict-like ``table``."""
+    """The group queues of one agentic config over a dict-like ``table``. ``policy_version()``
+    returns the newest published policy version (None: unknown) for the staleness bound: a
+    training episode whose oldest trajectory lags it by more than ``max_staleness`` is dropped
+    as ``stale`` (and replaced) before the group filter runs."""
 
-    def __init__(self, config: AgenticConfig, table: Table) -> None:
+    def __init__(self, config: AgenticConfig, table: Table,
+                 policy_version: Callable[[], int | None] = lambda: None) -> None:
         self.config = config
+        self.policy_version = policy_version
         self.table = table
         self.topics = Topics(config.kafka.topic_prefix)
         self.worker = worker_id("group-queue")
@@ -284,6 +290,11 @@ class GroupQueueProcessor:
         return self._decoded[key]
 
     def _filter(self, mode: str, partition: int, gid: int, eid: int, group: list[dict]) -> gq.Verdict:
+        if mode == "train":
+            oldest = min(int(t.get("policy_version", 0)) for t in group)
+            stale = stale_decision(oldest, self.policy_version(), self.config.max_staleness)
+            if stale is not None:
+                return gq.Verdict(drop=True, reason=stale.reason, values=dict(stale.values))
         key = (mode, partition)
         if key not in self._filters:
             manager = self.managers[mode]

@@ -138,7 +138,9 @@ class BatchBuilder:
         self._committed: dict[int, int] = {}  # partition -> offset we last committed
         self._fill_started: float | None = None  # monotonic time of this step's first poll
 
-        last_step = self._load_manifest()
+        last_entry = self._load_manifest()
+        last_step = None if last_entry is None else last_entry["step"]
+        self._last_manifest_step = last_step
         if start_step is not None:
             self.step = start_step
         else:
@@ -149,6 +151,9 @@ class BatchBuilder:
         # for good after a missed heartbeat, spinning in poll.)
         self.consumer, _ = assigned_consumer(bootstrap, group_id, self.topic, self.worker, max_poll_records)
         self.producer = make_producer(bootstrap, client_id=self.worker)
+        if last_entry is not None:  # a crash may have come between its manifest line and its event
+            self._send_batch_event(last_entry)
+            self.producer.flush()
 
     # -- public API -------------------------------------------------------------------------
 
@@ -236,13 +241,40 @@ class BatchBuilder:
             **(report or {}),  # the training step's figures (loss, policy_version, masks ...)
         }
         self._append_manifest(entry)
-        event = {k: entry[k] for k in (
-            "step", "status", "target_groups", "accepted_groups", "group_keys", "offsets",
-            "fill_seconds", "created_ms")}
-        self.producer.send(self.topics.batches, key=str(batch.step).encode(),
-                           value=encode(event, "Batch"))
+        self._last_manifest_step = batch.step
+        self._send_batch_event(entry)
         self.producer.flush()  # the Batch event and every dead letter before their offsets
         self._commit_offsets(to_commit)
+        return entry
+
+    def recover(self, trained: dict) -> dict | None:
+        """Record a batch that was trained (its checkpoint is durable) but never committed: the
+        trainer died between the checkpoint and the manifest line.
+
+        ``trained`` is the checkpoint's trainer state (``step``, ``group_keys``, ``report``).
+        Its group keys count as seen, so their redelivered records are skipped as duplicates
+        (never trained twice); the manifest gets the line (status ``recovered``) and the step
+        counter moves past it. Call before the first poll. Returns the manifest entry, or None
+        when the manifest already has that step.
+        """
+        step = int(trained["step"])
+        if self._last_manifest_step is not None and step <= self._last_manifest_step:
+            return None
+        keys = list(trained["group_keys"])
+        for key in keys:
+            self._remember(key)
+        entry = {
+            "step": step, "status": "recovered", "target_groups": self.rollout_batch_size,
+            "accepted_groups": len(keys), "group_keys": keys, "offsets": {}, "fill_seconds": 0.0,
+            "responses_per_group": [], "created_ms": now_ms(), **trained.get("report", {}),
+        }
+        self._append_manifest(entry)
+        self._last_manifest_step = step
+        self._send_batch_event(entry)
+        self.producer.flush()
+        self.committed_groups += len(keys)
+        self.step = max(self.step, step + 1)
+        log.warning("recovered step %d from its checkpoint: %d groups trained but not committed", step, len(keys))
         return entry
 
     def metrics(self) -> dict[str, float]:
@@ -352,11 +384,23 @@ class BatchBuilder:
         })
         self._committed.update(todo)
 
-    def _load_manifest(self) -> int | None:
-        """Restore seen group keys from the manifest; return its last step (None if none)."""
+    def _send_batch_event(self, entry: dict) -> None:
+        """The ``Batch`` event of a manifest entry (key = step; at least once: a restart
+        re-sends the last one, so readers keep one event per step)."""
+        keys = entry.get("group_keys", [])
+        event = {"step": entry["step"], "status": entry.get("status", "complete"),
+                 "target_groups": entry.get("target_groups", self.rollout_batch_size),
+                 "accepted_groups": entry.get("accepted_groups", len(keys)), "group_keys": keys,
+                 "offsets": entry.get("offsets", {}), "fill_seconds": entry.get("fill_seconds", 0.0),
+                 "created_ms": entry.get("created_ms", 0)}
+        self.producer.send(self.topics.batches, key=str(entry["step"]).encode(), value=encode(event, "Batch"))
+
+    def _load_manifest(self) -> dict | None:
+        """Restore seen group keys from the manifest; return its entry of the highest step
+        (None if none)."""
         if self.manifest_path is None or not self.manifest_path.exists():
             return None
-        last: int | None = None
+        last: dict | None = None
         with self.manifest_path.open() as fh:
             for n, line in enumerate(fh, 1):
                 if not line.strip():
@@ -366,7 +410,8 @@ class BatchBuilder:
                 except json.JSONDecodeError:  # a torn last line from a crash mid-write
                     log.warning("ignoring unreadable line %d of %s", n, self.manifest_path)
                     continue
-                last = entry["step"] if last is None else max(last, entry["step"])
+                if last is None or entry["step"] >= last["step"]:
+                    last = entry
                 for key in entry.get("group_keys", []):
                     self._remember(key)
                 self.committed_groups += entry.get("accepted_groups", 0)

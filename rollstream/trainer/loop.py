@@ -112,16 +112,19 @@ def build_batches(builder, events: BatchEvents, *, max_steps: int, min_fill_rati
                   deadline: float | None = None, check: Callable[[], None] = lambda: None,
                   on_progress: Callable[[LoopResult, int], None] = lambda result, buffered: None,
                   should_stop: Callable[[], bool] = lambda: False,
-                  train: Callable[[object], dict] | None = None) -> LoopResult:
-    """Run until ``max_steps`` batches are committed or the loop must end (see module doc).
+                  train: Callable[[object], dict] | None = None,
+                  publish: Callable[[dict], object] = lambda entry: None) -> LoopResult:
+    """Run until the builder's step reaches ``max_steps`` (batches committed in total, a restarted
+    trainer's earlier ones included) or the loop must end (see module doc).
 
     ``builder`` is a rollstream.trainer.consumer.BatchBuilder; ``check`` raises when a stage
     died; ``on_progress(result, buffered_groups)`` is called after every poll; ``train(batch)``
     (a PolicyTrainer's) runs before the batch is committed, and its report joins the manifest
-    entry, so a batch counts as done only once it was trained.
+    entry, so a batch counts as done only once it was trained (and checkpointed);
+    ``publish(entry)`` then announces the policy version the batch made (PolicyPublisher).
     """
     result = LoopResult()
-    while len(result.batches) < max_steps:
+    while builder.step < max_steps:
         check()
         if should_stop():
             result.outcome = "stopped"
@@ -143,7 +146,9 @@ def build_batches(builder, events: BatchEvents, *, max_steps: int, min_fill_rati
                         f"{event['prompts_consumed']} prompts (min_fill_ratio {min_fill_ratio}); "
                         f"rejected: {event['rejected_by_reason']}")
         if batch is not None:
-            result.batches.append(builder.commit(batch, train(batch) if train is not None else None))
+            entry = builder.commit(batch, train(batch) if train is not None else None)
+            result.batches.append(entry)
+            publish(entry)
         on_progress(result, builder.buffered)
         if result.outcome != "complete":
             break

@@ -2,9 +2,15 @@
 
 old_log_probs (training model, before the step) -> train-inference correction (masks and IS
 weight, reference-behaviour.md (h)) -> final mask = response_mask x filter mask -> clipped GRPO
-step over the final mask (rollstream.trainer.grpo). A step whose final mask is empty is skipped
-and reported, never trained on nothing. Returns the figures the manifest and the run summary
-report per batch.
+step over the final mask (rollstream.trainer.grpo) -> checkpoint. A step whose final mask is
+empty is skipped and reported, never trained on nothing. Returns the figures the manifest and
+the run summary report per batch.
+
+Policy version v = the weights after v consumed batches (0 = the initial weights); a skipped
+step still makes a version (same weights), so versions and steps stay in lockstep and the
+admission's staleness bound never waits for a version that cannot come. With a
+CheckpointStore, every version is saved before ``train`` returns, and a new PolicyTrainer
+resumes from the newest one (weights, AdamW state, version).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from rollstream.trainer.batch import RolloutBatch
+from rollstream.trainer.checkpoint import CheckpointStore
 from rollstream.trainer.corrections import (
     TrainInferCorrectionConfig, apply_correction_mask, compute_train_infer_correction, filter_metric_keys,
 )
@@ -24,7 +31,9 @@ from rollstream.trainer.logprobs import response_log_probs
 
 log = logging.getLogger(__name__)
 
-FINAL_MASK_KEY = "actor/train_infer_final_mask_mean"
+METRIC_PREFIX = "actor/train_infer_"
+FINAL_MASK_KEY = f"{METRIC_PREFIX}final_mask_mean"
+AGG_TYPES = ("token", "segment", "geometric", "sequence")
 
 
 @dataclass(frozen=True)
@@ -40,28 +49,46 @@ class TrainSettings:
 class PolicyTrainer:
     """Holds the training model and its optimiser (AdamW); ``train(batch)`` takes one step.
 
-    ``policy_version`` counts the optimiser steps taken (0 = the initial weights), so a batch's
-    report says which weights it produced.
+    ``policy_version`` counts the batches consumed (see module doc), so a batch's report says
+    which weights it produced. ``resumed`` is the trainer state of the checkpoint it resumed
+    from (``step``, ``group_keys``, ``report``, ``version``), or None for a fresh start.
     """
 
     def __init__(self, settings: TrainSettings, correction: TrainInferCorrectionConfig,
-                 model: torch.nn.Module | None = None, device: str | None = None) -> None:
+                 model: torch.nn.Module | None = None, device: str | None = None,
+                 checkpoints: CheckpointStore | None = None, tokenizer=None) -> None:
         if model is None:
             from rollstream.workers.model import load_model
 
-            _, model = load_model(device=device or ("cuda" if torch.cuda.is_available() else "cpu"))
+            tokenizer, model = load_model(device=device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model = model
         self.model.eval()
+        self.tokenizer = tokenizer
         self.settings = settings
         self.correction = correction
         self.filter_keys = filter_metric_keys(correction)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=settings.lr, weight_decay=0.0)
         self.policy_version = 0
+        self.checkpoint = ""  # folder of the current weights ("" = the initial weights)
+        self.checkpoints = checkpoints
+        self.resumed: dict | None = None
+        latest = checkpoints.latest() if checkpoints is not None else None
+        if latest is not None:
+            path, _ = latest
+            self.resumed = checkpoints.restore(path, self.model, self.optimizer)
+            self.policy_version = int(self.resumed["version"])
+            self.checkpoint = str(path)
+            log.info("resumed from %s (policy version %d, step %d)", path, self.policy_version,
+                     self.resumed["step"])
 
     def train(self, batch: RolloutBatch) -> dict:
-        """One step on ``batch``. Returns ``loss``, ``skipped``, ``policy_version``,
-        ``final_mask_mean``, ``pass_rates`` (metric key -> share of valid tokens kept by that
-        filter check), ``mask_collapse``, ``reward_mean``, ``grad_norm``, ``pg_clipfrac``,
+        """One step on ``batch``, then its checkpoint (when a store is set). Returns ``loss``,
+        ``skipped``, ``policy_version``, ``checkpoint``, ``final_mask_mean``, ``pass_rates``
+        (metric key -> share of valid tokens kept by that filter check), ``ratio_means`` and
+        ``diff_means`` (agg type -> the train/infer ratio or logprob difference averaged over
+        valid tokens, seq-mean-token-mean), ``mask_collapse``, ``reward_mean``, ``grad_norm``,
+        ``pg_clipfrac``, ``policy_lag_max`` (the trained version minus the oldest generating
+        version in the batch), ``generator_versions`` (the versions that generated the batch),
         ``train_seconds``."""
         started = time.perf_counter()
         device = next(self.model.parameters()).device
@@ -76,19 +103,30 @@ class PolicyTrainer:
             micro_batch_size=self.settings.micro_batch_size, max_grad_norm=self.settings.max_grad_norm)
         if report.skipped:
             log.warning("step %d skipped: the correction masked every token", batch.step)
-        else:
-            self.policy_version += 1
+        lag = self.policy_version - min(batch.policy_versions, default=self.policy_version)
+        self.policy_version += 1
         pass_rates = {key: round(metrics[key], 6) for keys in self.filter_keys
                       for check, key in keys.items() if check != "index"}
-        return {
+        out = {
             "loss": round(report.loss, 6),
             "skipped": report.skipped,
             "policy_version": self.policy_version,
             "final_mask_mean": round(metrics.get(FINAL_MASK_KEY, 1.0), 6),
             "pass_rates": pass_rates,
+            "ratio_means": {agg: round(metrics[f"{METRIC_PREFIX}ratio_{agg}_mean@sum"], 6) for agg in AGG_TYPES},
+            "diff_means": {agg: round(metrics[f"{METRIC_PREFIX}diff_{agg}_mean@sum"], 6) for agg in AGG_TYPES},
+            "policy_lag_max": lag,
+            "generator_versions": sorted(set(batch.policy_versions)),
             "mask_collapse": bool(metrics.get("actor/train_infer_mask_collapse", 0.0)),
             "reward_mean": round(float(batch.response_level_rewards.mean()), 6),
             "grad_norm": round(report.grad_norm, 6),
             "pg_clipfrac": round(report.metrics.get("pg_clipfrac", 0.0), 6),
-            "train_seconds": round(time.perf_counter() - started, 2),
         }
+        if self.checkpoints is not None:
+            path = self.checkpoints.save(
+                self.policy_version, self.model, self.optimizer, tokenizer=self.tokenizer,
+                state={"step": batch.step, "group_keys": list(batch.group_keys), "report": out})
+            self.checkpoint = str(path)
+        out["checkpoint"] = self.checkpoint
+        out["train_seconds"] = round(time.perf_counter() - started, 2)
+        return out

@@ -21,6 +21,7 @@ from kafka.errors import CommitFailedError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from rollstream.exceptions import EncodeError
+from rollstream.policy_versions import PolicyFollower, PolicyVersionWatcher
 from rollstream.schemas import encode
 from rollstream.topics import Topics
 from rollstream.workers.base import (
@@ -53,7 +54,9 @@ class EnvWorker(StoppableLoop):
     playing (or the next unread one), so a restart replays exactly the unfinished requests
     (plus, possibly, finished ones above them: downstream drops duplicates by identity).
     Undecodable or unplayable requests go to dead-letter and count as handled. A request whose
-    identity is already playing is skipped.
+    identity is already playing is skipped. With ``follow_policy`` the worker loads the newest
+    published policy version between turns (PolicyFollower); a trajectory carries the oldest
+    version that produced any of its tokens.
     """
 
     def __init__(
@@ -72,6 +75,7 @@ class EnvWorker(StoppableLoop):
         poll_timeout_ms: int = 200,
         tokenizer: Any = None,
         env_factory: Callable[[str, dict], TextEnv] = make_env,
+        follow_policy: bool = True,
     ) -> None:
         if not 0 <= instance < instances:
             raise ValueError(f"instance must be in [0, {instances}), got {instance}")
@@ -95,6 +99,7 @@ class EnvWorker(StoppableLoop):
         self.consumer, self.partitions = assigned_consumer(
             bootstrap, group_id, self.input_topic, self.worker, max_concurrent_episodes, instance, instances)
         self.producer = make_producer(bootstrap, client_id=self.worker)
+        self.policy = PolicyFollower(PolicyVersionWatcher(bootstrap, topics), backend) if follow_policy else None
 
     def _dead_letter(self, msg, reason: str, error: str) -> Output:
         self.dead_lettered += 1
@@ -167,6 +172,8 @@ class EnvWorker(StoppableLoop):
                 outputs: list[Output] = []
                 got = 0
                 room = self.player.free_slots
+                if self.policy is not None:
+                    self.policy.refresh()  # newest weights before the next turns and new requests
                 if room > 0:
                     # Short poll while trajectories play: the model should not wait on Kafka.
                     timeout = 10 if self.player.active else self.poll_timeout_ms
@@ -200,6 +207,8 @@ class EnvWorker(StoppableLoop):
             self.producer.close()
         finally:
             self.consumer.close()
+            if self.policy is not None:
+                self.policy.close()
 
 
 def run_env_worker(

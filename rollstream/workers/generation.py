@@ -20,9 +20,10 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import torch
 
 from rollstream.exceptions import ConfigError, RollstreamError
+from rollstream.policy_versions import PolicyFollower, PolicyVersionWatcher
 from rollstream.topics import Topics
 from rollstream.workers.base import EventWorker, Input, Output, now_ms
-from rollstream.workers.model import chat_prompt_ids, load_model, load_tokenizer
+from rollstream.workers.model import chat_prompt_ids, load_model, load_tokenizer, load_weights_into
 
 log = logging.getLogger(__name__)
 
@@ -162,37 +163,6 @@ class _SeededSampler:
         return noise
 
 
-def _load_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Read a state dict from a model folder (safetensors, sharded or not, or pytorch_model.bin)
-    or from a single ``.safetensors`` / ``.pt`` / ``.bin`` file. Raises FileNotFoundError."""
-    from safetensors.torch import load_file
-
-    p = Path(path)
-    if p.is_dir():
-        if (p / "model.safetensors").is_file():
-            return load_file(p / "model.safetensors")
-        index = p / "model.safetensors.index.json"
-        if index.is_file():
-            import json
-
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            state: dict[str, torch.Tensor] = {}
-            for shard in shards:
-                state.update(load_file(p / shard))
-            return state
-        if (p / "pytorch_model.bin").is_file():
-            return torch.load(p / "pytorch_model.bin", map_location="cpu", weights_only=True)
-        raise FileNotFoundError(f"no model weights in folder {p}")
-    if not p.is_file():
-        raise FileNotFoundError(f"weights not found: {p}")
-    if p.suffix == ".safetensors":
-        return load_file(p)
-    obj = torch.load(p, map_location="cpu", weights_only=True)
-    if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
-        obj = obj["state_dict"]
-    return obj
-
-
 class TransformersBackend:
     """Batched sampling with transformers ``model.generate`` (CPU or a single GPU).
 
@@ -325,23 +295,10 @@ class TransformersBackend:
 
     def load_weights(self, path: str, version: int) -> None:
         """Load new weights (model folder, or a ``.safetensors``/``.pt`` state dict) into the
-        live model and set ``policy_version``. Keys and shapes are checked before any copy,
-        so a bad file leaves the old weights in place. Raises FileNotFoundError, or
-        RollstreamError on a key/shape mismatch."""
-        state = _load_state_dict(path)
-        own = self.model.state_dict()
-        tied = getattr(self.model.config, "tie_word_embeddings", False)
-        optional = {"lm_head.weight"} if tied else set()
-        missing = sorted(set(own) - set(state) - optional)
-        unexpected = sorted(set(state) - set(own))
-        bad_shape = sorted(k for k in state if k in own and tuple(state[k].shape) != tuple(own[k].shape))
-        if missing or unexpected or bad_shape:
-            raise RollstreamError(
-                f"weights at {path} do not fit the model: missing={missing[:5]} "
-                f"unexpected={unexpected[:5]} shape_mismatch={bad_shape[:5]}"
-            )
-        with torch.no_grad():
-            self.model.load_state_dict(state, strict=False)
+        live model and set ``policy_version``. A bad file leaves the old weights in place.
+        Raises FileNotFoundError, or RollstreamError on a key/shape mismatch
+        (see rollstream.workers.model.load_weights_into)."""
+        load_weights_into(self.model, path)
         self.policy_version = int(version)
 
 
@@ -438,6 +395,8 @@ class GenerationWorker:
     All requests of one poll go to the backend in a single ``generate`` call. A request whose
     prompt cannot be tokenised yields error Responses (never an exception), so downstream
     groups still complete. ``generation_ms`` is the wall time of that batched backend call.
+    With a ``policy`` follower, the newest published policy version is loaded before each call,
+    and every Response carries the version that produced it.
     """
 
     def __init__(
@@ -446,13 +405,17 @@ class GenerationWorker:
         params: SamplingParams,
         topics: Topics,
         tokenizer: Any = None,
+        policy: PolicyFollower | None = None,
     ) -> None:
         self.backend = backend
         self.params = params
         self.topics = topics
+        self.policy = policy
         self.tokenizer = tokenizer or getattr(backend, "tokenizer", None) or load_tokenizer()
 
     def __call__(self, inputs: Sequence[Input]) -> list[Output]:
+        if self.policy is not None:
+            self.policy.refresh()
         records = [inp.record for inp in inputs]
         prompt_ids: list[list[int] | None] = []
         errors: list[str | None] = []
@@ -524,21 +487,25 @@ def run_generation_worker(
     """Consume ``generation.requests``, produce ``responses`` until stopped (SIGTERM/SIGINT)
     or idle for ``max_idle_s``. ``max_batch`` caps requests per poll (each may ask for many
     samples); ``instance``/``instances`` select this process's partitions (see EventWorker).
-    Returns the finished EventWorker (its ``processed``/``dead_lettered`` counts).
-    Raises ConfigError for an unknown backend name."""
+    The worker follows ``policy.versions`` (PolicyFollower). Returns the finished EventWorker
+    (its ``processed``/``dead_lettered`` counts). Raises ConfigError for an unknown backend name."""
     engine = make_backend(backend, **(backend_kwargs or {})) if isinstance(backend, str) else backend
+    policy = PolicyFollower(PolicyVersionWatcher(bootstrap, topics), engine)
     worker = EventWorker(
         bootstrap=bootstrap,
         topics=topics,
         input_topic=topics.generation_requests,
         group_id=group_id,
         expected_schema="GenerationRequest",
-        handler=GenerationWorker(engine, params, topics),
+        handler=GenerationWorker(engine, params, topics, policy=policy),
         stage="generation",
         max_batch=max_batch,
         instance=instance,
         instances=instances,
     )
     worker.install_signal_handlers()
-    worker.run(max_idle_s=max_idle_s)
+    try:
+        worker.run(max_idle_s=max_idle_s)
+    finally:
+        policy.close()
     return worker

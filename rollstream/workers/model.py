@@ -9,6 +9,7 @@ llama-cpp-python); only its folder is located.
 from __future__ import annotations
 
 import fcntl
+import json
 import importlib.util
 import logging
 import os
@@ -226,3 +227,53 @@ def chat_prompt_ids(tokenizer, prompt_text: str) -> list[int]:
         out = out["input_ids"]
     ids = [int(i) for i in out]
     return ids
+
+
+def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Read a state dict from a model folder (safetensors, sharded or not, or pytorch_model.bin)
+    or from a single ``.safetensors`` / ``.pt`` / ``.bin`` file. Raises FileNotFoundError."""
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    if p.is_dir():
+        if (p / "model.safetensors").is_file():
+            return load_file(p / "model.safetensors")
+        index = p / "model.safetensors.index.json"
+        if index.is_file():
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            state: dict[str, torch.Tensor] = {}
+            for shard in shards:
+                state.update(load_file(p / shard))
+            return state
+        if (p / "pytorch_model.bin").is_file():
+            return torch.load(p / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        raise FileNotFoundError(f"no model weights in folder {p}")
+    if not p.is_file():
+        raise FileNotFoundError(f"weights not found: {p}")
+    if p.suffix == ".safetensors":
+        return load_file(p)
+    obj = torch.load(p, map_location="cpu", weights_only=True)
+    if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
+        obj = obj["state_dict"]
+    return obj
+
+
+def load_weights_into(model: torch.nn.Module, path: str | os.PathLike) -> None:
+    """Copy the weights at ``path`` (see ``read_state_dict``) into ``model``, casting to its
+    dtype. Keys and shapes are checked before any copy, so a bad file leaves the old weights in
+    place; a tied ``lm_head.weight`` may be absent. Raises FileNotFoundError, or
+    RollstreamError on a key/shape mismatch."""
+    state = read_state_dict(path)
+    own = model.state_dict()
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    optional = {"lm_head.weight"} if tied else set()
+    missing = sorted(set(own) - set(state) - optional)
+    unexpected = sorted(set(state) - set(own))
+    bad_shape = sorted(k for k in state if k in own and tuple(state[k].shape) != tuple(own[k].shape))
+    if missing or unexpected or bad_shape:
+        raise RollstreamError(
+            f"weights at {path} do not fit the model: missing={missing[:5]} "
+            f"unexpected={unexpected[:5]} shape_mismatch={bad_shape[:5]}"
+        )
+    with torch.no_grad():
+        model.load_state_dict(state, strict=False)

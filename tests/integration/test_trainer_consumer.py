@@ -155,9 +155,10 @@ def test_batches_hold_exactly_batch_size_groups_and_restart_resumes_after_last_c
         builder.commit(third)
 
     assert json.loads(manifest.read_text().splitlines()[-1])["offsets"] == {"0": 6}
-    events = read_all(bootstrap, topics.batches, 3)
+    events = read_all(bootstrap, topics.batches, 4)
+    # the restart re-sends the last step's event (a crash may have come before it): at least once
     assert [(e["step"], e["status"], e["group_keys"]) for e in events] == [
-        (0, "complete", ["g0", "g1"]), (1, "complete", ["g2", "g3"]),
+        (0, "complete", ["g0", "g1"]), (1, "complete", ["g2", "g3"]), (1, "complete", ["g2", "g3"]),
         (2, "complete", ["g4", "g5"]),
     ]
 

@@ -24,7 +24,7 @@ def test_every_event_has_its_own_schema_file():
     names = {json.loads(p.read_text())["name"] for p in SCHEMA_DIR.glob("*.avsc")}
     assert names == set(REGISTRY.names) == {
         "Batch", "DeadLetter", "EpisodeRequest", "GenerationRequest", "Group", "GroupCommand", "Metric",
-        "Prompt", "PromptOutcome", "Response", "RewardedResponse", "Trajectory", "TrajectoryGroup",
+        "PolicyVersion", "Prompt", "PromptOutcome", "Response", "RewardedResponse", "Trajectory", "TrajectoryGroup",
     }
 
 

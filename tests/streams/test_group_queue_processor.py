@@ -37,10 +37,10 @@ def trajectory(group_id: int, episode_id: int, traj_index: int, reward: float, *
 
 
 class Run:
-    def __init__(self, **manager) -> None:
-        self.config = parse_config(agentic_config(**manager))
+    def __init__(self, policy_version=lambda: None, max_staleness=None, **manager) -> None:
+        self.config = parse_config({**agentic_config(**manager), "max_staleness": max_staleness})
         self.table: dict[bytes, bytes] = {}
-        self.proc = GroupQueueProcessor(self.config, self.table)
+        self.proc = GroupQueueProcessor(self.config, self.table, policy_version)
         self.sent: list[tuple[str, str, str, dict]] = []  # (topic, key, schema, record)
 
     def feed(self, value: bytes, now: int = 0, topic: str = "gq.episodes.control"):
@@ -137,6 +137,25 @@ def test_std_filter_drop_replaces_the_episode_and_counts():
     assert run.metric_sum("group_queue/episodes_replaced") == 1
     run.arrive(trajectory(0, 0, 1, 0.0))  # redelivered run of the dropped episode
     assert run.metric_sum("group_queue/late_trajectories") == 1
+
+
+def test_a_stale_episode_is_dropped_as_stale_and_replaced_before_the_filter_runs():
+    """max_staleness 1, newest version 3: an episode whose oldest run came from v1 (lag 2) is
+    rejected 'stale' with its values and replaced; the next episode (v3) is accepted."""
+    current = [3]
+    run = Run(group_size=2, policy_version=lambda: current[0], max_staleness=1)
+    run.start(0)
+    run.arrive(trajectory(0, 0, 0, 1.0, policy_version=3))
+    run.arrive(trajectory(0, 0, 1, 0.0, policy_version=1))
+    (rejected,) = run.on("groups.rejected")
+    assert (rejected["reason"], rejected["policy_version"]) == ("stale", 1)
+    assert {k: rejected["decision_values"][k] for k in ("policy_version", "current_version", "max_staleness", "lag")} == {
+        "policy_version": 1.0, "current_version": 3.0, "max_staleness": 1.0, "lag": 2.0}
+    assert [(r["episode_id"], r["traj_index"]) for r in run.on("episodes.requests")][-2:] == [(1, 0), (1, 1)]
+    run.arrive(trajectory(0, 1, 0, 1.0, policy_version=3))
+    run.arrive(trajectory(0, 1, 1, 0.0, policy_version=2))  # lag 1: within the bound
+    (accepted,) = run.on("groups.accepted")
+    assert (accepted["episode_id"], accepted["policy_version"]) == (1, 2)
 
 
 def test_bad_events_come_back_as_errors():

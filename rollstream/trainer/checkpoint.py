@@ -1,0 +1,118 @@
+"""Durable trainer checkpoints: one folder per policy version.
+
+``<root>/v000003/`` holds the weights as a Hugging Face model folder (``model.safetensors`` +
+``config.json``, plus the tokenizer when given, so a generation worker or vLLM can load it by
+path), ``optimizer.pt`` (the AdamW state, so a restarted trainer continues the same
+optimisation) and ``trainer_state.json`` (version, step, the batch's group keys and its report).
+
+A checkpoint is written to a hidden temporary folder, every file fsynced, then renamed into
+place: a folder named ``v*`` is always complete. The trainer's exactly-once rule builds on that:
+a batch is trained once its checkpoint folder exists, whatever happened to the offsets after.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from rollstream.workers.model import load_weights_into
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "trainer_state.json"
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            with path.open("rb") as fh:
+                os.fsync(fh.fileno())
+    _fsync_dir(folder)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class CheckpointStore:
+    """Versioned checkpoints under ``root``; keeps the newest ``keep_last`` folders.
+
+    Raises ValueError for ``keep_last`` < 1.
+    """
+
+    def __init__(self, root: str | os.PathLike, keep_last: int = 2) -> None:
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        self.root = Path(root)
+        self.keep_last = keep_last
+
+    def path_of(self, version: int) -> Path:
+        return self.root / f"v{version:06d}"
+
+    def save(self, version: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+             state: dict, tokenizer=None) -> Path:
+        """Write checkpoint ``version`` atomically and return its folder. ``state`` (JSON-able)
+        is stored with ``version`` added. An existing folder of the same version (written before
+        a crash, then trained again from the previous one) is replaced."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self.path_of(version)
+        tmp = self.root / f".{final.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        if optimizer is not None:
+            torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+        (tmp / STATE_FILE).write_text(json.dumps({**state, "version": version}, sort_keys=True))
+        _fsync_tree(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(self.root)
+        self._prune()
+        return final
+
+    def versions(self) -> list[int]:
+        """Versions with a complete folder, oldest first."""
+        if not self.root.is_dir():
+            return []
+        out = []
+        for path in self.root.glob("v*"):
+            if path.is_dir() and (path / STATE_FILE).is_file() and path.name[1:].isdigit():
+                out.append(int(path.name[1:]))
+        return sorted(out)
+
+    def latest(self) -> tuple[Path, dict] | None:
+        """(folder, trainer state) of the newest complete checkpoint, or None."""
+        versions = self.versions()
+        if not versions:
+            return None
+        path = self.path_of(versions[-1])
+        return path, json.loads((path / STATE_FILE).read_text())
+
+    def restore(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
+        """Load the checkpoint at ``path`` into ``model`` (and ``optimizer`` when it was saved);
+        returns its trainer state. Raises FileNotFoundError or RollstreamError (weights that do
+        not fit the model)."""
+        load_weights_into(model, path)
+        if optimizer is not None and (path / OPTIMIZER_FILE).is_file():
+            device = next(model.parameters()).device
+            optimizer.load_state_dict(torch.load(path / OPTIMIZER_FILE, map_location=device, weights_only=True))
+        return json.loads((path / STATE_FILE).read_text())
+
+    def _prune(self) -> None:
+        for version in self.versions()[:-self.keep_last]:
+            shutil.rmtree(self.path_of(version), ignore_errors=True)
+        for stale in self.root.glob(".v*.tmp-*"):  # left by a crash mid-save
+            if not stale.name.endswith(f"-{os.getpid()}"):
+                shutil.rmtree(stale, ignore_errors=True)

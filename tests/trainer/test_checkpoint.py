@@ -1,0 +1,104 @@
+"""Policy-version checkpoints: atomic folders, pruning, and a resumed PolicyTrainer that continues
+exactly where the first one stopped (weights, AdamW state, version)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rollstream.exceptions import RollstreamError
+from rollstream.trainer.batch import build_batch
+from rollstream.trainer.checkpoint import STATE_FILE, CheckpointStore
+from rollstream.trainer.corrections import TrainInferCorrectionConfig
+from rollstream.trainer.policy import PolicyTrainer, TrainSettings
+from rollstream.workers.model import load_weights_into
+
+from .tiny_model import tiny_model
+
+
+def group(key: str, offset: int, version: int = 0) -> dict:
+    prompt = [1, 2 + offset, 3]
+    return {"group_key": key, "prompt_token_ids": prompt, "responses": [
+        {"response": {"prompt_id": key, "sample_index": i, "prompt_token_ids": prompt,
+                      "response_token_ids": [10 + i + offset, 20 + offset, 30 + i],
+                      "infer_logprobs": [-4.1, -4.2, -4.0], "policy_version": version},
+         "response_level_reward": float(i == 0), "scores": {}} for i in range(2)]}
+
+
+def batch(step: int, version: int = 0):
+    return build_batch([group(f"g{step}a", step, version), group(f"g{step}b", step + 5, version)], step=step,
+                       pad_token_id=0)
+
+
+def trainer(store: CheckpointStore | None) -> PolicyTrainer:
+    return PolicyTrainer(TrainSettings(lr=1e-2, micro_batch_size=2), TrainInferCorrectionConfig(),
+                         model=tiny_model(), checkpoints=store)
+
+
+def weights(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_a_resumed_trainer_continues_bit_for_bit(tmp_path):
+    """One trainer taking steps 0 and 1 == a trainer taking step 0, dying, and a new one resuming
+    from the checkpoint to take step 1 (same weights, same AdamW moments, version 2)."""
+    straight = trainer(None)
+    straight.train(batch(0))
+    straight.train(batch(1))
+
+    store = CheckpointStore(tmp_path / "ckpt")
+    first = trainer(store)
+    report = first.train(batch(0))
+    assert report["policy_version"] == 1 and report["checkpoint"] == str(store.path_of(1))
+    resumed = trainer(store)
+    assert resumed.policy_version == 1 and resumed.resumed["step"] == 0
+    assert resumed.resumed["group_keys"] == ["g0a", "g0b"]
+    assert resumed.resumed["report"]["loss"] == report["loss"]
+    assert resumed.train(batch(1))["policy_version"] == 2
+    expected, got = weights(straight.model), weights(resumed.model)
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
+
+
+def test_the_report_carries_mask_means_per_agg_type_and_the_policy_lag(tmp_path):
+    t = trainer(None)
+    t.policy_version = 3
+    report = t.train(batch(0, version=1))
+    assert report["policy_lag_max"] == 2 and report["generator_versions"] == [1]
+    assert set(report["ratio_means"]) == set(report["diff_means"]) == {"token", "segment", "geometric", "sequence"}
+    assert report["policy_version"] == 4 and report["checkpoint"] == ""
+
+
+def test_store_keeps_the_newest_and_ignores_a_torn_save(tmp_path):
+    store = CheckpointStore(tmp_path, keep_last=2)
+    model = tiny_model()
+    for version in (1, 2, 3):
+        store.save(version, model, None, {"step": version - 1, "group_keys": []})
+    assert store.versions() == [2, 3]
+    # a crash mid-save leaves a hidden temporary folder and a folder without its state file
+    (tmp_path / ".v000004.tmp-99999").mkdir()
+    (tmp_path / "v000005").mkdir()
+    path, state = store.latest()
+    assert path == store.path_of(3) and state == {"step": 2, "group_keys": [], "version": 3}
+    assert json.loads((path / STATE_FILE).read_text())["version"] == 3
+    assert (path / "model.safetensors").is_file() and (path / "config.json").is_file()
+    store.save(4, model, None, {"step": 3, "group_keys": []})
+    assert not (tmp_path / ".v000004.tmp-99999").exists()  # cleaned on the next save
+
+
+def test_weights_that_do_not_fit_are_refused_and_leave_the_model_untouched(tmp_path):
+    store = CheckpointStore(tmp_path)
+    path = store.save(1, tiny_model(seed=1), None, {"step": 0, "group_keys": []})
+    other = tiny_model(hidden=32)
+    before = weights(other)
+    with pytest.raises(RollstreamError, match="shape_mismatch"):
+        load_weights_into(other, path)
+    assert all(torch.equal(before[k], v) for k, v in other.state_dict().items())
+    with pytest.raises(FileNotFoundError):
+        load_weights_into(other, tmp_path / "missing")
+
+
+def test_keep_last_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match="keep_last"):
+        CheckpointStore(tmp_path, keep_last=0)
