@@ -47,6 +47,7 @@ bench: env
 	$(PY) benchmarks/filter_stage.py --out runs/bench/filter_stage.json
 	$(PY) benchmarks/agentic.py --out runs/bench/agentic.json
 	$(PY) benchmarks/corrections.py --out runs/bench/corrections.json
+	$(PY) benchmarks/cpu_sharing.py --out runs/bench/cpu_sharing.json
 
 clean:
 	rm -rf .venv runs .rollstream

@@ -7,6 +7,11 @@ import os
 from pathlib import Path
 from typing import Optional
 
+# Stages and the trainer share the CPU cores; OpenMP threads that spin while idle (the default)
+# starve the other processes. Sleeping idle threads halved the demo's wall time
+# (benchmarks/cpu_sharing.py). Set before torch starts its OpenMP runtime; an explicit value wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import typer
 from rich.console import Console
 

@@ -42,8 +42,12 @@ class PolicyPublisher:
 
     def publish_batch(self, entry: dict) -> dict:
         """The version a committed manifest ``entry`` made: its trainer report's, or (training
-        off) one per batch with the initial weights."""
+        off) one per batch with the initial weights. Raises ValueError for trained weights
+        without a checkpoint (workers would stamp a version they do not have)."""
         if "policy_version" in entry:
+            if entry["policy_version"] > 0 and not entry.get("checkpoint"):
+                raise ValueError(f"step {entry['step']}: policy version {entry['policy_version']} has no checkpoint "
+                                 "to publish (give the PolicyTrainer a CheckpointStore)")
             return self.publish(entry["policy_version"], entry["step"], entry.get("checkpoint", ""),
                                 not entry.get("skipped", False))
         return self.publish(entry["step"] + 1, entry["step"], "", False)
@@ -134,9 +138,10 @@ class PolicyFollower:
         self.checkpoint = ""  # where the backend's weights came from ("" = the initial weights)
         self._failed: set[int] = set()
 
-    def refresh(self) -> int:
-        """Returns the backend's policy version after the refresh."""
-        record = self.watcher.latest()
+    def refresh(self, max_age_s: float = 0.0) -> int:
+        """Returns the backend's policy version after the refresh; ``max_age_s`` as in
+        ``PolicyVersionWatcher.latest``."""
+        record = self.watcher.latest(max_age_s)
         if record is None or record["version"] <= self.backend.policy_version or record["version"] in self._failed:
             return self.backend.policy_version
         version, path = int(record["version"]), record["checkpoint"]

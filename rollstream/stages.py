@@ -166,7 +166,7 @@ def run_trainer(config: Config, bootstrap: str) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     run_dir = Path("runs") / config.name
     builder = BatchBuilder(bootstrap, topics, groups_per_batch(config), group_id=f"{topics.prefix}trainer",
-                           manifest_path=run_dir / "batches.jsonl")
+                           manifest_path=run_dir / "batches.jsonl", max_staleness=config.max_staleness)
     events = (AgenticBatchEvents(bootstrap, topics, config, builder) if isinstance(config, AgenticConfig)
               else BatchEvents(bootstrap, topics))
     publisher = None

@@ -16,7 +16,10 @@ groups), admission:
   reference-behaviour.md section b.6, caveat 10).
 
 Accepted groups are never thrown away: a group accepted beyond the target counts towards the
-next step. Validation prompts take a slot but never count towards a batch.
+next step, unless a staleness bound is set. Then it does not count (the next step is generated
+in full by a fresh enough policy); the trainer still trains it while it is within the bound and
+otherwise rejects it as ``stale``, counted (the reference discards such leftovers silently at
+gc). Validation prompts take a slot but never count towards a batch.
 """
 
 from __future__ import annotations
@@ -142,7 +145,9 @@ def on_outcome(
             state.accepted_in_step += 1
         else:
             state.rejected_in_step[reason] = state.rejected_in_step.get(reason, 0) + 1
-    elif committed:  # a late prompt of an earlier (underfilled) step: keep its group
+    elif committed and limits.max_staleness is None:
+        # a late prompt of an earlier step: its group counts now (with a staleness bound it does
+        # not: the trainer trains it only while fresh enough, see the module doc)
         state.accepted_in_step += 1
     return check_step(state, limits)
 
@@ -155,7 +160,7 @@ def check_step(state: AdmissionState, limits: AdmissionLimits) -> tuple[Admissio
         return state, effects
     if state.accepted_in_step >= target:
         effects.append(StepComplete(state.step, target, state.admitted_in_step, dict(state.rejected_in_step)))
-        carry = state.accepted_in_step - target
+        carry = state.accepted_in_step - target if limits.max_staleness is None else 0
         _advance(state, limits, carry)
     elif state.admitted_in_step >= limits.max_prompts_per_batch and state.train_in_flight() == 0:
         effects.append(BatchUnderfilled(

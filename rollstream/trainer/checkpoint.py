@@ -45,7 +45,9 @@ def _fsync_dir(folder: Path) -> None:
 
 
 class CheckpointStore:
-    """Versioned checkpoints under ``root``; keeps the newest ``keep_last`` folders.
+    """Versioned checkpoints under ``root``; keeps the newest ``keep_last`` folders. The folders
+    are published by path, so ``root`` must be on a filesystem every worker sees (a shared
+    volume in docker-compose: ``./runs``).
 
     Raises ValueError for ``keep_last`` < 1.
     """
@@ -53,7 +55,7 @@ class CheckpointStore:
     def __init__(self, root: str | os.PathLike, keep_last: int = 2) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
-        self.root = Path(root)
+        self.root = Path(root).absolute()  # published to other processes: never relative to our cwd
         self.keep_last = keep_last
 
     def path_of(self, version: int) -> Path:

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
+from rollstream.filtering.staleness import stale_decision
 from rollstream.schemas import encode
 from rollstream.topics import Topics
 from rollstream.trainer.batch import RolloutBatch, build_batch, check_group
@@ -96,6 +97,10 @@ class BatchBuilder:
         start_step: first step number; default: last manifest step + 1, or 0.
         max_poll_records: records fetched per poll.
         dedup_window: how many group keys are remembered for duplicate detection.
+        max_staleness: policy versions a group may lag the version that trains it (= the step:
+            version v is the policy after v batches). A buffered group beyond the bound is
+            never trained: it goes to ``groups.rejected`` with reason ``stale`` and its values,
+            and counts in ``stale_groups``. None: unbounded.
 
     Raises:
         ValueError: ``rollout_batch_size`` < 1.
@@ -113,6 +118,7 @@ class BatchBuilder:
         start_step: int | None = None,
         max_poll_records: int = 500,
         dedup_window: int = DEDUP_WINDOW,
+        max_staleness: int | None = None,
     ) -> None:
         if rollout_batch_size < 1:
             raise ValueError(f"rollout_batch_size must be >= 1, got {rollout_batch_size}")
@@ -123,12 +129,14 @@ class BatchBuilder:
         self.manifest_path = Path(manifest_path) if manifest_path is not None else None
         self.max_poll_records = max_poll_records
         self.dedup_window = dedup_window
+        self.max_staleness = max_staleness
         self.worker = worker_id("trainer")
 
         self.consumed = 0  # records read, whatever became of them
         self.duplicates = 0  # redelivered groups skipped
         self.dead_lettered = 0  # records sent to dead-letter
         self.committed_groups = 0  # groups in committed batches, the manifest's included
+        self.stale_groups = 0  # groups rejected as stale instead of trained
 
         self._seen: OrderedDict[str, None] = OrderedDict()  # group keys, oldest first
         self._buffer: list[_Pending] = []  # valid groups not yet in a batch, in consumption order
@@ -171,11 +179,13 @@ class BatchBuilder:
         if self._fill_started is None:
             self._fill_started = time.monotonic()
         deadline = time.monotonic() + timeout_s
+        self._reject_stale()
         while len(self._buffer) < self.rollout_batch_size:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
             self._poll(min(remaining, POLL_TIMEOUT_S))
+            self._reject_stale()
         return self._build(self.rollout_batch_size, "complete")
 
     def take_partial(self, timeout_s: float = 0.0, min_groups: int | None = None) -> RolloutBatch | None:
@@ -190,8 +200,10 @@ class BatchBuilder:
             self._fill_started = time.monotonic()
         deadline = time.monotonic() + timeout_s
         enough = min(self.rollout_batch_size, min_groups or self.rollout_batch_size)
+        self._reject_stale()
         while len(self._buffer) < enough and time.monotonic() < deadline:
             self._poll(min(deadline - time.monotonic(), POLL_TIMEOUT_S))
+            self._reject_stale()
         if not self._buffer:
             return None
         n = min(len(self._buffer), self.rollout_batch_size)
@@ -285,6 +297,7 @@ class BatchBuilder:
             "trainer/batch/dead_lettered": self.dead_lettered,
             "trainer/batch/buffered": len(self._buffer),
             "trainer/batch/outstanding": len(self._outstanding),
+            "trainer/batch/stale_groups": self.stale_groups,
         }
 
     def close(self) -> None:
@@ -351,6 +364,26 @@ class BatchBuilder:
         except ValueError as exc:
             return None, "invalid_event", str(exc)
         return record, "", ""
+
+    def _reject_stale(self) -> None:
+        """Move buffered groups the next step may not train (see ``max_staleness``) to
+        ``groups.rejected``; their offsets count as done."""
+        if self.max_staleness is None:
+            return
+        keep = []
+        for item in self._buffer:
+            decision = stale_decision(int(item.group.get("policy_version", 0)), self.step, self.max_staleness)
+            if decision is None:
+                keep.append(item)
+                continue
+            group = {**item.group, "accepted": False, "reason": decision.reason,
+                     "decision_values": {**item.group.get("decision_values", {}), **decision.values}}
+            schema = "TrajectoryGroup" if "trajectories" in group else "Group"
+            self.producer.send(self.topics.groups_rejected, key=group["group_key"].encode(), value=encode(group, schema))
+            self._not_done.get(item.partition, set()).discard(item.offset)
+            self.stale_groups += 1
+            log.info("group %r rejected as stale before step %d: %s", group["group_key"], self.step, dict(decision.values))
+        self._buffer = keep
 
     def _remember(self, key: str) -> None:
         self._seen[key] = None

@@ -98,7 +98,7 @@ class AgenticBatchEvents(_Tail):
                     self.rejected[reason] = self.rejected.get(reason, 0) + 1
         if len(self.done) < self.num_groups or self._verdict_step == self.builder.step:
             return []
-        remaining = int(sum(self.done.values())) - self.builder.committed_groups
+        remaining = int(sum(self.done.values())) - self.builder.committed_groups - self.builder.stale_groups
         if remaining >= self.target:
             return []
         self._verdict_step = self.builder.step

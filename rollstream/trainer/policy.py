@@ -117,7 +117,7 @@ class PolicyTrainer:
             "diff_means": {agg: round(metrics[f"{METRIC_PREFIX}diff_{agg}_mean@sum"], 6) for agg in AGG_TYPES},
             "policy_lag_max": lag,
             "generator_versions": sorted(set(batch.policy_versions)),
-            "mask_collapse": bool(metrics.get("actor/train_infer_mask_collapse", 0.0)),
+            "mask_collapse": bool(metrics.get(f"{METRIC_PREFIX}mask_collapse", 0.0)),
             "reward_mean": round(float(batch.response_level_rewards.mean()), 6),
             "grad_norm": round(report.grad_norm, 6),
             "pg_clipfrac": round(report.metrics.get("pg_clipfrac", 0.0), 6),

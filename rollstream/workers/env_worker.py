@@ -33,6 +33,8 @@ from rollstream.workers.generation import GenerationBackend
 
 log = logging.getLogger(__name__)
 
+POLICY_MAX_AGE_S = 1.0  # between turns, policy.versions is asked at most this often
+
 # -- Kafka shell ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -172,18 +174,20 @@ class EnvWorker(StoppableLoop):
                 outputs: list[Output] = []
                 got = 0
                 room = self.player.free_slots
-                if self.policy is not None:
-                    self.policy.refresh()  # newest weights before the next turns and new requests
+                polled = {}
                 if room > 0:
                     # Short poll while trajectories play: the model should not wait on Kafka.
                     timeout = 10 if self.player.active else self.poll_timeout_ms
                     polled = self.consumer.poll(timeout_ms=timeout, max_records=room)
-                    for batch in polled.values():
-                        for msg in batch:
-                            got += 1
-                            dl = self._accept(msg)
-                            if dl is not None:
-                                outputs.append(dl)
+                if self.policy is not None:
+                    # new requests: the newest weights, exactly; between turns: a recent answer
+                    self.policy.refresh(max_age_s=0.0 if polled else POLICY_MAX_AGE_S)
+                for batch in polled.values():
+                    for msg in batch:
+                        got += 1
+                        dl = self._accept(msg)
+                        if dl is not None:
+                            outputs.append(dl)
                 finished = self.player.step(wait_s=self.poll_timeout_ms / 1000.0)
                 outputs.extend(self._emit(finished))
                 for out in outputs:

@@ -60,6 +60,10 @@ def test_real_model_through_every_stage(kafka_broker, tmp_path):
     assert (batch["skipped"], batch["policy_version"], batch["final_mask_mean"]) == (False, 1, 1.0)
     assert batch["pass_rates"] == {"actor/train_infer_token_ratio_mask_mean@sum": 1.0}
     assert math.isfinite(batch["loss"]) and math.isfinite(batch["grad_norm"])  # 0 when every advantage is 0
+    assert batch["generator_versions"] == [0] and batch["policy_lag_max"] == 0
+    assert summary["policy_versions_published"] == [0, 1]  # the initial weights, then the step's
+    assert summary["generated_by_policy_version"] == {"0": summary["responses_generated"]}
+    assert (tmp_path / "run" / "checkpoints" / "v000001" / "model.safetensors").is_file()
     assert summary["groups_accepted"] >= batch["groups"]
     assert summary["responses_generated"] >= 2 * summary["groups_accepted"]
     topics = Topics(prefix)

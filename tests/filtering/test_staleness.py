@@ -64,3 +64,15 @@ def test_within_the_bound_or_unbounded_the_query_filter_decides():
 
 def test_validation_groups_are_never_rejected_stale():
     assert decide([0, 0], current=9, max_staleness=0, mode="val").accepted
+
+
+def test_with_a_staleness_bound_groups_beyond_the_target_do_not_count_for_the_next_step():
+    from rollstream.filtering.admission import admit, on_outcome
+
+    for bound, carried in ((None, 1), (0, 0)):
+        limits = AdmissionLimits(rollout_batch_size=2, max_running_prompts=4, max_prompts_per_batch=8,
+                                 max_additional_running_prompts=1, max_staleness=bound)
+        state = admit(admit(admit(AdmissionState(), "a"), "b"), "c")
+        for pid in "abc":  # c: one beyond the target of step 0
+            state, _ = on_outcome(state, limits, pid, True, "accepted")
+        assert (state.step, state.accepted_in_step) == (1, carried)

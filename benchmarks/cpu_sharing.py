@@ -1,0 +1,128 @@
+"""A training step on CPU while a generation process shares the cores: OpenMP wait policies.
+
+`rollstream run` puts generation workers and the trainer on the same cores. Idle OpenMP threads
+spin (``OMP_WAIT_POLICY`` ``ACTIVE``; unset, libgomp spins a while before sleeping), burning the
+cores the other process needs; ``PASSIVE`` makes them sleep. For each policy this runs, one after
+the other on the same machine:
+
+- a generation process (``TransformersBackend`` in bfloat16, 8 rows x 32 new tokens per call, as
+  in the demo) generating in a loop, and
+- in this process's child, ``--steps`` PolicyTrainer steps (old_log_probs + correction + GRPO
+  step, float32) over a batch of 4 groups x 4 responses of 32 tokens,
+
+and reports the median step seconds and the generator's calls per second. A third row measures
+the training step alone (no generator) as the floor. Prints JSON; never asserts.
+
+    .venv/bin/python benchmarks/cpu_sharing.py --out runs/bench/cpu_sharing.json   # ~10 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from filter_stage import write_result
+
+
+def generate_forever(stop_file: str, counter_file: str) -> None:
+    import torch
+
+    from rollstream.workers.generation import SamplingParams, TransformersBackend
+    from rollstream.workers.model import chat_prompt_ids
+
+    backend = TransformersBackend(dtype=torch.bfloat16, max_batch=8)
+    prompts = [chat_prompt_ids(backend.tokenizer, f"What is {i} + {i + 2}?") for i in range(2)]
+    params = [SamplingParams(temperature=1.0, max_new_tokens=32, seed=i) for i in range(2)]
+    calls = 0
+    while not os.path.exists(stop_file):
+        backend.generate(prompts, [4, 4], params)
+        calls += 1
+        Path(counter_file).write_text(str(calls))
+
+
+def train_steps(steps: int) -> list[float]:
+    import torch
+
+    from rollstream.trainer.batch import build_batch
+    from rollstream.trainer.corrections import TrainInferCorrectionConfig
+    from rollstream.trainer.policy import PolicyTrainer, TrainSettings
+
+    trainer = PolicyTrainer(TrainSettings(lr=1e-6, micro_batch_size=4), TrainInferCorrectionConfig())
+    torch.manual_seed(0)
+    groups = []
+    for g in range(4):
+        prompt = torch.randint(100, 20000, (40,)).tolist()
+        groups.append({"group_key": f"g{g}", "prompt_token_ids": prompt, "responses": [
+            {"response": {"prompt_id": f"g{g}", "sample_index": i, "prompt_token_ids": prompt,
+                          "response_token_ids": torch.randint(100, 20000, (32,)).tolist(),
+                          "infer_logprobs": [-5.0] * 32, "policy_version": 0},
+             "response_level_reward": float(i % 2), "scores": {}} for i in range(4)]})
+    batch = build_batch(groups, step=0, pad_token_id=0)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        trainer.train(batch)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def child(args) -> None:
+    """Runs in a fresh interpreter with the wait policy under test in its environment."""
+    work = Path(args.work)
+    gen = None
+    if args.with_generator:
+        gen = mp.get_context("spawn").Process(target=generate_forever, args=(str(work / "stop"), str(work / "calls")))
+        gen.start()
+        while not (work / "calls").exists():  # the generator is loaded and running
+            time.sleep(0.2)
+    started, calls0 = time.monotonic(), int((work / "calls").read_text()) if gen else 0
+    times = train_steps(args.steps)
+    elapsed = time.monotonic() - started
+    calls = (int((work / "calls").read_text()) - calls0) if gen else 0
+    if gen:
+        (work / "stop").write_text("")
+        gen.join(120)
+    print(json.dumps({"step_seconds_median": round(statistics.median(times), 2),
+                      "step_seconds": [round(t, 2) for t in times],
+                      "generator_calls_per_s": round(calls / elapsed, 3) if gen else None}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("runs/bench/cpu_sharing.json"))
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--with-generator", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--work", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+    import tempfile
+
+    result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "steps": args.steps,
+              "variants": {}}
+    for name, policy, with_gen in (("alone", "PASSIVE", False), ("shared_unset", None, True),
+                                   ("shared_active", "ACTIVE", True), ("shared_passive", "PASSIVE", True)):
+        with tempfile.TemporaryDirectory() as work:
+            env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+            if policy is not None:
+                env["OMP_WAIT_POLICY"] = policy
+            cmd = [sys.executable, __file__, "--child", "--steps", str(args.steps), "--work", work]
+            if with_gen:
+                cmd.append("--with-generator")
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent)
+            result["variants"][name] = {"omp_wait_policy": policy, **json.loads(out.stdout.strip().splitlines()[-1])}
+    write_result(result, args.out)
+
+
+if __name__ == "__main__":
+    main()
