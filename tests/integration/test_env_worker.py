@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+import torch
 from kafka import KafkaConsumer, TopicPartition
 
 from rollstream.readback import read_topic, read_values
@@ -171,3 +172,30 @@ def test_run_env_worker_takes_its_settings_from_an_agentic_config(kafka_broker, 
     # greedy (temperature 0 from the config): both runs say the same thing
     assert trajs[0]["turns"][0]["response_token_ids"] == trajs[1]["turns"][0]["response_token_ids"]
     assert [t["response_level_rewards"] for t in trajs] == [0.5, 0.5]
+
+
+def test_the_env_worker_loads_the_published_policy_before_new_requests_and_stamps_it(kafka_broker, topic_factory,
+                                                                                        tmp_path):
+    """A checkpoint published as version 1 (weights visibly moved) is loaded before the request
+    that follows it is played; the trajectory says version 1."""
+    from rollstream.policy_versions import PolicyPublisher
+    from rollstream.trainer.checkpoint import CheckpointStore
+    from rollstream.workers.model import load_model
+
+    topics = topic_factory(["episodes.requests", "trajectories", "dead-letter", "policy.versions"])
+    _, trained = load_model()
+    with torch.no_grad():
+        trained.model.embed_tokens.weight.add_(0.01)
+    path = CheckpointStore(tmp_path).save(1, trained, None, {"step": 0, "group_keys": []})
+    publisher = PolicyPublisher(kafka_broker, topics)
+    publisher.publish(1, 0, str(path), True)
+    publisher.close()
+    send(kafka_broker, topics.episodes_requests, [(b"5", encode(episode_request(0), "EpisodeRequest"))])
+    fresh = TransformersBackend(max_batch=4)
+    worker = EnvWorker(bootstrap=kafka_broker, topics=topics, backend=fresh, group_id=f"{topics.prefix}env")
+    thread = start(worker, max_idle_s=3.0)
+    thread.join(180)
+    assert not thread.is_alive()
+    [trajectory] = read_values(kafka_broker, topics.trajectories)
+    assert trajectory["policy_version"] == 1 and fresh.policy_version == 1
+    assert torch.equal(fresh.model.model.embed_tokens.weight, trained.model.embed_tokens.weight)
