@@ -9,7 +9,7 @@ class Watcher:
     def __init__(self) -> None:
         self.record = None
 
-    def latest(self):
+    def latest(self, max_age_s: float = 0.0):
         return self.record
 
     def close(self) -> None:
