@@ -165,6 +165,81 @@ def run(
         raise typer.Exit(3)
 
 
+@app.command()
+def replay(
+    topic: str = typer.Argument(..., help="Topic: a full name, or a logical one (groups.rejected) under --prefix."),
+    bootstrap: str = typer.Option(..., "--bootstrap", "-b"),
+    prefix: str = typer.Option("rollstream.", "--prefix", help="Prefix of logical topic names."),
+    where: list[str] = typer.Option([], "--where", "-w", help="FIELD=VALUE (or != >= <= > <); dotted paths; repeat to AND."),
+    key: Optional[str] = typer.Option(None, "--key", help="Only records with this key."),
+    partition: list[int] = typer.Option([], "--partition", "-p", help="Only these partitions (repeat)."),
+    from_offset: Optional[int] = typer.Option(None, "--from-offset", help="First offset (per partition)."),
+    to_offset: Optional[int] = typer.Option(None, "--to-offset", help="Stop before this offset (per partition)."),
+    since: Optional[str] = typer.Option(None, "--since", help="Record time >= this (epoch ms or ISO 8601, UTC)."),
+    until: Optional[str] = typer.Option(None, "--until", help="Record time < this (epoch ms or ISO 8601, UTC)."),
+    output: str = typer.Option("jsonl", "--format", "-f", help="jsonl or table."),
+    follow: bool = typer.Option(False, "--follow", help="Keep reading new records until interrupted."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Stop after this many selected records."),
+    to_topic: Optional[str] = typer.Option(None, "--to-topic", help="Re-inject the selected records (same key and bytes) into this topic."),
+) -> None:
+    """Decode a rollstream topic: what was filtered and why (e.g. `replay groups.rejected -w reason=zero_std`)."""
+    from rollstream.replay import Predicate, Selection, parse_time_ms
+    from rollstream.topics import TOPICS, Topics
+
+    try:
+        if output not in ("jsonl", "table"):
+            raise ValueError(f"--format must be jsonl or table, got {output!r}")
+        selection = Selection(
+            from_offset=from_offset, to_offset=to_offset, key=key, partitions=tuple(partition) or None,
+            since_ms=parse_time_ms(since) if since else None, until_ms=parse_time_ms(until) if until else None,
+            predicates=tuple(Predicate.parse(w) for w in where))
+    except ValueError as exc:
+        _fail(exc)
+    name = Topics(prefix).name(topic) if topic in TOPICS else topic
+    if to_topic is not None and to_topic == name:
+        _fail(ValueError("--to-topic must differ from the topic read"))
+    _reach(bootstrap)
+    _print_replay(bootstrap, name, selection, output, follow, limit, to_topic)
+
+
+def _print_replay(bootstrap: str, name: str, selection, output: str, follow: bool, limit: Optional[int],
+                  to_topic: Optional[str]) -> None:
+    """Stream the selection as JSON lines (or collect a rich table), re-injecting on request."""
+    from datetime import datetime, timezone
+
+    from rich.table import Table
+
+    from rollstream.replay import replay as replay_topic, summary
+    from rollstream.workers.base import make_producer
+
+    producer = make_producer(bootstrap) if to_topic else None
+    table = Table("partition", "offset", "time (UTC)", "key", "schema", "event") if output == "table" else None
+    count = 0
+    try:
+        for item in replay_topic(bootstrap, name, selection, follow=follow, limit=limit):
+            count += 1
+            if producer is not None:
+                producer.send(to_topic, key=item.record.key, value=item.record.raw)
+            if table is not None:
+                when = datetime.fromtimestamp(item.timestamp_ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+                table.add_row(str(item.record.partition), str(item.record.offset), when,
+                              "" if item.record.key is None else item.record.key.decode("utf-8", "replace"),
+                              item.record.schema or "-", summary(item.record.value))
+            else:
+                print(json.dumps(item.to_json(), sort_keys=True), flush=True)
+    except ValueError as exc:
+        _fail(exc)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if producer is not None:
+            producer.flush()
+            producer.close()
+    if table is not None:
+        console.print(table)
+    err.print(f"{count} records" + (f" re-injected into {to_topic}" if to_topic else ""))
+
+
 def main() -> None:
     app()
 
