@@ -240,6 +240,44 @@ def _print_replay(bootstrap: str, name: str, selection, output: str, follow: boo
     err.print(f"{count} records" + (f" re-injected into {to_topic}" if to_topic else ""))
 
 
+@app.command()
+def whatif(
+    config: Path = typer.Option(..., "--config", "-c", help="The alternative config (its kafka.topic_prefix names the recorded run)."),
+    bootstrap: str = typer.Option(..., "--bootstrap", "-b"),
+    prefix: Optional[str] = typer.Option(None, "--prefix", help="Recorded run's topic prefix, if not the config's."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the report here."),
+) -> None:
+    """Re-decide a recorded run with another config's filters, offline; report beside what happened."""
+    from rich.table import Table
+
+    from rollstream.whatif import run_whatif
+
+    cfg = _config(config)
+    if prefix is not None:
+        cfg = cfg.model_copy(update={"kafka": cfg.kafka.model_copy(update={"topic_prefix": prefix})})
+    _reach(bootstrap)
+    try:
+        report = run_whatif(cfg, bootstrap)
+    except RollstreamError as exc:
+        _fail(exc)
+    table = Table("", "actual", "alternative", title=f"whatif ({report['pipeline']}): {config}")
+    for key in ("groups_decided", "groups_accepted", "retention_rate", "prompts_per_batch", "responses_generated",
+                "wasted_generations"):
+        table.add_row(key, str(report["actual"][key]), str(report["alternative"][key]))
+    for reason in sorted(set(report["actual"]["reasons"]) | set(report["alternative"]["reasons"])):
+        table.add_row(f"reason {reason}", str(report["actual"]["reasons"].get(reason, 0)),
+                      str(report["alternative"]["reasons"].get(reason, 0)))
+    table.add_row("decisions that change", str(len(report["changed"])), "")
+    table.add_row("need new generations (undecidable offline)", str(len(report["needs_generation"])), "")
+    table.add_row("recorded generations the alternative skips", "", str(report["saved_generations"]))
+    console.print(table)
+    for change in report["changed"][:50]:
+        console.print(f"  {change['group_key']}: {change['actual']} -> {change['alternative']}")
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(report, indent=2))
+
+
 def main() -> None:
     app()
 

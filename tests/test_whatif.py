@@ -1,0 +1,95 @@
+"""`whatif` over recorded events, no broker: determinism with the same config, exact changes
+with another threshold, and replacements the recording does or does not hold."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rollstream.config import parse_config
+from rollstream.filtering.prompt_state import Decided, Replacement, step
+from rollstream.streams.events import decided_group
+from rollstream.whatif import whatif_rlvr
+
+DOMAIN = "synth"
+
+
+def config(std_threshold: float = 0.0, reject_truncated: bool = True, **extra):
+    return parse_config({
+        "name": "w", "rollout_batch_size": 2, "num_return_sequences_in_group": 4, "max_prompts_per_batch": 64,
+        "rewards": {DOMAIN: {"reward_type": "gsm8k",
+                             "query_filter_config": {"type": "std_filter", "filter_args": {"std_threshold": std_threshold}},
+                             "response_filter_config": {"type": "default",
+                                                        "filter_args": {"reject_truncated": reject_truncated}}}},
+        "datasets": [], **extra})
+
+
+def rewarded(pid: str, index: int, reward: float, finish: str = "stop") -> dict:
+    return {"response": {"prompt_id": pid, "domain": DOMAIN, "mode": "train", "prompt": "q", "sample_index": index,
+                         "round": 0, "prompt_token_ids": [1, 2], "response_token_ids": [5, 6],
+                         "infer_logprobs": [-0.1, -0.2], "response_text": "x", "finish_reason": finish,
+                         "policy_version": 0},
+            "response_level_reward": reward, "scores": {}}
+
+
+def record_run(cfg, scripts: dict[str, list[tuple[float, str]]]):
+    """Play the aggregator over scripted responses (sample i answers scripts[pid][i]); returns the
+    recorded responses.rewarded stream and the decided Group records."""
+    filters = cfg.domain_filters()[DOMAIN]
+    stream, groups = [], []
+    for pid, script in scripts.items():
+        pending, state = list(range(4)), None
+        while pending:
+            index = pending.pop(0)
+            record = rewarded(pid, index, *script[index])
+            stream.append(record)
+            state, effects = step(state, record, filters)
+            for effect in effects:
+                if isinstance(effect, Replacement):
+                    pending += range(effect.sample_offset, effect.sample_offset + effect.num_return_sequences)
+                if isinstance(effect, Decided):
+                    groups.append(decided_group(record["response"], effect, [], "{}", ""))
+    return stream, groups
+
+
+SCRIPTS = {
+    "spread": [(1.0, "stop"), (0.0, "stop"), (0.0, "stop"), (0.0, "stop")],          # std 0.5
+    "narrow": [(0.2, "stop"), (0.1, "stop"), (0.1, "stop"), (0.1, "stop")],          # std 0.05
+    "flat": [(0.0, "stop")] * 4,                                                     # std 0
+    "cut": [(1.0, "length"), (0.0, "stop"), (0.0, "stop"), (1.0, "stop"), (0.0, "stop")],  # 1 truncated
+}
+
+
+def test_the_same_config_decides_every_recorded_group_the_same_way():
+    cfg = config()
+    stream, groups = record_run(cfg, SCRIPTS)
+    result = whatif_rlvr(cfg, stream, groups).report(2)
+    assert result["changed"] == [] and result["needs_generation"] == [] and result["saved_generations"] == 0
+    assert result["actual"] == result["alternative"]
+    assert result["actual"]["reasons"] == {"accepted": 3, "zero_std": 1}
+    assert result["actual"]["responses_generated"] == 17 and result["actual"]["wasted_generations"] == 17 - 12
+
+
+def test_a_higher_std_threshold_changes_exactly_the_groups_a_brute_force_recomputation_finds():
+    stream, groups = record_run(config(), SCRIPTS)
+    result = whatif_rlvr(config(std_threshold=0.1), stream, groups).report(2)
+    expected = []
+    for g in groups:  # brute force: unbiased float32 std of the kept rewards vs the new threshold
+        rewards = np.array([r["response_level_reward"] for r in stream if r["response"]["prompt_id"] == g["prompt_id"]
+                            and r["response"]["finish_reason"] == "stop"][:4], dtype=np.float32)
+        keep = float(rewards.std(ddof=1)) > 0.1
+        if keep != g["accepted"]:
+            expected.append({"group_key": g["prompt_id"], "actual": g["reason"],
+                             "alternative": "accepted" if keep else "zero_std"})
+    assert result["changed"] == expected == [{"group_key": "narrow", "actual": "accepted", "alternative": "zero_std"}]
+    assert result["alternative"]["retention_rate"] == 0.5 and result["alternative"]["prompts_per_batch"] == 4.0
+
+
+def test_replacements_the_recording_holds_or_lacks():
+    stream, groups = record_run(config(), SCRIPTS)
+    # keeping truncated responses: "cut" is decided in round 0; its replacement was never needed
+    lenient = whatif_rlvr(config(reject_truncated=False), stream, groups).report(2)
+    assert lenient["saved_generations"] == 1 and lenient["changed"] == [] and lenient["needs_generation"] == []
+    # the other way round: a recording made without the truncation rule lacks the replacement
+    stream, groups = record_run(config(reject_truncated=False), SCRIPTS)
+    strict = whatif_rlvr(config(reject_truncated=True), stream, groups).report(2)
+    assert strict["needs_generation"] == ["cut"] and strict["alternative"]["groups_decided"] == 3
