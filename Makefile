@@ -13,7 +13,7 @@ export UV_CACHE_DIR ?= $(HOME)/.cache/uv
 export UV_LINK_MODE ?= hardlink
 export PYTHONWARNINGS ?= ignore::SyntaxWarning,ignore::DeprecationWarning
 
-.PHONY: env demo demo-agentic test test-unit bench clean
+.PHONY: env browser demo demo-agentic test test-unit bench clean
 
 $(UV):
 	$(PYTHON) -m venv $(CACHE)/tools
@@ -36,7 +36,13 @@ demo: env
 demo-agentic: env
 	$(PY) -m rollstream.cli run examples/agentic_frozenlake.yaml --summary-json runs/demo-agentic/summary.json
 
-test: env
+# The report test renders in a real headless browser: Debian's chromium, installed when missing.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
+
+test: env browser
 	$(PY) -m pytest -ra
 
 test-unit: env

@@ -278,6 +278,23 @@ def whatif(
         json_out.write_text(json.dumps(report, indent=2))
 
 
+@app.command()
+def report(
+    config: Path = typer.Option(..., "--config", "-c", help="The run's config (its kafka.topic_prefix names the topics)."),
+    bootstrap: str = typer.Option(..., "--bootstrap", "-b"),
+    out: Path = typer.Option(Path("report.html"), "--out", "-o"),
+    prefix: Optional[str] = typer.Option(None, "--prefix", help="Topic prefix, if not the config's."),
+) -> None:
+    """Write an HTML report of a run read back from its topics (plots embedded)."""
+    from rollstream.report import write_report
+    from rollstream.topics import Topics
+
+    cfg = _config(config)
+    _reach(bootstrap)
+    plots = write_report(bootstrap, Topics(prefix or cfg.kafka.topic_prefix), out, f"rollstream run {cfg.name}")
+    console.print(f"wrote {out} ({plots} plots)")
+
+
 def main() -> None:
     app()
 

@@ -25,6 +25,30 @@ log = logging.getLogger(__name__)
 POLICY_KEY = b"policy"
 
 
+STEP_SCALARS = ("fill_seconds", "accepted_groups", "loss", "reward_mean", "final_mask_mean", "grad_norm",
+                "pg_clipfrac", "policy_version", "policy_lag_max", "train_seconds")
+
+
+def step_metrics(entry: dict, worker: str) -> list[dict]:
+    """Metric records of one committed batch: ``trainer/<figure>`` for the scalars present,
+    ``trainer/mask_collapse`` (0/1), ``trainer/pass_rate`` (label ``check``: the filter's metric
+    key), ``trainer/ratio_mean`` and ``trainer/diff_mean`` (label ``agg``); all labelled
+    ``step``."""
+    created, step = now_ms(), str(entry["step"])
+
+    def metric(name: str, value: float, **labels: str) -> dict:
+        return {"worker": worker, "name": name, "value": float(value), "labels": {"step": step, **labels},
+                "created_ms": created}
+
+    out = [metric(f"trainer/{k}", entry[k]) for k in STEP_SCALARS if isinstance(entry.get(k), (int, float))]
+    if "mask_collapse" in entry:
+        out.append(metric("trainer/mask_collapse", float(entry["mask_collapse"])))
+    out += [metric("trainer/pass_rate", v, check=k) for k, v in entry.get("pass_rates", {}).items()]
+    for name in ("ratio_mean", "diff_mean"):
+        out += [metric(f"trainer/{name}", v, agg=agg) for agg, v in entry.get(f"{name}s", {}).items()]
+    return out
+
+
 class PolicyPublisher:
     """The trainer's side: publishes a PolicyVersion and waits for the broker's acknowledgement."""
 
@@ -41,9 +65,12 @@ class PolicyPublisher:
         return record
 
     def publish_batch(self, entry: dict) -> dict:
-        """The version a committed manifest ``entry`` made: its trainer report's, or (training
-        off) one per batch with the initial weights. Raises ValueError for trained weights
-        without a checkpoint (workers would stamp a version they do not have)."""
+        """What a committed manifest ``entry`` made: its step's Metric events on ``metrics``
+        (``step_metrics``), then its policy version: the trainer report's, or (training off) one
+        per batch with the initial weights. Raises ValueError for trained weights without a
+        checkpoint (workers would stamp a version they do not have)."""
+        for record in step_metrics(entry, self.worker):
+            self.producer.send(self.topics.metrics, key=self.worker.encode(), value=encode(record, "Metric"))
         if "policy_version" in entry:
             if entry["policy_version"] > 0 and not entry.get("checkpoint"):
                 raise ValueError(f"step {entry['step']}: policy version {entry['policy_version']} has no checkpoint "

@@ -1,0 +1,217 @@
+"""`rollstream report`: one self-contained HTML page about a run, read back from its topics.
+
+Plots (matplotlib, PNG embedded as base64): retention over time, rejection reasons, rounds per
+prompt (episodes per group id for agentic runs), batch fill times, mask fractions per training
+step, and policy-version lag per step. A plot without data says so in the image (and ``data-has-data="false"`` on its figure). The page counts
+its images that loaded (``data-images-loaded`` on <body>) so a headless browser can check it.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from collections import Counter
+from dataclasses import dataclass, field
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display: files only
+import matplotlib.pyplot as plt  # noqa: E402
+
+from rollstream.readback import read_values  # noqa: E402
+from rollstream.topics import Topics  # noqa: E402
+
+
+@dataclass
+class RunData:
+    """The events a report needs (decoded records)."""
+
+    accepted: list[dict] = field(default_factory=list)
+    rejected: list[dict] = field(default_factory=list)
+    batches: list[dict] = field(default_factory=list)
+    metrics: list[dict] = field(default_factory=list)
+    versions: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, bootstrap: str, topics: Topics) -> "RunData":
+        return cls(read_values(bootstrap, topics.groups_accepted), read_values(bootstrap, topics.groups_rejected),
+                   read_values(bootstrap, topics.batches), read_values(bootstrap, topics.metrics),
+                   read_values(bootstrap, topics.policy_versions))
+
+    def train_groups(self) -> list[dict]:
+        return [g for g in self.accepted + self.rejected if g.get("mode", "train") == "train"]
+
+    def steps(self) -> dict[int, dict]:
+        """Built batches by step (Batch events are at least once: the last per step counts)."""
+        return {b["step"]: b for b in self.batches if b["status"] != "underfilled"}
+
+    def step_metric(self, name: str) -> dict[tuple, dict[int, float]]:
+        """``trainer/<name>`` samples: labels other than step -> {step: value}."""
+        out: dict[tuple, dict[int, float]] = {}
+        for m in self.metrics:
+            if m["name"] == f"trainer/{name}":
+                labels = tuple(sorted((k, v) for k, v in m["labels"].items() if k != "step"))
+                out.setdefault(labels, {})[int(m["labels"]["step"])] = m["value"]
+        return out
+
+
+def _png(fig, has_data: bool) -> tuple[str, bool]:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode(), has_data
+
+
+def _figure(title: str):
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.set_title(title)
+    return fig, ax
+
+
+def _no_data(ax, what: str) -> None:
+    ax.text(0.5, 0.5, f"no {what} in this run", ha="center", va="center", transform=ax.transAxes, fontsize=12)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def retention_over_time(data: RunData) -> tuple[str, bool]:
+    fig, ax = _figure("Retention over time (train groups decided)")
+    groups = sorted(data.train_groups(), key=lambda g: g.get("created_ms", 0))
+    has = bool(groups)
+    if has:
+        t0 = groups[0].get("created_ms", 0)
+        xs, ys, kept = [], [], 0
+        for n, g in enumerate(groups, 1):
+            kept += bool(g["accepted"])
+            xs.append((g.get("created_ms", 0) - t0) / 1000)
+            ys.append(kept / n)
+        ax.plot(xs, ys, marker=".")
+        ax.set_xlabel("seconds since the first decision")
+        ax.set_ylabel("accepted / decided")
+        ax.set_ylim(0, 1.05)
+    else:
+        _no_data(ax, "decided groups")
+    return _png(fig, has)
+
+
+def rejection_reasons(data: RunData) -> tuple[str, bool]:
+    fig, ax = _figure("Rejected groups by reason")
+    reasons = Counter(g["reason"] for g in data.rejected)
+    has = bool(reasons)
+    if has:
+        names = sorted(reasons, key=lambda r: -reasons[r])
+        ax.bar(names, [reasons[r] for r in names], color="tab:red")
+        ax.set_ylabel("groups")
+        ax.tick_params(axis="x", rotation=30)
+    else:
+        _no_data(ax, "rejected groups")
+    return _png(fig, has)
+
+
+def rounds_per_prompt(data: RunData) -> tuple[str, bool]:
+    groups = data.train_groups()
+    agentic = any("trajectories" in g for g in groups)
+    fig, ax = _figure("Episodes per group id" if agentic else "Generation rounds per prompt")
+    if agentic:
+        counts = Counter(Counter(g["group_id"] for g in groups).values())
+    else:
+        counts = Counter(int(g.get("rounds", 0)) for g in groups if g.get("rounds", 0) > 0)
+    has = bool(counts)
+    if has:
+        ax.bar([str(k) for k in sorted(counts)], [counts[k] for k in sorted(counts)])
+        ax.set_xlabel("episodes" if agentic else "rounds")
+        ax.set_ylabel("group ids" if agentic else "prompts")
+    else:
+        _no_data(ax, "groups")
+    return _png(fig, has)
+
+
+def batch_fill_times(data: RunData) -> tuple[str, bool]:
+    fig, ax = _figure("Batch fill time per step")
+    steps = data.steps()
+    has = bool(steps)
+    if has:
+        order = sorted(steps)
+        ax.bar([str(s) for s in order], [steps[s]["fill_seconds"] for s in order], color="tab:green")
+        ax.set_xlabel("step")
+        ax.set_ylabel("seconds")
+    else:
+        _no_data(ax, "batches")
+    return _png(fig, has)
+
+
+def mask_fractions(data: RunData) -> tuple[str, bool]:
+    fig, ax = _figure("Correction masks per step (share of valid tokens kept)")
+    series = {"final mask": next(iter(data.step_metric("final_mask_mean").values()), {})}
+    for labels, values in data.step_metric("pass_rate").items():
+        check = dict(labels).get("check", "?").removeprefix("actor/train_infer_").removesuffix("_mask_mean@sum")
+        series[check] = values
+    series = {k: v for k, v in series.items() if v}
+    has = bool(series)
+    if has:
+        for name, values in series.items():
+            order = sorted(values)
+            ax.plot(order, [values[s] for s in order], marker="o", label=name)
+        ax.set_xlabel("step")
+        ax.set_ylim(0, 1.05)
+        ax.legend(fontsize=8)
+    else:
+        _no_data(ax, "training steps")
+    return _png(fig, has)
+
+
+def policy_lag(data: RunData) -> tuple[str, bool]:
+    fig, ax = _figure("Policy-version lag per step (trained version - oldest generator)")
+    lag = next(iter(data.step_metric("policy_lag_max").values()), {})
+    has = bool(lag)
+    if has:
+        order = sorted(lag)
+        ax.bar([str(s) for s in order], [lag[s] for s in order], color="tab:purple")
+        ax.set_xlabel("step")
+        ax.set_ylabel("versions")
+    else:
+        _no_data(ax, "training steps")
+    return _png(fig, has)
+
+
+PLOTS = (retention_over_time, rejection_reasons, rounds_per_prompt, batch_fill_times, mask_fractions, policy_lag)
+
+
+def render_html(data: RunData, title: str) -> str:
+    """The report page (self-contained: no external resources)."""
+    groups = data.train_groups()
+    accepted = sum(1 for g in groups if g["accepted"])
+    facts = [("train groups decided", len(groups)), ("accepted", accepted),
+             ("retention", f"{accepted / len(groups):.3f}" if groups else "-"),
+             ("batches", len(data.steps())),
+             ("policy versions published", ", ".join(str(v) for v in sorted({p["version"] for p in data.versions})) or "-")]
+    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in facts)
+    figures = []
+    for plot in PLOTS:
+        png, has_data = plot(data)
+        figures.append(f'<figure data-plot="{plot.__name__}" data-has-data="{str(has_data).lower()}">'
+                       f'<img alt="{plot.__name__}" src="data:image/png;base64,{png}"></figure>')
+    images = "".join(figures)
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}th,td{{padding:2px 10px;
+text-align:left}}figure{{margin:1em 0}}</style></head>
+<body data-images-loaded="0"><h1>{html.escape(title)}</h1><table>{rows}</table>{images}
+<script>
+window.addEventListener("load", function () {{
+  var ok = Array.prototype.filter.call(document.images, function (i) {{ return i.complete && i.naturalWidth > 0; }});
+  document.body.setAttribute("data-images-loaded", String(ok.length));
+}});
+</script></body></html>
+"""
+
+
+def write_report(bootstrap: str, topics: Topics, out, title: str) -> int:
+    """Read the run, write the page to ``out``; returns the number of plots."""
+    from pathlib import Path
+
+    page = render_html(RunData.read(bootstrap, topics), title)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(page)
+    return len(PLOTS)
