@@ -90,6 +90,8 @@ def worker(
     max_idle_s: Optional[float] = typer.Option(None, help="Exit after this many seconds without input (plain workers)."),
     instance: int = typer.Option(0, help="generation/reward/env: this process owns partitions p with p % instances == instance."),
     instances: int = typer.Option(1, help="generation/reward/env: number of processes sharing the stage's partitions."),
+    metrics_port: int = typer.Option(0, "--metrics-port", envvar="ROLLSTREAM_METRICS_PORT",
+                                     help="Serve Prometheus /metrics on this port (0: off; snapshots go to the metrics topic anyway)."),
 ) -> None:
     """Run one stage against any Kafka cluster; start more processes to scale out."""
     from rollstream.stages import Stage, run_stage
@@ -103,7 +105,8 @@ def worker(
     if not 0 <= instance < instances:
         _fail(ValueError(f"--instance must be in [0, --instances={instances}), got {instance}"))
     try:
-        run_stage(stage_enum, cfg, bootstrap, max_idle_s=max_idle_s, instance=instance, instances=instances)
+        run_stage(stage_enum, cfg, bootstrap, max_idle_s=max_idle_s, instance=instance, instances=instances,
+                  metrics_port=metrics_port)
     except RollstreamError as exc:
         _fail(exc)
 
@@ -293,6 +296,61 @@ def report(
     _reach(bootstrap)
     plots = write_report(bootstrap, Topics(prefix or cfg.kafka.topic_prefix), out, f"rollstream run {cfg.name}")
     console.print(f"wrote {out} ({plots} plots)")
+
+
+@app.command()
+def stats(
+    bootstrap: str = typer.Option(..., "--bootstrap", "-b"),
+    prefix: str = typer.Option("rollstream.", "--prefix"),
+    follow: bool = typer.Option(False, "--follow", help="Refresh live until interrupted."),
+    interval_s: float = typer.Option(2.0, "--interval", help="Refresh period with --follow."),
+    as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON instead of a table."),
+) -> None:
+    """The pipeline's live figures from the workers' metric snapshots (topic `metrics`)."""
+    from rich.live import Live
+
+    from rollstream.replay import Selection, replay as replay_topic
+    from rollstream.stats import figures, latest
+    from rollstream.topics import Topics
+
+    _reach(bootstrap)
+    topic = Topics(prefix).metrics
+    records = [r.record.value for r in replay_topic(bootstrap, topic, Selection()) if r.record.value]
+    if not follow:
+        view = figures(latest(records))
+        console.print_json(json.dumps(view)) if as_json else console.print(_stats_table(view))
+        return
+    import time
+
+    with Live(_stats_table(figures(latest(records))), console=console, refresh_per_second=2) as live:
+        try:
+            last = time.monotonic()
+            for item in replay_topic(bootstrap, topic, Selection(since_ms=int(time.time() * 1000)), follow=True):
+                if item.record.value:
+                    records.append(item.record.value)
+                if time.monotonic() - last >= interval_s:
+                    live.update(_stats_table(figures(latest(records))))
+                    last = time.monotonic()
+        except KeyboardInterrupt:
+            pass
+
+
+def _stats_table(view: dict):
+    from rich.table import Table
+
+    table = Table("figure", "value", title="rollstream stats")
+    for unit, u in view["units"].items():
+        reasons = ", ".join(f"{k}={int(v)}" for k, v in sorted(u["reasons"].items())) or "-"
+        table.add_row(f"{unit}", f"accepted {int(u['accepted'])}, rejected {int(u['rejected'])}, "
+                                 f"retention {u['retention']}; {reasons}")
+    table.add_row("in flight", ", ".join(f"{k} {int(v)}" for k, v in view["in_flight"].items()) or "-")
+    table.add_row("replacement rounds", str(int(view["replacement_rounds"])))
+    table.add_row("reward all / accepted", f"{view['reward']['all']} / {view['reward']['accepted']}")
+    table.add_row("validation original / accepted / rejected",
+                  " / ".join(str(int(view["validation"][k])) for k in ("original", "accepted", "rejected")))
+    table.add_row("batches (mean fill s)", f"{int(view['batches']['count'])} ({view['batches']['fill_seconds_mean']})")
+    table.add_row("events handled", ", ".join(f"{k} {int(v)}" for k, v in view["events"].items()) or "-")
+    return table
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ from rich.table import Table
 from rollstream.config import AgenticConfig, Config, RLVRConfig
 from rollstream.exceptions import RollstreamError
 from rollstream.readback import read_values
-from rollstream.stages import Stage, groups_per_batch, pipeline_stages, preflight, start_training
+from rollstream.stages import Stage, groups_per_batch, pipeline_stages, preflight, start_metrics, start_training
 from rollstream.topics import Topics
 from rollstream.trainer.loop import AgenticBatchEvents, BatchEvents, LoopResult, build_batches
 
@@ -158,6 +158,7 @@ def _build(config: Config, bootstrap: str, topics: Topics, stages: StageProcesse
                 last = f"batch {result.batches[-1]['step']} built" if result.batches else "filling batches"
                 progress.update(bar, completed=min(target, done + buffered), description=last)
 
+            metrics = start_metrics("trainer", bootstrap, topics)
             trainer, publisher = start_training(config, bootstrap, builder, run_dir)
             try:
                 return build_batches(
@@ -166,6 +167,7 @@ def _build(config: Config, bootstrap: str, topics: Topics, stages: StageProcesse
                     train=trainer.train if trainer is not None else None, publish=publisher.publish_batch)
             finally:
                 publisher.close()
+                metrics.close()
     finally:
         events.close()
         builder.close()

@@ -63,8 +63,20 @@ def backend_kwargs(actor_infer) -> dict:
     return {"dtype": actor_infer.dtype}  # vllm.LLM takes the name
 
 
+def start_metrics(stage: str, bootstrap: str, topics: Topics, port: int = 0):
+    """This process's metrics, named after ``stage``: snapshots to ``metrics`` every 10 s, and
+    ``/metrics`` for Prometheus on ``port`` (0: not served)."""
+    from rollstream.metrics import process_metrics
+    from rollstream.workers.base import worker_id
+
+    metrics = process_metrics(worker_id(stage))
+    metrics.start_publishing(bootstrap, topics)
+    metrics.serve(port)
+    return metrics
+
+
 def run_stage(stage: Stage, config: Config, bootstrap: str, max_idle_s: float | None = None,
-              instance: int = 0, instances: int = 1) -> None:
+              instance: int = 0, instances: int = 1, metrics_port: int = 0) -> None:
     """``instance``/``instances`` split the input partitions of the plain workers (generation,
     reward, env); the faust stages share theirs through their consumer group. Raises ConfigError
     when the stage does not belong to the config's pipeline."""
@@ -75,6 +87,15 @@ def run_stage(stage: Stage, config: Config, bootstrap: str, max_idle_s: float | 
         raise ConfigError(f"stage {stage.value!r} is not part of the {kind} pipeline: "
                           f"{[s.value for s in pipeline_stages(config)] + ['trainer']}")
     topics = Topics(config.kafka.topic_prefix)
+    metrics = start_metrics(stage.value, bootstrap, topics, metrics_port)
+    try:
+        _run(stage, config, bootstrap, topics, max_idle_s, instance, instances)
+    finally:
+        metrics.close()
+
+
+def _run(stage: Stage, config: Config, bootstrap: str, topics: Topics, max_idle_s: float | None,
+         instance: int, instances: int) -> None:
     if stage in (Stage.admission, Stage.aggregator, Stage.group_queue):
         from rollstream.broker import create_topics
         from rollstream.streams.names import changelog_topics

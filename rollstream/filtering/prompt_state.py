@@ -119,6 +119,7 @@ class Decided:
     responses_generated: int
     rejected_responses: Mapping[str, int]
     policy_version: int
+    rewards: tuple[float, ...] = ()  # response_level_reward of the kept responses, in sample order
 
 
 Effect = Union[ResponseAccepted, ResponseRejected, DuplicateResponse, Replacement, Decided]
@@ -211,4 +212,5 @@ def _round_complete(
         sample_indices=state.accepted_indices, rounds=state.rounds,
         responses_generated=state.responses_generated,
         rejected_responses=dict(state.rejected_by_reason), policy_version=max(state.policy_version, 0),
+        rewards=tuple(state.rewards[str(i)] for i in state.accepted_indices),
     )]

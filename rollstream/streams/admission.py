@@ -19,6 +19,7 @@ import faust
 from rollstream.config import RLVRConfig
 from rollstream.filtering import admission as core
 from rollstream.filtering.reasons import RejectReason
+from rollstream.metrics import process_metrics
 from rollstream.policy_versions import PolicyVersionWatcher
 from rollstream.streams import names
 from rollstream.streams.common import Emitter, derive_seed, make_app, raw_topic
@@ -61,6 +62,7 @@ def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize |
     table = app.Table(names.ADMISSION_TABLE, default=None, partitions=1, key_type=bytes,
                       value_type=bytes, help="the single AdmissionState (credits, step, budget)")
     credit = asyncio.Event()
+    metrics = process_metrics()
     versions = PolicyVersionWatcher(bootstrap, topics) if limits.max_staleness is not None else None
     # credits arrive as events; policy versions are polled while the staleness bound holds a step
     recheck_s = VERSION_POLL_S if versions is not None else None
@@ -72,6 +74,7 @@ def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize |
 
     def save(state: core.AdmissionState) -> None:
         table[names.ADMISSION_KEY] = json.dumps(state.to_dict()).encode()
+        metrics.in_flight.labels("prompts").set(len(state.in_flight))
 
     async def admit_one(event) -> None:
         prompt = await emit.decode_or_dead_letter(event, "Prompt")
@@ -93,10 +96,12 @@ def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize |
             state = core.reject_before_generation(state, RejectReason.PROMPT_TOO_LONG.value, mode)
             state, effects = core.check_step(state, limits)
             save(state)
+            metrics.decision("prompt", False, RejectReason.PROMPT_TOO_LONG.value)
             await _reject_prompt(prompt, prompt_ids)
             await _apply(effects)
             return
         save(core.admit(state, prompt["prompt_id"], mode))
+        metrics.decision("prompt", True, "accepted")
         request = generation_request(
             prompt, round_=0,
             num_return_sequences=config.val_num_return_sequences if mode == "val" else config.num_return_sequences_in_group,

@@ -58,6 +58,7 @@ class Applied:
     sends: list[Send] = field(default_factory=list)
     decided: Decided | None = None
     duplicates: int = 0
+    effects: list = field(default_factory=list)  # the state machine's effects, for metrics
 
 
 class Aggregation:
@@ -79,7 +80,7 @@ class Aggregation:
         pid = response["prompt_id"]
         state, stored = unpack_state(table_value) if table_value else (None, {})
         state, effects = step(state, record, self.filters[response["domain"]], current_version)
-        out = Applied(value=None)
+        out = Applied(value=None, effects=effects)
         changed = False
         for effect in effects:
             if isinstance(effect, ResponseAccepted):

@@ -11,6 +11,7 @@ from collections import deque
 import faust
 
 from rollstream.config import RLVRConfig
+from rollstream.metrics import process_metrics
 from rollstream.policy_versions import PolicyVersionWatcher
 from rollstream.streams import names
 from rollstream.streams.aggregation import Aggregation
@@ -28,6 +29,7 @@ def build_aggregator_app(config: RLVRConfig, bootstrap: str, store: str = "memor
     partitions = config.kafka.partitions
     app = make_app(names.app_id(topics, names.AGGREGATOR_APP), bootstrap, partitions, store)
     aggregation = Aggregation(config)
+    metrics = process_metrics()
     emit = Emitter(app, topics, "aggregator")
     rewarded = raw_topic(app, topics.responses_rewarded, partitions)
     table = app.Table(names.PROMPT_STATE_TABLE, default=None, partitions=partitions, key_type=bytes,
@@ -47,6 +49,7 @@ def build_aggregator_app(config: RLVRConfig, bootstrap: str, store: str = "memor
         key = record["response"]["prompt_id"].encode()
         current = versions.latest_version(VERSION_MAX_AGE_S) if versions is not None else None
         applied = aggregation.apply(table.get(key), event.value, record, current)
+        metrics.prompt_effects(applied.effects, record["response"].get("mode", "train"))
         for send in applied.sends:
             await emit.send_raw(send.topic, send.key, send.value)
         if applied.value is not None:

@@ -23,6 +23,7 @@ from rollstream.config import AgenticConfig
 from rollstream.filtering import group_queue as gq
 from rollstream.filtering.group_filters import filter_group, load_group_filter
 from rollstream.filtering.staleness import stale_decision
+from rollstream.metrics import process_metrics
 from rollstream.filtering.reasons import ACCEPTED, RejectReason
 from rollstream.schemas import REGISTRY, decode, encode
 from rollstream.schemas.validation import check_trajectory
@@ -87,6 +88,7 @@ class GroupQueueProcessor:
                  policy_version: Callable[[], int | None] = lambda: None) -> None:
         self.config = config
         self.policy_version = policy_version
+        self.metrics = process_metrics()
         self.table = table
         self.topics = Topics(config.kafka.topic_prefix)
         self.worker = worker_id("group-queue")
@@ -198,10 +200,18 @@ class GroupQueueProcessor:
                              if effect.reissue else None)
                 out.sends.append(Send(self.topics.episodes_requests, str(gid),
                                       encode(self._request(state, effect, now), "EpisodeRequest"), partition))
+                if effect.cause == "start" and effect.traj_index == 0:
+                    self.metrics.in_flight.labels("episodes").inc()  # an episode opens
                 if effect.cause != "start":
                     out.log.append(f"{mode}/{gid}/{effect.episode_id}: {effect.cause} run {effect.traj_index}"
                                    + (f" to partition {partition}" if partition is not None else ""))
             elif isinstance(effect, gq.GroupDecided):
+                self.metrics.in_flight.labels("episodes").dec()
+                if mode == "val":
+                    self.metrics.validation.labels("original").inc()
+                    self.metrics.validation.labels("accepted" if effect.accepted else "rejected").inc()
+                else:
+                    self.metrics.decision("group", effect.accepted, effect.reason)
                 values = {**effect.values, "started": float(effect.started), "arrived": float(effect.arrived)}
                 out.sends.append(self._group_send(state, effect.episode_id, effect.accepted, effect.reason, values,
                                                   list(effect.members), effect=effect))
@@ -216,6 +226,7 @@ class GroupQueueProcessor:
                 if effect.replaced_by is not None:
                     out.sends.append(self._metric("group_queue/episodes_replaced", 1.0, labels, now))
             elif isinstance(effect, gq.SetAside):
+                self.metrics.decision("trajectory", False, effect.reason)
                 out.sends.append(self._group_send(state, effect.episode_id, False, effect.reason, {},
                                                   [effect.traj_index], key_suffix=f"/{effect.traj_index}"))
                 out.sends.append(self._metric("group_queue/set_aside", 1.0, {**labels, "reason": effect.reason}, now))

@@ -18,6 +18,7 @@ from typing import Callable
 from kafka import KafkaConsumer
 
 from rollstream.exceptions import RollstreamError
+from rollstream.metrics import process_metrics
 from rollstream.schemas import decode
 from rollstream.topics import Topics
 
@@ -108,6 +109,18 @@ class AgenticBatchEvents(_Tail):
 
 
 
+def record_batch_metrics(entry: dict) -> None:
+    """A committed batch in this process's metrics: its fill time, and its tokens kept or
+    masked by the train-inference correction (unit ``token``)."""
+    metrics = process_metrics()
+    metrics.batch_fill.observe(entry["fill_seconds"])
+    if "tokens_valid" in entry:
+        masked = entry["tokens_valid"] - entry["tokens_kept"]
+        metrics.decided.labels("token", "accepted").inc(entry["tokens_kept"])
+        metrics.decided.labels("token", "rejected").inc(masked)
+        metrics.rejections.labels("token", "train_infer_correction").inc(masked)
+
+
 def build_batches(builder, events: BatchEvents, *, max_steps: int, min_fill_ratio: float,
                   deadline: float | None = None, check: Callable[[], None] = lambda: None,
                   on_progress: Callable[[LoopResult, int], None] = lambda result, buffered: None,
@@ -148,6 +161,7 @@ def build_batches(builder, events: BatchEvents, *, max_steps: int, min_fill_rati
         if batch is not None:
             entry = builder.commit(batch, train(batch) if train is not None else None)
             result.batches.append(entry)
+            record_batch_metrics(entry)
             publish(entry)
         on_progress(result, builder.buffered)
         if result.outcome != "complete":

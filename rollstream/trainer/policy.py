@@ -87,7 +87,8 @@ class PolicyTrainer:
         (metric key -> share of valid tokens kept by that filter check), ``ratio_means`` and
         ``diff_means`` (agg type -> the train/infer ratio or logprob difference averaged over
         valid tokens, seq-mean-token-mean), ``mask_collapse``, ``reward_mean``, ``grad_norm``,
-        ``pg_clipfrac``, ``policy_lag_max`` (the trained version minus the oldest generating
+        ``pg_clipfrac``, ``tokens_valid`` / ``tokens_kept`` (response tokens before and after the
+        correction masks), ``policy_lag_max`` (the trained version minus the oldest generating
         version in the batch), ``generator_versions`` (the versions that generated the batch),
         ``train_seconds``."""
         started = time.perf_counter()
@@ -116,6 +117,8 @@ class PolicyTrainer:
             "ratio_means": {agg: round(metrics[f"{METRIC_PREFIX}ratio_{agg}_mean@sum"], 6) for agg in AGG_TYPES},
             "diff_means": {agg: round(metrics[f"{METRIC_PREFIX}diff_{agg}_mean@sum"], 6) for agg in AGG_TYPES},
             "policy_lag_max": lag,
+            "tokens_valid": int(mask.sum().item()),
+            "tokens_kept": int(final.sum().item()),
             "generator_versions": sorted(set(batch.policy_versions)),
             "mask_collapse": bool(metrics.get(f"{METRIC_PREFIX}mask_collapse", 0.0)),
             "reward_mean": round(float(batch.response_level_rewards.mean()), 6),

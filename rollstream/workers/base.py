@@ -22,6 +22,7 @@ from kafka.errors import CommitFailedError, KafkaTimeoutError
 from kafka.structs import TopicPartition
 
 from rollstream.exceptions import DecodeError, UnknownFingerprintError
+from rollstream.metrics import process_metrics
 from rollstream.schemas import decode, encode
 from rollstream.topics import Topics
 
@@ -185,6 +186,7 @@ class EventWorker(StoppableLoop):
         self.input_topic = input_topic
         self.expected_schema = expected_schema
         self.handler = handler
+        self.stage = stage
         self.worker = worker_id(stage)
         self.max_batch = max_batch
         self.poll_timeout_ms = poll_timeout_ms
@@ -215,6 +217,7 @@ class EventWorker(StoppableLoop):
             else:
                 inputs.append(inp)
         if inputs:
+            process_metrics().events.labels(self.stage).inc(len(inputs))
             try:
                 outputs.extend(self.handler(inputs))
             except Exception as exc:  # one bad batch never kills the worker

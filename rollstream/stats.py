@@ -1,0 +1,62 @@
+"""`rollstream stats`: the pipeline's figures from the workers' metric snapshots on ``metrics``.
+
+Each worker publishes cumulative samples (rollstream.metrics); the newest sample per (worker,
+name, labels) counts, summed over workers.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+PREFIX = "rollstream_"
+
+
+def latest(records: list[dict]) -> dict[tuple, float]:
+    """(name, labels as a sorted tuple) -> value summed over workers, newest sample per worker.
+    Records that are not rollstream_* snapshots (e.g. the group queue's per-event metrics) are
+    skipped."""
+    newest: dict[tuple, tuple[int, float]] = {}
+    for r in records:
+        if not r["name"].startswith(PREFIX):
+            continue
+        key = (r["worker"], r["name"], tuple(sorted(r["labels"].items())))
+        if key not in newest or r["created_ms"] >= newest[key][0]:
+            newest[key] = (r["created_ms"], r["value"])
+    out: dict[tuple, float] = defaultdict(float)
+    for (_, name, labels), (_, value) in newest.items():
+        out[(name, labels)] += value
+    return dict(out)
+
+
+def figures(samples: dict[tuple, float]) -> dict:
+    """The stats view: per unit decided / rejected / retention and rejections by reason,
+    in-flight, replacement rounds, reward all vs accepted, validation, batch fill, events."""
+    def get(name: str, **labels) -> float:
+        return samples.get((PREFIX + name, tuple(sorted(labels.items()))), 0.0)
+
+    units: dict[str, dict] = {}
+    for (name, labels), value in samples.items():
+        lab = dict(labels)
+        if name == PREFIX + "decided_total":
+            unit = units.setdefault(lab["unit"], {"accepted": 0.0, "rejected": 0.0, "reasons": {}})
+            unit[lab["outcome"]] += value
+        elif name == PREFIX + "rejections_total":
+            units.setdefault(lab["unit"], {"accepted": 0.0, "rejected": 0.0, "reasons": {}})["reasons"][lab["reason"]] = value
+    for unit in units.values():
+        total = unit["accepted"] + unit["rejected"]
+        unit["retention"] = round(unit["accepted"] / total, 4) if total else None
+
+    def mean(scope: str) -> float | None:
+        n = get("reward_count", scope=scope)
+        return round(get("reward_sum", scope=scope) / n, 4) if n else None
+
+    fills = get("batch_fill_seconds_count")
+    return {
+        "units": dict(sorted(units.items())),
+        "in_flight": {dict(l)["kind"]: v for (n, l), v in samples.items() if n == PREFIX + "in_flight"},
+        "replacement_rounds": get("replacement_rounds_total"),
+        "reward": {"all": mean("all"), "accepted": mean("accepted")},
+        "validation": {o: get("validation_total", outcome=o) for o in ("original", "accepted", "rejected")},
+        "batches": {"count": fills, "fill_seconds_mean": round(get("batch_fill_seconds_sum") / fills, 2) if fills else None},
+        "events": {dict(l)["stage"]: v for (n, l), v in samples.items() if n == PREFIX + "events_total"},
+    }

@@ -1,0 +1,47 @@
+"""Worker metrics and the stats view, without a broker: exact counts from real effects."""
+
+from __future__ import annotations
+
+from rollstream.config import parse_config
+from rollstream.filtering.prompt_state import step
+from rollstream.metrics import WorkerMetrics
+from rollstream.stats import figures, latest
+
+
+def rewarded(pid: str, index: int, reward: float, finish: str = "stop", mode: str = "train") -> dict:
+    return {"response": {"prompt_id": pid, "domain": "synth", "mode": mode, "sample_index": index,
+                         "finish_reason": finish, "response_token_ids": [1], "response_text": "x",
+                         "policy_version": 0},
+            "response_level_reward": reward, "scores": {}}
+
+
+def test_prompt_effects_count_every_unit_and_reward_scope():
+    cfg = parse_config({"name": "m", "rollout_batch_size": 1, "num_return_sequences_in_group": 2,
+                        "max_prompts_per_batch": 4, "datasets": [],
+                        "rewards": {"synth": {"reward_type": "gsm8k",
+                                              "query_filter_config": {"type": "std_filter", "filter_args": {"std_threshold": 0.0}}}}})
+    filters = cfg.domain_filters()["synth"]
+    metrics = WorkerMetrics("w1")
+    script = [("a", rewarded("a", 0, 1.0)), ("a", rewarded("a", 1, 0.0, "error")),  # engine_error -> round 2
+              ("a", rewarded("a", 2, 0.0)), ("b", rewarded("b", 0, 0.0)), ("b", rewarded("b", 1, 0.0)),
+              ("v", rewarded("v", 0, 1.0, mode="val"))]
+    states = {}
+    for pid, record in script:
+        states[pid], effects = step(states.get(pid), record, filters)
+        metrics.prompt_effects(effects, record["response"]["mode"])
+    view = figures(latest(metrics.snapshot(now_ms=5)))
+    assert view["units"]["response"] == {"accepted": 5.0, "rejected": 1.0, "reasons": {"engine_error": 1.0},
+                                         "retention": round(5 / 6, 4)}
+    assert view["units"]["query"] == {"accepted": 1.0, "rejected": 1.0, "reasons": {"zero_std": 1.0}, "retention": 0.5}
+    assert view["replacement_rounds"] == 1.0
+    assert view["reward"] == {"all": 0.25, "accepted": 0.5}  # a: [1, 0] kept; b: [0, 0]
+    assert view["validation"] == {"original": 1.0, "accepted": 1.0, "rejected": 0.0}
+
+
+def test_stats_keep_the_newest_sample_per_worker_and_sum_over_workers():
+    def sample(worker, value, at):
+        return {"worker": worker, "name": "rollstream_decided_total", "value": value, "created_ms": at,
+                "labels": {"unit": "group", "outcome": "accepted"}}
+    records = [sample("w1", 3, 10), sample("w1", 5, 20), sample("w1", 4, 15), sample("w2", 2, 30),
+               {"worker": "gq", "name": "group_queue/groups", "value": 1, "created_ms": 1, "labels": {}}]
+    assert latest(records) == {("rollstream_decided_total", (("outcome", "accepted"), ("unit", "group"))): 7.0}
