@@ -265,7 +265,7 @@ def whatif(
         _fail(exc)
     table = Table("", "actual", "alternative", title=f"whatif ({report['pipeline']}): {config}")
     for key in ("groups_decided", "groups_accepted", "retention_rate", "prompts_per_batch", "responses_generated",
-                "wasted_generations"):
+                "rounds", "wasted_generations"):
         table.add_row(key, str(report["actual"][key]), str(report["alternative"][key]))
     for reason in sorted(set(report["actual"]["reasons"]) | set(report["alternative"]["reasons"])):
         table.add_row(f"reason {reason}", str(report["actual"]["reasons"].get(reason, 0)),

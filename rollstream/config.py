@@ -283,6 +283,18 @@ class AgenticConfig(_Frozen):
             out["val"] = self.val_env_manager
         return out
 
+    def filter_config_json(self, mode: str) -> str:
+        """What decides a group of ``mode`` (carried by every TrajectoryGroup, so it can be re-decided)."""
+        m = self.env_managers()[mode]
+        return json.dumps({
+            "group_filter_cls": m.group_filter_cls, "group_filter_config": m.group_filter_config,
+            "group_size": m.group_size, "group_size_redundancy": m.group_size_redundancy,
+            "refill": m.refill.model_dump(), "max_replaced_episodes": m.max_replaced_episodes,
+            "max_staleness": self.max_staleness}, sort_keys=True)
+
+    def filter_config_hash(self, mode: str) -> str:
+        return hashlib.sha256(self.filter_config_json(mode).encode()).hexdigest()[:16]
+
     @property
     def groups_per_batch(self) -> int:
         return self.rollout_batch_size // self.train_env_manager.group_size

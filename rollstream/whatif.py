@@ -35,6 +35,7 @@ class Decision:
     accepted: bool
     reason: str
     responses_generated: int = 0  # responses (or trajectories) this decision consumed
+    rounds: int = 0  # generation rounds it took (RLVR)
 
 
 @dataclass
@@ -46,11 +47,13 @@ class Side:
     reasons: Counter = field(default_factory=Counter)
     responses_generated: int = 0
     responses_in_accepted: int = 0
+    rounds: int = 0
 
     def add(self, decision: Decision, group_size: int) -> None:
         self.decided += 1
         self.reasons[decision.reason] += 1
         self.responses_generated += decision.responses_generated
+        self.rounds += decision.rounds
         if decision.accepted:
             self.accepted += 1
             self.responses_in_accepted += group_size
@@ -61,7 +64,7 @@ class Side:
             "groups_decided": self.decided, "groups_accepted": self.accepted,
             "retention_rate": round(retention, 4),
             "prompts_per_batch": round(batch_size / retention, 2) if retention else None,
-            "responses_generated": self.responses_generated,
+            "responses_generated": self.responses_generated, "rounds": self.rounds,
             "wasted_generations": self.responses_generated - self.responses_in_accepted,
             "reasons": dict(sorted(self.reasons.items())),
         }
@@ -107,7 +110,8 @@ def whatif_rlvr(config: RLVRConfig, rewarded: Iterable[dict], decided_groups: It
             by_prompt.setdefault(response["prompt_id"], []).append(record)
     out = WhatIf()
     for pid, group in actual.items():
-        recorded = Decision(group["accepted"], group["reason"], group.get("responses_generated", 0))
+        recorded = Decision(group["accepted"], group["reason"], group.get("responses_generated", 0),
+                            group.get("rounds", 0))
         if group["domain"] not in filters:
             continue
         domain = filters[group["domain"]]
@@ -149,7 +153,7 @@ def _replay_prompt(records: list[dict], filters: DomainFilters, current_version:
             used += 1
         for effect in effects:
             if isinstance(effect, Decided):
-                return Decision(effect.accepted, effect.reason, effect.responses_generated), used
+                return Decision(effect.accepted, effect.reason, effect.responses_generated, effect.rounds), used
     return None, used
 
 

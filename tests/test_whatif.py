@@ -93,3 +93,31 @@ def test_replacements_the_recording_holds_or_lacks():
     stream, groups = record_run(config(reject_truncated=False), SCRIPTS)
     strict = whatif_rlvr(config(reject_truncated=True), stream, groups).report(2)
     assert strict["needs_generation"] == ["cut"] and strict["alternative"]["groups_decided"] == 3
+
+
+def test_rounds_are_reported_per_side():
+    stream, groups = record_run(config(), SCRIPTS)
+    result = whatif_rlvr(config(reject_truncated=False), stream, groups).report(2)
+    assert (result["actual"]["rounds"], result["alternative"]["rounds"]) == (5, 4)  # "cut" needed 2 rounds
+
+
+def test_agentic_group_filter_what_if():
+    from rollstream.whatif import whatif_agentic
+
+    def group(key: str, rewards: list[float], accepted: bool, reason: str) -> dict:
+        trajs = [{"group_id": 0, "episode_id": 0, "traj_index": i, "response_level_rewards": r, "drop_flag": False,
+                  "env_failed": False, "env_timeout": False, "stop_reason": "done"} for i, r in enumerate(rewards)]
+        return {"group_key": key, "mode": "train", "group_id": 0, "episode_id": int(key[-1]), "accepted": accepted,
+                "reason": reason, "trajectories": trajs, "trajectories_arrived": len(trajs)}
+
+    cfg = parse_config({
+        "name": "a", "rollout_batch_size": 2,
+        "train_env_manager": {"num_env_groups": 1, "group_size": 2, "tags": ["lake"],
+                              "group_filter_cls": "rollstream.filtering.group_filters:EnvFailureStdGroupFilter"},
+        "custom_envs": {"lake": {"env_type": "gym:FrozenLake-v1"}}})
+    recorded = [group("g/0", [1.0, 0.0], True, "accepted"), group("g/1", [0.0, 0.0], True, "accepted"),
+                group("g/2", [1.0, 1.0], True, "accepted"), group("g/3", [0.0], False, "infra_abort")]
+    result = whatif_agentic(cfg, recorded).report(2)
+    assert result["changed"] == [{"group_key": "g/1", "actual": "accepted", "alternative": "zero_std"},
+                                 {"group_key": "g/2", "actual": "accepted", "alternative": "zero_std"}]
+    assert result["actual"]["groups_decided"] == 3  # infra_abort never reached the group filter

@@ -10,6 +10,7 @@ run in the same process.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 from typing import Callable, Sequence
@@ -63,6 +64,8 @@ def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize |
                       value_type=bytes, help="the single AdmissionState (credits, step, budget)")
     credit = asyncio.Event()
     metrics = process_metrics()
+    prompt_filter = json.dumps({"prompt_length": config.prompt_length})
+    prompt_filter_hash = hashlib.sha256(prompt_filter.encode()).hexdigest()[:16]
     versions = PolicyVersionWatcher(bootstrap, topics) if limits.max_staleness is not None else None
     # credits arrive as events; policy versions are polled while the staleness bound holds a step
     recheck_s = VERSION_POLL_S if versions is not None else None
@@ -120,8 +123,7 @@ def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize |
         group = group_record(
             prompt=prompt, decided_accepted=False, reason=RejectReason.PROMPT_TOO_LONG.value,
             values={"prompt_tokens": float(len(prompt_ids)), "prompt_length": float(config.prompt_length)},
-            responses=[], filter_config=json.dumps({"prompt_length": config.prompt_length}),
-            filter_config_hash="", policy_version=0, rounds=0, responses_generated=0,
+            responses=[], filter_config=prompt_filter, filter_config_hash=prompt_filter_hash, policy_version=0, rounds=0, responses_generated=0,
             prompt_token_ids=prompt_ids,
         )
         await emit.send(topics.groups_rejected, prompt["prompt_id"], group, "Group")

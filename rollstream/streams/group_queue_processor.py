@@ -89,6 +89,8 @@ class GroupQueueProcessor:
         self.config = config
         self.policy_version = policy_version
         self.metrics = process_metrics()
+        self._filter_json = {mode: (config.filter_config_json(mode), config.filter_config_hash(mode))
+                             for mode in config.env_managers()}
         self.table = table
         self.topics = Topics(config.kafka.topic_prefix)
         self.worker = worker_id("group-queue")
@@ -266,6 +268,7 @@ class GroupQueueProcessor:
             "accepted": accepted, "reason": reason if not accepted else ACCEPTED,
             "decision_values": {k: float(v) for k, v in values.items()},
             "group_filter_cls": self.managers[mode].group_filter_cls,
+            "filter_config": self._filter_json[mode][0], "filter_config_hash": self._filter_json[mode][1],
             "policy_version": min((r.get("policy_version", 0) for r in records), default=0),
             "trajectories_started": effect.started if effect else 1,
             "trajectories_arrived": effect.arrived if effect else 1,

@@ -10,9 +10,11 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from rollstream.readback import read_values
 from rollstream.stages import Stage
+from rollstream.trainer.batch import build_batch
 
 from .harness import SyntheticRollout, count, produce, prompt, start_stages, wait_for, write_config
 
@@ -65,3 +67,30 @@ def test_whatif_is_deterministic_and_exact(kafka_broker, topic_factory, tmp_path
         ("p1", "accepted", "zero_std"), ("p3", "accepted", "zero_std"), ("p5", "accepted", "zero_std")]
     # offline: the topics hold exactly what they held
     assert {t: count(kafka_broker, t) for t in sizes} == sizes
+
+    # peer scenario 15: the recorded responses, replayed into a fresh aggregator (sandbox prefix,
+    # same config), give the same split, group ids and reasons ...
+    sandbox = topic_factory(partitions=2)
+    replayed = subprocess.run([sys.executable, "-m", "rollstream.cli", "replay", "responses.rewarded", "-b",
+                               kafka_broker, "--prefix", topics.prefix, "--to-topic", sandbox.responses_rewarded],
+                              capture_output=True, text=True, timeout=120)
+    assert replayed.returncode == 0, replayed.stderr
+    (tmp_path / "sandbox").mkdir()
+    sandbox_config = write_config(tmp_path / "sandbox", sandbox, 2, rollout_batch_size=3, max_running_prompts=6,
+                                  max_steps=2)
+    fresh = start_stages(sandbox_config, kafka_broker, tmp_path / "sandbox-logs", Stage.aggregator)
+    try:
+        wait_for(lambda: len(read_values(kafka_broker, sandbox.prompt_outcomes)) == len(REWARDS), timeout=180,
+                 what="the sandbox aggregator's decisions", stages=fresh)
+    finally:
+        fresh.close()
+    again = read_values(kafka_broker, sandbox.groups_accepted) + read_values(kafka_broker, sandbox.groups_rejected)
+
+    def split(gs):
+        return sorted((g["group_key"], g["accepted"], g["reason"], g["decision_values"]["std"]) for g in gs)
+    assert split(again) == split(groups)
+    # ... and the trainer, fed the recorded accepted groups twice, builds bit-identical batches
+    accepted = [g for g in groups if g["accepted"]]
+    first, second = build_batch(accepted, step=0, pad_token_id=0), build_batch(accepted, step=0, pad_token_id=0)
+    for name in ("response_ids", "response_mask", "advantages", "infer_logprobs"):
+        assert torch.equal(getattr(first, name), getattr(second, name)), name

@@ -140,3 +140,17 @@ def test_history_directory_versions_decode_but_never_encode(tmp_path):
     old_bytes = writer.encode({"prompt_id": "p", "domain": "d", "prompt": "q"}, "Prompt")
     assert registry.decode(old_bytes)[1]["created_ms"] == 0
     assert registry.encode({"prompt_id": "p", "domain": "d", "prompt": "q"}, "Prompt")[2:10] == REGISTRY.fingerprint("Prompt")
+
+
+def test_a_trajectory_group_written_before_filter_config_existed_still_decodes():
+    """history/trajectory_group.v1.avsc: groups recorded by an older group queue stay readable."""
+    old = json.loads((SCHEMA_DIR / "history" / "trajectory_group.v1.avsc").read_text())
+    assert "filter_config" not in {f["name"] for f in old["fields"]}
+    writer = SchemaRegistry()
+    writer.add(json.loads((SCHEMA_DIR / "trajectory.avsc").read_text()))
+    writer.add(old)
+    data = writer.encode({"group_key": "train/0/0", "group_id": 0, "episode_id": 0, "accepted": False,
+                          "reason": "zero_std", "trajectories": []}, "TrajectoryGroup")
+    name, record = REGISTRY.decode(data)
+    assert (name, record["reason"], record["filter_config"], record["filter_config_hash"]) == (
+        "TrajectoryGroup", "zero_std", "", "")

@@ -132,6 +132,10 @@ def test_std_filter_drop_replaces_the_episode_and_counts():
     run.arrive(trajectory(0, 0, 1, 0.0))
     (rejected,) = run.on("groups.rejected")
     assert (rejected["reason"], rejected["accepted"]) == ("zero_std", False)
+    # everything needed to re-decide it travels with it
+    assert json.loads(rejected["filter_config"])["group_filter_cls"] == STD_FILTER
+    assert rejected["filter_config_hash"] == run.config.filter_config_hash("train") and rejected["policy_version"] == 0
+    assert rejected["decision_values"]["std"] == 0.0 and len(rejected["trajectories"]) == 2
     assert [(r["episode_id"], r["traj_index"]) for r in run.on("episodes.requests")][-2:] == [(1, 0), (1, 1)]
     assert run.metric_sum("scheduler/group_filter_count") == 1
     assert run.metric_sum("group_queue/episodes_replaced") == 1
