@@ -51,6 +51,7 @@ class WorkerMetrics:
         self.events = Counter("rollstream_events", "Events handled", ["stage"], registry=r)
         self._producer = None
         self._topics: Topics | None = None
+        self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
     # -- recording --------------------------------------------------------------------------
@@ -111,41 +112,54 @@ class WorkerMetrics:
             log.info("prometheus metrics on :%d/metrics", port)
 
     def publish(self) -> int:
-        """Send one snapshot to the ``metrics`` topic; returns the samples sent."""
+        """Send one snapshot to the ``metrics`` topic; returns the samples sent (0 before
+        ``start_publishing`` connected)."""
         from rollstream.workers.base import now_ms
 
-        if self._producer is None:
+        producer = self._producer
+        if producer is None:
             return 0
         records = self.snapshot(now_ms())
         for record in records:
-            self._producer.send(self._topics.metrics, key=self.worker.encode(), value=encode(record, "Metric"))
-        self._producer.flush()
+            producer.send(self._topics.metrics, key=self.worker.encode(), value=encode(record, "Metric"))
+        producer.flush()
         return len(records)
 
     def start_publishing(self, bootstrap: str, topics: Topics, interval_s: float = SNAPSHOT_INTERVAL_S) -> None:
-        """Publish a snapshot every ``interval_s`` from a daemon thread (and once at close)."""
+        """Publish a snapshot every ``interval_s``, and a last one at ``close()``, from a daemon
+        thread that also connects (so a slow or absent broker never blocks the caller)."""
         from rollstream.workers.base import make_producer
 
-        self._producer = make_producer(bootstrap, client_id=f"{self.worker}-metrics")
         self._topics = topics
+        self._stop = stop = threading.Event()  # one per publishing period (a process may run twice)
 
         def loop() -> None:
-            while not self._stop.wait(interval_s):
-                try:
-                    self.publish()
-                except Exception:  # metrics must never take a worker down
-                    log.exception("metrics snapshot failed")
-
-        threading.Thread(target=loop, name="metrics", daemon=True).start()
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._producer is not None:
             try:
-                self.publish()
+                self._producer = make_producer(bootstrap, client_id=f"{self.worker}-metrics")
+                while not stop.wait(interval_s):
+                    self._publish_logged()
+                self._publish_logged()
+            except Exception:  # metrics must never take a worker down
+                log.exception("metrics publishing stopped")
             finally:
-                self._producer.close()
-                self._producer = None
+                if self._producer is not None:
+                    self._producer.close()
+                    self._producer = None
+
+        self._thread = threading.Thread(target=loop, name="metrics", daemon=True)
+        self._thread.start()
+
+    def _publish_logged(self) -> None:
+        try:
+            self.publish()
+        except Exception:
+            log.exception("metrics snapshot failed")
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop publishing after a last snapshot (waits up to ``timeout_s`` for it)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
 
 
 _PROCESS: WorkerMetrics | None = None

@@ -39,7 +39,7 @@ def test_group_is_decided_once_when_complete():
     state, effects = step(state, rr(3), f)
     decided = [e for e in effects if isinstance(e, Decided)]
     assert decided == [Decided(True, "accepted", {"std": 0.5, "std_threshold": 0.0, "mean": 0.25},
-                               [0, 1, 2, 3], 1, 4, {}, 3)]
+                               [0, 1, 2, 3], 1, 4, {}, 3, (1.0, 0.0, 0.0, 0.0))]
     assert state.decided == "accepted" and state.accepted == {}
 
 
@@ -126,4 +126,4 @@ def test_query_filter_reads_configured_metric_not_shaped_reward():
 def test_validation_bypasses_response_and_query_filters():
     f = DomainFilters(num_return_sequences=4, query_filter_config=STD0, val_num_return_sequences=2)
     _, effects = run([rr(0, finish="length", mode="val"), rr(1, mode="val")], f)
-    assert effects[-1] == Decided(True, "accepted", {}, [0, 1], 1, 2, {}, 3)
+    assert effects[-1] == Decided(True, "accepted", {}, [0, 1], 1, 2, {}, 3, (0.0, 0.0))
