@@ -179,7 +179,7 @@ def summarize_rlvr(config: RLVRConfig, bootstrap: str, topics: Topics, batches: 
     requests = read_values(bootstrap, topics.generation_requests)
     responses = read_values(bootstrap, topics.responses)
     accepted = read_values(bootstrap, topics.groups_accepted)
-    rejected = read_values(bootstrap, topics.groups_rejected)
+    rejected, stale_at_trainer = _trainer_rejections(accepted, read_values(bootstrap, topics.groups_rejected))
     validation = read_values(bootstrap, topics.groups_validation)
     dead = read_values(bootstrap, topics.dead_letter)
     prompts_admitted = len({r["prompt_id"] for r in requests if r["round"] == 0})
@@ -203,6 +203,7 @@ def summarize_rlvr(config: RLVRConfig, bootstrap: str, topics: Topics, batches: 
         "replacement_responses_requested": sum(r["num_return_sequences"] for r in requests if r["round"] > 0),
         "groups_accepted": len(accepted),
         "groups_rejected": dict(sorted(by_reason.items())),
+        "groups_stale_at_trainer": stale_at_trainer,
         "domains": domains,
         "batches": [
             {"step": b["step"], "status": b["status"], "groups": b["accepted_groups"],
@@ -237,7 +238,7 @@ def summarize_agentic(config: AgenticConfig, bootstrap: str, topics: Topics, bat
     requests = read_values(bootstrap, topics.episodes_requests)
     trajectories = read_values(bootstrap, topics.trajectories)
     accepted = read_values(bootstrap, topics.groups_accepted)
-    rejected_all = read_values(bootstrap, topics.groups_rejected)
+    rejected_all, stale_at_trainer = _trainer_rejections(accepted, read_values(bootstrap, topics.groups_rejected))
     validation = read_values(bootstrap, topics.groups_validation)
     metrics = [m for m in read_values(bootstrap, topics.metrics) if m["name"].startswith(("group_queue/", "scheduler/"))]
     dead = read_values(bootstrap, topics.dead_letter)
@@ -270,6 +271,7 @@ def summarize_agentic(config: AgenticConfig, bootstrap: str, topics: Topics, bat
         "requests_by_cause": _counts(r["cause"] for r in requests),
         "groups_accepted": len(accepted),
         "groups_rejected": by_reason,
+        "groups_stale_at_trainer": stale_at_trainer,
         "domains": tags,
         "batches": [
             {"step": b["step"], "status": b["status"], "groups": b["accepted_groups"],
@@ -304,6 +306,14 @@ def summarize_agentic(config: AgenticConfig, bootstrap: str, topics: Topics, bat
         "turns_mean": round(sum(len(t["turns"]) for t in trajectories) / len(trajectories), 2) if trajectories else 0.0,
         **_policy(bootstrap, topics, [t["policy_version"] for t in trajectories]),
     }
+
+
+def _trainer_rejections(accepted: list[dict], rejected: list[dict]) -> tuple[list[dict], int]:
+    """Split the trainer's ``stale`` rejections (of groups the filters had accepted, so they are
+    on both topics) from the filters' rejections: (the filters' rejections, trainer count)."""
+    keys = {g["group_key"] for g in accepted}
+    filters = [g for g in rejected if g["group_key"] not in keys]
+    return filters, len(rejected) - len(filters)
 
 
 TRAINING_KEYS = ("loss", "skipped", "policy_version", "final_mask_mean", "pass_rates", "ratio_means", "diff_means",
@@ -345,6 +355,8 @@ def print_summary(summary: dict, console: Console) -> None:
                 "responses_per_accepted_response", "dead_letters"):
         table.add_row(key, str(summary[key]))
     table.add_row("groups_rejected", ", ".join(f"{k}={v}" for k, v in summary["groups_rejected"].items()) or "-")
+    if summary["groups_stale_at_trainer"]:
+        table.add_row("accepted, then stale at the trainer", str(summary["groups_stale_at_trainer"]))
     for domain, counts in summary["domains"].items():
         table.add_row(f"{'env' if agentic else 'domain'} {domain}",
                       f"accepted={counts['accepted']} rejected={counts['rejected']}")

@@ -41,6 +41,7 @@ from pathlib import Path
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from rollstream.filtering.staleness import stale_decision
+from rollstream.metrics import process_metrics
 from rollstream.schemas import encode
 from rollstream.topics import Topics
 from rollstream.trainer.batch import RolloutBatch, build_batch, check_group
@@ -382,6 +383,7 @@ class BatchBuilder:
             self.producer.send(self.topics.groups_rejected, key=group["group_key"].encode(), value=encode(group, schema))
             self._not_done.get(item.partition, set()).discard(item.offset)
             self.stale_groups += 1
+            process_metrics().decision("group", False, decision.reason)
             log.info("group %r rejected as stale before step %d: %s", group["group_key"], self.step, dict(decision.values))
         self._buffer = keep
 
