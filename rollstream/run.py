@@ -30,6 +30,7 @@ from rollstream.config import AgenticConfig, Config, RLVRConfig
 from rollstream.exceptions import RollstreamError
 from rollstream.readback import read_values
 from rollstream.stages import Stage, groups_per_batch, pipeline_stages, preflight, start_metrics, start_training
+from rollstream.stats import pass_at_k
 from rollstream.topics import Topics
 from rollstream.trainer.loop import AgenticBatchEvents, BatchEvents, LoopResult, build_batches
 
@@ -218,6 +219,7 @@ def summarize_rlvr(config: RLVRConfig, bootstrap: str, topics: Topics, batches: 
             "groups": len(validation),
             "responses": sum(len(g["responses"]) for g in validation),
             "correct_mean": _mean([r["scores"].get("acc", 0.0) for g in validation for r in g["responses"]]),
+            **_pass_at_k([[r["scores"].get("acc", 0.0) >= 1.0 for r in g["responses"]] for g in validation]),
         },
         "reward": {
             "all": _mean([r["response_level_reward"] for g in accepted + rejected for r in g["responses"]]),
@@ -306,6 +308,16 @@ def summarize_agentic(config: AgenticConfig, bootstrap: str, topics: Topics, bat
         "turns_mean": round(sum(len(t["turns"]) for t in trajectories) / len(trajectories), 2) if trajectories else 0.0,
         **_policy(bootstrap, topics, [t["policy_version"] for t in trajectories]),
     }
+
+
+def _pass_at_k(groups: list[list[bool]]) -> dict:
+    """``pass@1`` and ``pass@n`` (n = samples per validation prompt, unbiased estimator) over
+    validation groups of equal size; empty when there are none."""
+    sizes = {len(g) for g in groups if g}
+    if len(sizes) != 1:
+        return {}
+    (n,) = sizes
+    return {f"pass@{k}": _mean([pass_at_k(n, sum(g), k) for g in groups]) for k in sorted({1, n})}
 
 
 def _trainer_rejections(accepted: list[dict], rejected: list[dict]) -> tuple[list[dict], int]:

@@ -6,6 +6,7 @@ name, labels) counts, summed over workers.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 PREFIX = "rollstream_"
@@ -60,3 +61,13 @@ def figures(samples: dict[tuple, float]) -> dict:
         "batches": {"count": fills, "fill_seconds_mean": round(get("batch_fill_seconds_sum") / fills, 2) if fills else None},
         "events": {dict(l)["stage"]: v for (n, l), v in samples.items() if n == PREFIX + "events_total"},
     }
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one prompt with ``c`` correct among ``n`` samples (Chen et al. 2021,
+    "Evaluating Large Language Models Trained on Code", eq. 1): 1 - C(n-c, k) / C(n, k).
+    n = 4, c = 1: pass@4 = 1.0 (not 1 - (3/4)^4 = 0.684). Raises ValueError unless
+    0 <= c <= n and 1 <= k <= n."""
+    if not (0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)

@@ -21,6 +21,7 @@ from kafka.errors import CommitFailedError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from rollstream.exceptions import EncodeError
+from rollstream.metrics import process_metrics
 from rollstream.policy_versions import PolicyFollower, PolicyVersionWatcher
 from rollstream.schemas import encode
 from rollstream.topics import Topics
@@ -111,6 +112,7 @@ class EnvWorker(StoppableLoop):
     def _accept(self, msg) -> Output | None:
         """Start playing one polled message; returns a dead letter when it cannot be played."""
         self._next[msg.partition] = msg.offset + 1
+        process_metrics().events.labels("env").inc()
         _, record, problem = decode_expected(msg.value, ("EpisodeRequest",))
         if problem is not None:
             return self._dead_letter(msg, *problem)
