@@ -183,7 +183,7 @@ def replay(
     output: str = typer.Option("jsonl", "--format", "-f", help="jsonl or table."),
     follow: bool = typer.Option(False, "--follow", help="Keep reading new records until interrupted."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Stop after this many selected records."),
-    to_topic: Optional[str] = typer.Option(None, "--to-topic", help="Re-inject the selected records (same key and bytes) into this topic."),
+    to_topic: Optional[str] = typer.Option(None, "--to-topic", help="Re-inject the selected records (same key and bytes) into this topic (a full name: --prefix does not apply)."),
 ) -> None:
     """Decode a rollstream topic: what was filtered and why (e.g. `replay groups.rejected -w reason=zero_std`)."""
     from rollstream.replay import Predicate, Selection, parse_time_ms
@@ -192,6 +192,10 @@ def replay(
     try:
         if output not in ("jsonl", "table"):
             raise ValueError(f"--format must be jsonl or table, got {output!r}")
+        if limit is not None and limit < 1:
+            raise ValueError(f"--limit must be >= 1, got {limit}")
+        if from_offset is not None and from_offset < 0:
+            raise ValueError(f"--from-offset must be >= 0, got {from_offset}")
         selection = Selection(
             from_offset=from_offset, to_offset=to_offset, key=key, partitions=tuple(partition) or None,
             since_ms=parse_time_ms(since) if since else None, until_ms=parse_time_ms(until) if until else None,
@@ -240,7 +244,10 @@ def _print_replay(bootstrap: str, name: str, selection, output: str, follow: boo
             producer.close()
     if table is not None:
         console.print(table)
-    err.print(f"{count} records" + (f" re-injected into {to_topic}" if to_topic else ""))
+    err.print(f"{count} record{'s' if count != 1 else ''}" + (f" re-injected into {to_topic}" if to_topic else ""))
+    if count == 0 and selection.predicates:
+        err.print("no record matched: a field that an event lacks never matches; fields are dotted paths "
+                  "into the decoded event (e.g. response.mode, decision_values.std); see `replay TOPIC --limit 1`")
 
 
 @app.command()
@@ -261,8 +268,11 @@ def whatif(
     _reach(bootstrap)
     try:
         report = run_whatif(cfg, bootstrap)
-    except RollstreamError as exc:
+    except (RollstreamError, ValueError) as exc:
         _fail(exc)
+    if report["actual"]["groups_decided"] == 0 and not report["needs_generation"]:
+        _fail(ValueError(f"no recorded {report['pipeline']} train groups under prefix {cfg.kafka.topic_prefix!r}: "
+                         "is it the run's prefix (--prefix), and the run's kind of pipeline?"))
     table = Table("", "actual", "alternative", title=f"whatif ({report['pipeline']}): {config}")
     for key in ("groups_decided", "groups_accepted", "retention_rate", "prompts_per_batch", "responses_generated",
                 "rounds", "wasted_generations"):
@@ -276,6 +286,8 @@ def whatif(
     console.print(table)
     for change in report["changed"][:50]:
         console.print(f"  {change['group_key']}: {change['actual']} -> {change['alternative']}")
+    if report["needs_generation"]:
+        console.print("needs new generations: " + ", ".join(report["needs_generation"][:50]))
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(report, indent=2))
@@ -293,9 +305,13 @@ def report(
     from rollstream.topics import Topics
 
     cfg = _config(config)
+    if out.is_dir():
+        _fail(ValueError(f"--out {out} is a directory; give a file name, e.g. {out / 'report.html'}"))
     _reach(bootstrap)
-    plots = write_report(bootstrap, Topics(prefix or cfg.kafka.topic_prefix), out, f"rollstream run {cfg.name}")
-    console.print(f"wrote {out} ({plots} plots)")
+    plots, with_data = write_report(bootstrap, Topics(prefix or cfg.kafka.topic_prefix), out, f"rollstream run {cfg.name}")
+    console.print(f"wrote {out} ({plots} plots, {with_data} with data)")
+    if with_data == 0:
+        err.print(f"[yellow]warning:[/] nothing recorded under prefix {prefix or cfg.kafka.topic_prefix!r}")
 
 
 @app.command()
@@ -315,7 +331,10 @@ def stats(
 
     _reach(bootstrap)
     topic = Topics(prefix).metrics
-    records = [r.record.value for r in replay_topic(bootstrap, topic, Selection()) if r.record.value]
+    try:
+        records = [r.record.value for r in replay_topic(bootstrap, topic, Selection()) if r.record.value]
+    except ValueError as exc:
+        _fail(ValueError(f"{exc} (is --prefix the run's topic prefix?)"))
     if not follow:
         view = figures(latest(records))
         console.print_json(json.dumps(view)) if as_json else console.print(_stats_table(view))

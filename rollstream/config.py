@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,6 +38,26 @@ class FilterConfig(_Frozen):
     metric: str = Field(REWARD_METRIC, description="Field the query filter reads: response_level_reward or a reward score key (acc, format).")
 
 
+# Arguments of the built-in query filters (a misspelt key would silently fall back to a default
+# that keeps every group). Custom filters (import paths) take anything.
+QUERY_FILTER_ARGS = {"no_filter": set(), "mean_filter": {"threshold_down", "threshold_up"}, "std_filter": {"std_threshold"}}
+
+
+def _check_query_filter_args(cfg: FilterConfig) -> None:
+    known = QUERY_FILTER_ARGS.get(cfg.type)
+    if known is None:
+        return
+    unknown = sorted(set(cfg.filter_args) - known)
+    if unknown:
+        raise ValueError(f"query_filter_config.filter_args: unknown {unknown} for {cfg.type}; valid: {sorted(known)}")
+    for key, value in cfg.filter_args.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"query_filter_config.filter_args.{key} must be a number, got {value!r}")
+    args = cfg.filter_args
+    if cfg.type == "mean_filter" and args.get("threshold_down", -1.0) > args.get("threshold_up", math.inf):
+        raise ValueError("query_filter_config.filter_args: threshold_down > threshold_up rejects every group")
+
+
 class RewardDomainConfig(_Frozen):
     reward_type: str = Field(..., description="Reward function name: gsm8k, math or reasoning_gym.")
     tag_included: list[str] = Field(default_factory=list, description="Dataset tags routed to this domain.")
@@ -52,6 +73,7 @@ class RewardDomainConfig(_Frozen):
             resolve_response_filter(self.response_filter_config.model_dump())
         except ConfigError as exc:  # re-raised as ValueError so pydantic adds the field path
             raise ValueError(str(exc)) from exc
+        _check_query_filter_args(self.query_filter_config)
         metric = self.query_filter_config.metric
         if metric != REWARD_METRIC and metric not in REWARD_SCORE_KEYS:
             raise ValueError(

@@ -6,7 +6,8 @@ Names (all prefixed ``rollstream_``):
 
 - ``rejections_total{unit, reason}``: rejections at every unit: ``prompt`` (admission),
   ``response`` (response filter), ``query`` (query filter / prompt transaction), ``group``
-  (agentic group filter and group queue), ``token`` (correction masks: tokens masked);
+  (agentic group filter and group queue), ``trajectory`` (set aside), ``trainer`` (groups trained,
+  or rejected ``stale`` before a step), ``token`` (correction masks: tokens masked);
 - ``decided_total{unit, outcome}``: decisions taken (``accepted`` / ``rejected``), for retention;
 - ``in_flight{kind}``: prompts or episodes in flight now;
 - ``replacement_rounds_total``: replacement generation rounds requested;

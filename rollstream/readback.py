@@ -58,3 +58,12 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> Iterator[
 def read_values(bootstrap: str, topic: str) -> list[dict]:
     """Decoded values of every decodable record of ``topic``."""
     return [r.value for r in read_topic(bootstrap, topic) if r.value is not None]
+
+
+def filter_decisions(accepted: list[dict], rejected: list[dict]) -> tuple[list[dict], int]:
+    """Split the trainer's ``stale`` rejections of groups the filters had accepted (those groups
+    are on both topics) from the filters' own rejections: (the filters' rejections, how many the
+    trainer rejected)."""
+    keys = {g["group_key"] for g in accepted}
+    filters = [g for g in rejected if g["group_key"] not in keys]
+    return filters, len(rejected) - len(filters)

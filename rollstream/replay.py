@@ -26,7 +26,7 @@ from rollstream.schemas import decode
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
     "!=": operator.ne, ">=": operator.ge, "<=": operator.le, "=": operator.eq, ">": operator.gt, "<": operator.lt,
 }
-_PREDICATE = re.compile(r"^([A-Za-z_][\w.]*)\s*(!=|>=|<=|=|>|<)\s*(.*)$")
+_PREDICATE = re.compile(r"^([A-Za-z_][\w./@-]*?)\s*(!=|>=|<=|=|>|<)\s*(.*)$")
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,8 @@ class Predicate:
             return _OPS[self.op](have_n, want_n)
         if self.op not in ("=", "!="):
             return False
-        return _OPS[self.op](_text(actual), self.value)
+        want = self.value.lower() if isinstance(actual, bool) else self.value  # true/True/TRUE
+        return _OPS[self.op](_text(actual), want)
 
 
 def _lookup(record: Any, path: tuple[str, ...]) -> tuple[bool, Any]:
@@ -157,11 +158,22 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def summary(value: dict | None, width: int = 100) -> str:
-    """A one-line digest of an event for the table view: its scalar top-level fields."""
+# shown first in the table view: why and what, before identities
+_FIRST = ("reason", "accepted", "domain", "mode", "finish_reason", "response_level_reward", "name", "value", "status")
+
+
+def summary(value: dict | None, width: int = 160) -> str:
+    """A one-line digest of an event for the table view: the decision fields first (reason,
+    accepted, domain, ...), then ``decision_values``, then the other scalar top-level fields."""
     if value is None:
         return "(undecodable)"
-    parts = [f"{k}={_text(v)}" for k, v in value.items() if isinstance(v, (str, int, float, bool)) and v != ""]
+    scalars = {k: v for k, v in value.items() if isinstance(v, (str, int, float, bool)) and v != ""}
+    parts = [f"{k}={_text(scalars.pop(k))}" for k in _FIRST if k in scalars]
+    decision = value.get("decision_values")
+    if isinstance(decision, dict) and decision:
+        parts.append("values{" + ", ".join(f"{k}={_text(round(v, 4) if isinstance(v, float) else v)}"
+                                            for k, v in decision.items()) + "}")
+    parts += [f"{k}={_text(v)}" for k, v in scalars.items()]
     text = " ".join(parts)
     return text if len(text) <= width else text[:width - 1] + "…"
 
@@ -188,12 +200,18 @@ def replay(bootstrap: str, topic: str, selection: Selection, *, follow: bool = F
            poll_timeout_ms: int = 200) -> Iterator[Replayed]:
     """The selected records of ``topic`` in offset order per partition, from the selection's
     start to the end offsets at call time, or on and on with ``follow`` (until ``limit``
-    records or ``should_stop()``). Raises ValueError for a topic that does not exist."""
+    records or ``should_stop()``). Raises ValueError for a topic or partition that does not
+    exist, or a ``limit`` below 1."""
+    if limit is not None and limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {limit}")
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
     try:
         partitions = consumer.partitions_for_topic(topic)
         if not partitions:
             raise ValueError(f"topic {topic!r} does not exist")
+        missing = sorted(set(selection.partitions or ()) - partitions)
+        if missing:
+            raise ValueError(f"topic {topic!r} has no partition {missing}; it has {sorted(partitions)}")
         tps = [TopicPartition(topic, p) for p in sorted(partitions)
                if selection.partitions is None or p in selection.partitions]
         consumer.assign(tps)

@@ -19,7 +19,9 @@ import matplotlib
 matplotlib.use("Agg")  # no display: files only
 import matplotlib.pyplot as plt  # noqa: E402
 
-from rollstream.readback import read_values  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+from rollstream.readback import filter_decisions, read_values  # noqa: E402
 from rollstream.topics import Topics  # noqa: E402
 
 
@@ -40,7 +42,10 @@ class RunData:
                    read_values(bootstrap, topics.policy_versions))
 
     def train_groups(self) -> list[dict]:
-        return [g for g in self.accepted + self.rejected if g.get("mode", "train") == "train"]
+        """The filters' train decisions: a group the trainer later rejected as stale counts once,
+        as accepted."""
+        rejected, _ = filter_decisions(self.accepted, self.rejected)
+        return [g for g in self.accepted + rejected if g.get("mode", "train") == "train"]
 
     def steps(self) -> dict[int, dict]:
         """Built batches by step (Batch events are at least once: the last per step counts)."""
@@ -154,6 +159,7 @@ def mask_fractions(data: RunData) -> tuple[str, bool]:
             order = sorted(values)
             ax.plot(order, [values[s] for s in order], marker="o", label=name)
         ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylim(0, 1.05)
         ax.legend(fontsize=8)
     else:
@@ -167,9 +173,11 @@ def policy_lag(data: RunData) -> tuple[str, bool]:
     has = bool(lag)
     if has:
         order = sorted(lag)
-        ax.bar([str(s) for s in order], [lag[s] for s in order], color="tab:purple")
+        ax.plot([str(s) for s in order], [lag[s] for s in order], marker="o", color="tab:purple")
         ax.set_xlabel("step")
         ax.set_ylabel("versions")
+        ax.set_ylim(-0.1, max(1.0, max(lag.values()) + 0.5))  # a lag of 0 is a visible line, not empty axes
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     else:
         _no_data(ax, "training steps")
     return _png(fig, has)
@@ -178,8 +186,8 @@ def policy_lag(data: RunData) -> tuple[str, bool]:
 PLOTS = (retention_over_time, rejection_reasons, rounds_per_prompt, batch_fill_times, mask_fractions, policy_lag)
 
 
-def render_html(data: RunData, title: str) -> str:
-    """The report page (self-contained: no external resources)."""
+def render_html(data: RunData, title: str) -> tuple[str, int]:
+    """The report page (self-contained: no external resources) and how many plots have data."""
     groups = data.train_groups()
     accepted = sum(1 for g in groups if g["accepted"])
     facts = [("train groups decided", len(groups)), ("accepted", accepted),
@@ -193,6 +201,7 @@ def render_html(data: RunData, title: str) -> str:
         figures.append(f'<figure data-plot="{plot.__name__}" data-has-data="{str(has_data).lower()}">'
                        f'<img alt="{plot.__name__}" src="data:image/png;base64,{png}"></figure>')
     images = "".join(figures)
+    with_data = sum('data-has-data="true"' in f for f in figures)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}th,td{{padding:2px 10px;
@@ -204,14 +213,14 @@ window.addEventListener("load", function () {{
   document.body.setAttribute("data-images-loaded", String(ok.length));
 }});
 </script></body></html>
-"""
+""", with_data
 
 
-def write_report(bootstrap: str, topics: Topics, out, title: str) -> int:
-    """Read the run, write the page to ``out``; returns the number of plots."""
+def write_report(bootstrap: str, topics: Topics, out, title: str) -> tuple[int, int]:
+    """Read the run, write the page to ``out``; returns (plots, plots with data)."""
     from pathlib import Path
 
-    page = render_html(RunData.read(bootstrap, topics), title)
+    page, with_data = render_html(RunData.read(bootstrap, topics), title)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(page)
-    return len(PLOTS)
+    return len(PLOTS), with_data

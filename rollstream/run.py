@@ -28,7 +28,7 @@ from rich.table import Table
 
 from rollstream.config import AgenticConfig, Config, RLVRConfig
 from rollstream.exceptions import RollstreamError
-from rollstream.readback import read_values
+from rollstream.readback import filter_decisions, read_values
 from rollstream.stages import Stage, groups_per_batch, pipeline_stages, preflight, start_metrics, start_training
 from rollstream.stats import pass_at_k
 from rollstream.topics import Topics
@@ -180,7 +180,7 @@ def summarize_rlvr(config: RLVRConfig, bootstrap: str, topics: Topics, batches: 
     requests = read_values(bootstrap, topics.generation_requests)
     responses = read_values(bootstrap, topics.responses)
     accepted = read_values(bootstrap, topics.groups_accepted)
-    rejected, stale_at_trainer = _trainer_rejections(accepted, read_values(bootstrap, topics.groups_rejected))
+    rejected, stale_at_trainer = filter_decisions(accepted, read_values(bootstrap, topics.groups_rejected))
     validation = read_values(bootstrap, topics.groups_validation)
     dead = read_values(bootstrap, topics.dead_letter)
     prompts_admitted = len({r["prompt_id"] for r in requests if r["round"] == 0})
@@ -240,7 +240,7 @@ def summarize_agentic(config: AgenticConfig, bootstrap: str, topics: Topics, bat
     requests = read_values(bootstrap, topics.episodes_requests)
     trajectories = read_values(bootstrap, topics.trajectories)
     accepted = read_values(bootstrap, topics.groups_accepted)
-    rejected_all, stale_at_trainer = _trainer_rejections(accepted, read_values(bootstrap, topics.groups_rejected))
+    rejected_all, stale_at_trainer = filter_decisions(accepted, read_values(bootstrap, topics.groups_rejected))
     validation = read_values(bootstrap, topics.groups_validation)
     metrics = [m for m in read_values(bootstrap, topics.metrics) if m["name"].startswith(("group_queue/", "scheduler/"))]
     dead = read_values(bootstrap, topics.dead_letter)
@@ -318,14 +318,6 @@ def _pass_at_k(groups: list[list[bool]]) -> dict:
         return {}
     (n,) = sizes
     return {f"pass@{k}": _mean([pass_at_k(n, sum(g), k) for g in groups]) for k in sorted({1, n})}
-
-
-def _trainer_rejections(accepted: list[dict], rejected: list[dict]) -> tuple[list[dict], int]:
-    """Split the trainer's ``stale`` rejections (of groups the filters had accepted, so they are
-    on both topics) from the filters' rejections: (the filters' rejections, trainer count)."""
-    keys = {g["group_key"] for g in accepted}
-    filters = [g for g in rejected if g["group_key"] not in keys]
-    return filters, len(rejected) - len(filters)
 
 
 TRAINING_KEYS = ("loss", "skipped", "policy_version", "final_mask_mean", "pass_rates", "ratio_means", "diff_means",

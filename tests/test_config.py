@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,15 @@ def test_not_a_mapping_and_missing_file(tmp_path):
     bad.write_text("rollout_batch_size: [unclosed")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+
+
+@pytest.mark.parametrize("query_filter, message", [
+    ({"type": "std_filter", "filter_args": {"std_thresold": 0.5}}, "unknown ['std_thresold'] for std_filter"),
+    ({"type": "std_filter", "filter_args": {"std_threshold": "abc"}}, "std_threshold must be a number, got 'abc'"),
+    ({"type": "mean_filter", "filter_args": {"threshold_down": 0.9, "threshold_up": 0.1}}, "rejects every group"),
+])
+def test_query_filter_args_are_checked(query_filter, message):
+    raw = {"name": "x", "rollout_batch_size": 1, "num_return_sequences_in_group": 2, "max_prompts_per_batch": 2,
+           "datasets": [], "rewards": {"d": {"reward_type": "gsm8k", "query_filter_config": query_filter}}}
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_config(raw)

@@ -9,7 +9,7 @@ import pytest
 from rollstream.replay import Predicate, Selection, jsonable, parse_time_ms, summary
 
 GROUP = {"group_key": "p1", "domain": "gsm8k", "accepted": False, "reason": "zero_std",
-         "decision_values": {"std": 0.0, "mean": 1.0}, "rounds": 2,
+         "decision_values": {"std": 0.0, "mean": 1.0, "rejected_responses/truncated": 2.0}, "rounds": 2,
          "responses": [{"response": {"domain": "gsm8k"}}]}
 
 
@@ -18,6 +18,7 @@ GROUP = {"group_key": "p1", "domain": "gsm8k", "accepted": False, "reason": "zer
     ("decision_values.std=0", True), ("decision_values.mean>=1", True), ("decision_values.mean>1", False),
     ("rounds<3", True), ("rounds=2.0", True), ("accepted=false", True), ("accepted=true", False),
     ("missing=x", False), ("decision_values.missing!=x", False), ("responses.0=x", False),
+    ("accepted=False", True), ("decision_values.rejected_responses/truncated>=1", True),
 ])
 def test_predicates(text, expected):
     assert Predicate.parse(text).matches(GROUP) is expected
@@ -50,5 +51,6 @@ def test_json_rendering_and_times():
     assert parse_time_ms("2026-11-29T23:00:00") == parse_time_ms("2026-11-29T23:00:00+00:00") == 1795993200000
     with pytest.raises(ValueError, match="ISO 8601"):
         parse_time_ms("yesterday")
-    assert summary(GROUP) == "group_key=p1 domain=gsm8k accepted=false reason=zero_std rounds=2"
+    assert summary(GROUP) == ("reason=zero_std accepted=false domain=gsm8k values{std=0.0, mean=1.0, rejected_responses/truncated=2.0} "
+                              "group_key=p1 rounds=2")
     assert summary(None) == "(undecodable)"

@@ -234,6 +234,7 @@ class BatchBuilder:
         for item in out.items:
             self._not_done.get(item.partition, set()).discard(item.offset)
         self.committed_groups += len(out.items)
+        process_metrics().decided.labels("trainer", "accepted").inc(len(out.items))  # groups trained
         assigned = [tp for tp in self.consumer.assignment() if tp.topic == self.topic]
         committable = self._committable()
         to_commit = {tp.partition: committable[tp.partition] for tp in assigned
@@ -383,7 +384,7 @@ class BatchBuilder:
             self.producer.send(self.topics.groups_rejected, key=group["group_key"].encode(), value=encode(group, schema))
             self._not_done.get(item.partition, set()).discard(item.offset)
             self.stale_groups += 1
-            process_metrics().decision("group", False, decision.reason)
+            process_metrics().decision("trainer", False, decision.reason)
             log.info("group %r rejected as stale before step %d: %s", group["group_key"], self.step, dict(decision.values))
         self._buffer = keep
 

@@ -65,3 +65,6 @@ def test_workers_expose_and_publish_exact_metrics(kafka_broker, topic_factory, t
     assert view["units"]["response"]["accepted"] == 16.0 and view["units"]["prompt"]["accepted"] == 4.0
     assert view["in_flight"] == {"prompts": 0.0}
     assert view["reward"] == {"all": round(5 / 16, 4), "accepted": round(5 / 12, 4)}  # p1 adds 0 of 4
+    wrong = subprocess.run([sys.executable, "-m", "rollstream.cli", "stats", "-b", kafka_broker, "--prefix", "nope."],
+                           capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and "does not exist" in wrong.stderr

@@ -85,11 +85,22 @@ def test_replay_follow_reads_new_events_live(kafka_broker, topic_factory):
     assert [json.loads(line)["key"] for line in out.splitlines()] == ["p0", "p3"]
 
 
-def test_replay_rejects_bad_input_with_a_clear_error(kafka_broker):
+def test_replay_rejects_bad_input_with_a_clear_error(kafka_broker, topic_factory):
+    topic_factory(["groups.rejected"])  # under the t-... prefix; the default prefix's topic is created here:
+    from rollstream.broker import create_topics
+    from rollstream.topics import Topics
+
+    create_topics(kafka_broker, {Topics().groups_rejected: (1, False)})
     for args, message in ((("groups.rejected", "-w", "reason"), "bad predicate"),
                           (("no.such.topic",), "does not exist"),
                           (("groups.rejected", "--since", "yesterday"), "ISO 8601"),
-                          (("groups.rejected", "-f", "xml"), "jsonl or table")):
+                          (("groups.rejected", "-f", "xml"), "jsonl or table"),
+                          (("groups.rejected", "--limit", "0"), "--limit must be >= 1"),
+                          (("groups.rejected", "-p", "9"), "has no partition [9]")):
         out = subprocess.run([sys.executable, "-m", "rollstream.cli", "replay", *args, "-b", kafka_broker],
                              capture_output=True, text=True, timeout=60)
-        assert out.returncode == 2 and message in out.stderr, out.stderr
+        assert out.returncode == 2 and message in " ".join(out.stderr.split()), out.stderr
+    # a field no event has: zero records, and a hint why
+    out = subprocess.run([sys.executable, "-m", "rollstream.cli", "replay", "groups.rejected", "-b", kafka_broker,
+                          "-w", "reasn=zero_std"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "0 records" in out.stderr

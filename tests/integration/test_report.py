@@ -34,7 +34,8 @@ def record_a_run(bootstrap: str, topics) -> None:
     groups = [decided("p0", True, "accepted", 1, 1000), decided("p1", False, "zero_std", 1, 2000),
               decided("p2", True, "accepted", 2, 3500), decided("p3", False, "mean_too_low", 3, 5000),
               decided("p4", True, "accepted", 1, 6000)]
-    for g in groups:
+    stale_at_trainer = {**groups[0], "accepted": False, "reason": "stale"}  # on both topics: counts once
+    for g in [*groups, stale_at_trainer]:
         topic = topics.groups_accepted if g["accepted"] else topics.groups_rejected
         producer.send(topic, key=g["group_key"].encode(), value=encode(g, "Group"))
     for step, fill in ((0, 12.5), (1, 4.0)):
@@ -66,6 +67,10 @@ def test_report_renders_in_headless_chromium_with_six_non_empty_plots(kafka_brok
         ("retention_over_time", "true"), ("rejection_reasons", "true"), ("rounds_per_prompt", "true"),
         ("batch_fill_times", "true"), ("mask_fractions", "true"), ("policy_lag", "true")]
     assert "<td>5</td>" in page and "<td>0.600</td>" in page  # 5 groups decided, 3 accepted
+    assert "6 plots, 6 with data" in proc.stdout
+    elsewhere = subprocess.run([sys.executable, "-m", "rollstream.cli", "report", "-c", str(config), "-b", kafka_broker,
+                                "-o", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert elsewhere.returncode == 2 and "is a directory" in " ".join(elsewhere.stderr.split())
     for png in re.findall(r'src="data:image/png;base64,([^"]+)"', page):
         image = mpimg.imread(io.BytesIO(base64.b64decode(png)), format="png")
         assert image.shape[0] > 100 and image.shape[1] > 200 and image[..., :3].std() > 0.05  # drawn, not blank

@@ -65,6 +65,10 @@ def test_whatif_is_deterministic_and_exact(kafka_broker, topic_factory, tmp_path
             expected.append((g["prompt_id"], g["reason"], "accepted" if keep else "zero_std"))
     assert sorted((c["group_key"], c["actual"], c["alternative"]) for c in changed) == expected == [
         ("p1", "accepted", "zero_std"), ("p3", "accepted", "zero_std"), ("p5", "accepted", "zero_std")]
+    # a prefix without a recorded run is an error, not a table of zeros
+    nothing = subprocess.run([sys.executable, "-m", "rollstream.cli", "whatif", "-c", str(config), "-b", kafka_broker,
+                              "--prefix", "nothing-here."], capture_output=True, text=True, timeout=120)
+    assert nothing.returncode == 2 and "no recorded rlvr train groups" in " ".join(nothing.stderr.split())
     # offline: the topics hold exactly what they held
     assert {t: count(kafka_broker, t) for t in sizes} == sizes
 
