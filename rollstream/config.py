@@ -17,7 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from rollstream.exceptions import ConfigError
+from rollstream.exceptions import ConfigError, validation_problems
 from rollstream.filtering.prompt_state import REWARD_METRIC, DomainFilters
 from rollstream.filtering.query_filters import resolve_query_filter
 from rollstream.filtering.response_filters import resolve_response_filter
@@ -337,11 +337,7 @@ Config = RLVRConfig | AgenticConfig
 
 
 def _error_message(exc: ValidationError) -> str:
-    lines = []
-    for err in exc.errors():
-        path = ".".join(str(p) for p in err["loc"]) or "<root>"
-        lines.append(f"{path}: {err['msg']}")
-    return "invalid config:\n  " + "\n  ".join(lines)
+    return "invalid config:\n  " + "\n  ".join(validation_problems(exc))
 
 
 def parse_config(data: Any) -> Config:

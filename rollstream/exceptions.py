@@ -9,6 +9,11 @@ class ConfigError(RollstreamError):
     """A configuration value is invalid; the message names the field path."""
 
 
+def validation_problems(exc) -> list[str]:
+    """``field.path: message`` for each error of a pydantic ValidationError."""
+    return [f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()]
+
+
 class SchemaNotFoundError(RollstreamError):
     """No schema is registered under that name or fingerprint."""
 

@@ -7,11 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
-from kafka import KafkaConsumer, TopicPartition
-
-from rollstream.exceptions import DecodeError
-from rollstream.schemas import decode
-
 
 @dataclass(frozen=True)
 class Record:
@@ -25,34 +20,15 @@ class Record:
 
 
 def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> Iterator[Record]:
-    """Every record of ``topic`` from offset 0 to the end offsets seen at call time."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    """Every record of ``topic`` from offset 0 to the end offsets seen at call time (nothing
+    when the topic does not exist); gives up after ``timeout_s`` without any record."""
+    from rollstream.replay import Selection, TopicNotFound, replay  # replay builds on Record
+
     try:
-        partitions = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-        if not tps:
-            return
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        end = consumer.end_offsets(tps)
-        remaining = {tp for tp in tps if end[tp] > 0}
-        idle_polls = 0
-        while remaining and idle_polls < timeout_s * 5:
-            polled = consumer.poll(timeout_ms=200)
-            idle_polls = 0 if polled else idle_polls + 1
-            for tp, msgs in polled.items():
-                for m in msgs:
-                    if m.offset >= end[tp]:
-                        continue
-                    try:
-                        schema, value = decode(m.value)
-                    except DecodeError:
-                        schema, value = None, None
-                    yield Record(m.topic, m.partition, m.offset, m.key, schema, value, m.value)
-                if consumer.position(tp) >= end[tp]:
-                    remaining.discard(tp)
-    finally:
-        consumer.close()
+        for item in replay(bootstrap, topic, Selection(), idle_timeout_s=timeout_s):
+            yield item.record
+    except TopicNotFound:
+        return
 
 
 def read_values(bootstrap: str, topic: str) -> list[dict]:

@@ -195,20 +195,26 @@ def parse_time_ms(text: str) -> int:
     return int(moment.timestamp() * 1000)
 
 
+class TopicNotFound(ValueError):
+    """The topic to read does not exist."""
+
+
 def replay(bootstrap: str, topic: str, selection: Selection, *, follow: bool = False,
            limit: int | None = None, should_stop: Callable[[], bool] = lambda: False,
-           poll_timeout_ms: int = 200) -> Iterator[Replayed]:
+           poll_timeout_ms: int = 200, idle_timeout_s: float | None = None) -> Iterator[Replayed]:
     """The selected records of ``topic`` in offset order per partition, from the selection's
     start to the end offsets at call time, or on and on with ``follow`` (until ``limit``
-    records or ``should_stop()``). Raises ValueError for a topic or partition that does not
-    exist, or a ``limit`` below 1."""
+    records or ``should_stop()``). Without ``follow``, ``idle_timeout_s`` gives up after that
+    long without any record (an end offset never reached). Raises TopicNotFound, ValueError for
+    a partition that does not exist or a ``limit`` below 1. The one topic-reading loop:
+    rollstream.readback.read_topic is this with an empty selection."""
     if limit is not None and limit < 1:
         raise ValueError(f"--limit must be >= 1, got {limit}")
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
     try:
         partitions = consumer.partitions_for_topic(topic)
         if not partitions:
-            raise ValueError(f"topic {topic!r} does not exist")
+            raise TopicNotFound(f"topic {topic!r} does not exist")
         missing = sorted(set(selection.partitions or ()) - partitions)
         if missing:
             raise ValueError(f"topic {topic!r} has no partition {missing}; it has {sorted(partitions)}")
@@ -219,9 +225,14 @@ def replay(bootstrap: str, topic: str, selection: Selection, *, follow: bool = F
         end = consumer.end_offsets(tps)
         stop_at = {tp: min(end[tp], selection.to_offset) if selection.to_offset is not None else end[tp] for tp in tps}
         remaining = {tp for tp in tps if consumer.position(tp) < stop_at[tp]}
-        emitted = 0
+        emitted, idle_since = 0, time.monotonic()
         while (follow or remaining) and not should_stop():
-            for tp, msgs in consumer.poll(timeout_ms=poll_timeout_ms).items():
+            polled = consumer.poll(timeout_ms=poll_timeout_ms)
+            if polled:
+                idle_since = time.monotonic()
+            elif not follow and idle_timeout_s is not None and time.monotonic() - idle_since > idle_timeout_s:
+                return
+            for tp, msgs in polled.items():
                 for m in msgs:
                     if not follow and m.offset >= stop_at[tp]:
                         continue

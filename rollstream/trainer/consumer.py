@@ -234,7 +234,6 @@ class BatchBuilder:
         for item in out.items:
             self._not_done.get(item.partition, set()).discard(item.offset)
         self.committed_groups += len(out.items)
-        process_metrics().decided.labels("trainer", "accepted").inc(len(out.items))  # groups trained
         assigned = [tp for tp in self.consumer.assignment() if tp.topic == self.topic]
         committable = self._committable()
         to_commit = {tp.partition: committable[tp.partition] for tp in assigned

@@ -108,6 +108,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from torch import Tensor
 
+from rollstream.exceptions import validation_problems
+
 __all__ = [
     "AGG_TYPES",
     "CorrectionFilterConfig",
@@ -213,11 +215,7 @@ class TrainInferCorrectionConfig(_Strict):
 
 
 def _error_message(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        path = ".".join(str(p) for p in err["loc"]) or "<root>"
-        parts.append(f"{path}: {err['msg']}")
-    return "invalid train_infer_correction config: " + "; ".join(parts)
+    return "invalid train_infer_correction config: " + "; ".join(validation_problems(exc))
 
 
 def parse_correction_config(

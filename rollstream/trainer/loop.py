@@ -110,9 +110,11 @@ class AgenticBatchEvents(_Tail):
 
 
 def record_batch_metrics(entry: dict) -> None:
-    """A committed batch in this process's metrics: its fill time, and its tokens kept or
+    """A committed batch in this process's metrics: its groups (unit ``trainer``; the stale
+    ones are counted where BatchBuilder rejects them), its fill time, and its tokens kept or
     masked by the train-inference correction (unit ``token``)."""
     metrics = process_metrics()
+    metrics.decided.labels("trainer", "accepted").inc(entry["accepted_groups"])
     metrics.batch_fill.observe(entry["fill_seconds"])
     if "tokens_valid" in entry:
         masked = entry["tokens_valid"] - entry["tokens_kept"]
