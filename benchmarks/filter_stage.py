@@ -36,9 +36,9 @@ from typing import Iterator
 import yaml
 
 from rollstream.config import parse_config
+from rollstream.kafka.topics import Topics
 from rollstream.schemas import decode, encode
 from rollstream.streams.aggregation import Aggregation
-from rollstream.topics import Topics
 
 DOMAIN = "bench"
 PARTITIONS = 4
@@ -176,7 +176,7 @@ def bench_inprocess(events, config) -> dict:
 
 
 def produce_events(bootstrap: str, topic: str, events) -> float:
-    from rollstream.workers.base import make_producer
+    from rollstream.kafka.clients import make_producer
 
     t0 = time.perf_counter()
     producer = make_producer(bootstrap, batch_size=1 << 20)
@@ -199,7 +199,7 @@ def process_cpu_s(pid: int) -> float | None:
 def bench_kafka(bootstrap: str, events, group_size: int, expected: tuple[int, int], workdir: Path) -> dict:
     from kafka import KafkaConsumer, TopicPartition
 
-    from rollstream.broker import create_topics
+    from rollstream.kafka.admin import create_topics
 
     topics = Topics(f"bench-{uuid.uuid4().hex[:8]}.")
     create_topics(bootstrap, topics.all(PARTITIONS))
@@ -215,7 +215,7 @@ def bench_kafka(bootstrap: str, events, group_size: int, expected: tuple[int, in
     consumer.seek_to_beginning(tp)
 
     log_path = workdir / "aggregator.log"
-    cmd = [sys.executable, "-m", "rollstream.cli", "worker", "aggregator",
+    cmd = [sys.executable, "-m", "rollstream", "worker", "aggregator",
            "--config", str(config_path), "--bootstrap", bootstrap]
     seen: set[str] = set()
     counts = {"commit": 0, "abort": 0}
@@ -336,7 +336,7 @@ def kafka_bootstrap(requested: str | None, workdir: Path, result: dict) -> Itera
     try:
         bootstrap = requested
         if bootstrap is None:
-            from rollstream.broker import EmbeddedBroker
+            from rollstream.kafka.broker import EmbeddedBroker
 
             broker = EmbeddedBroker(workdir / "kafka")
             t0 = time.perf_counter()

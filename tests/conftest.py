@@ -8,8 +8,9 @@ from collections.abc import Callable
 
 import pytest
 
-from rollstream.broker import EmbeddedBroker, create_topics
-from rollstream.topics import TOPICS, Topics
+from rollstream.kafka.admin import create_topics
+from rollstream.kafka.broker import EmbeddedBroker
+from rollstream.kafka.topics import TOPICS, Topics
 
 
 @pytest.fixture(scope="session")

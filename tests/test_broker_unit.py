@@ -6,8 +6,8 @@ import socket
 
 import pytest
 
-from rollstream import broker as b
 from rollstream.exceptions import BrokerStartError
+from rollstream.kafka import broker as b
 
 
 def test_properties_render_ports_and_log_dir(tmp_path):

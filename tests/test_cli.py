@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rollstream.cli import app
+from rollstream.app.cli import app
+from rollstream.app.stages import Stage, run_stage
 from rollstream.config import load_config
 from rollstream.exceptions import ConfigError
-from rollstream.stages import Stage, run_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = str(ROOT / "examples" / "rlvr_math.yaml")

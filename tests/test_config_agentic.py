@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rollstream.app.stages import Stage, run_stage
 from rollstream.config import AgenticConfig, EnvManagerConfig, RLVRConfig, load_config, parse_config
 from rollstream.exceptions import ConfigError
-from rollstream.stages import Stage, run_stage
-from rollstream.topics import Topics
+from rollstream.kafka.topics import Topics
 from rollstream.workers.env_worker import run_env_worker
 from rollstream.workers.envs import ENVS, resolve_env
 
@@ -225,7 +225,7 @@ def test_unknown_env_type_is_refused_at_env_worker_start_not_by_the_config():
 def test_run_refuses_what_the_config_cannot_check_before_starting_a_broker(tmp_path, mutate, expected):
     """`rollstream run` checks env types and group filters first: a clear error, no broker, no
     stage processes (the run directory is never created)."""
-    from rollstream.run import run_pipeline
+    from rollstream.app.run import run_pipeline
 
     cfg = parse_modified(mutate)
     with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):

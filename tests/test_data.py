@@ -1,7 +1,7 @@
 """rollstream.data: real bundled data as Prompt records, and domain interleaving."""
 
-from collections import Counter
 import json
+from collections import Counter
 
 import pytest
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rollstream.config import parse_config
 from rollstream.filtering.prompt_state import step
-from rollstream.metrics import WorkerMetrics
-from rollstream.stats import figures, latest
+from rollstream.observability.metrics import WorkerMetrics
+from rollstream.tools.stats import figures, latest
 
 
 def rewarded(pid: str, index: int, reward: float, finish: str = "stop", mode: str = "train") -> dict:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from rollstream.config import parse_config
 from rollstream.filtering.admission import AdmissionLimits, AdmissionState, admit, can_admit, on_outcome
 from rollstream.filtering.prompt_state import Decided, step
-from rollstream.metrics import WorkerMetrics
-from rollstream.stats import figures, latest
+from rollstream.observability.metrics import WorkerMetrics
+from rollstream.tools.stats import figures, latest
 
 
 def config(query_filter: dict):
@@ -80,8 +80,8 @@ def test_scenario_10b_a_restart_at_version_50_rebuilds_a_budget_of_one_batch():
 
 
 def test_scenario_9_pass_at_k_is_the_unbiased_estimator():
-    from rollstream.run import _pass_at_k
-    from rollstream.stats import pass_at_k
+    from rollstream.app.run import _pass_at_k
+    from rollstream.tools.stats import pass_at_k
 
     assert pass_at_k(4, 1, 4) == 1.0 and pass_at_k(4, 1, 1) == 0.25 and pass_at_k(4, 0, 4) == 0.0
     assert round(pass_at_k(4, 1, 2), 4) == 0.5  # 1 - C(3,2)/C(4,2) = 1 - 3/6

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rollstream.policy_versions import PolicyFollower
+from rollstream.policy.versions import PolicyFollower
 
 
 class Watcher:

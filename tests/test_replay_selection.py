@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rollstream.replay import Predicate, Selection, jsonable, parse_time_ms, summary
+from rollstream.tools.replay import Predicate, Selection, jsonable, parse_time_ms, summary
 
 GROUP = {"group_key": "p1", "domain": "gsm8k", "accepted": False, "reason": "zero_std",
          "decision_values": {"std": 0.0, "mean": 1.0, "rejected_responses/truncated": 2.0}, "rounds": 2,

@@ -1,6 +1,6 @@
 """The run summary's split of the trainer's stale rejections from the filters' decisions."""
 
-from rollstream.readback import filter_decisions
+from rollstream.tools.readback import filter_decisions
 
 
 def test_groups_accepted_by_the_filters_then_stale_at_the_trainer_are_not_filter_rejections():

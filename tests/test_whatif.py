@@ -8,7 +8,7 @@ import numpy as np
 from rollstream.config import parse_config
 from rollstream.filtering.prompt_state import Decided, Replacement, step
 from rollstream.streams.events import decided_group
-from rollstream.whatif import whatif_rlvr
+from rollstream.tools.whatif import whatif_rlvr
 
 DOMAIN = "synth"
 
@@ -102,7 +102,7 @@ def test_rounds_are_reported_per_side():
 
 
 def test_agentic_group_filter_what_if():
-    from rollstream.whatif import whatif_agentic
+    from rollstream.tools.whatif import whatif_agentic
 
     def group(key: str, rewards: list[float], accepted: bool, reason: str) -> dict:
         trajs = [{"group_id": 0, "episode_id": 0, "traj_index": i, "response_level_rewards": r, "drop_flag": False,

@@ -7,7 +7,11 @@ benchmarks.
 from rollstream.filtering.admission import AdmissionLimits, AdmissionState
 from rollstream.filtering.decision import Decision
 from rollstream.filtering.group_filters import (
-    DropFlagGroupFilter, EnvFailureStdGroupFilter, GroupFilter, filter_group, load_group_filter,
+    DropFlagGroupFilter,
+    EnvFailureStdGroupFilter,
+    GroupFilter,
+    filter_group,
+    load_group_filter,
 )
 from rollstream.filtering.prompt_state import DomainFilters, PromptState
 from rollstream.filtering.query_filters import decide_query, query_filter

@@ -6,7 +6,7 @@ import importlib
 import logging
 from typing import Any, Callable, TypeVar
 
-from rollstream.exceptions import ConfigError
+from rollstream.exceptions import UnknownFilterError
 from rollstream.filtering.decision import Decision
 from rollstream.filtering.reasons import RejectReason
 
@@ -14,9 +14,6 @@ log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable)
 
-
-class UnknownFilterError(ConfigError):
-    """A filter type is neither a registered name nor an importable object."""
 
 
 class Registry(dict):

@@ -20,12 +20,12 @@ import faust
 from rollstream.config import RLVRConfig
 from rollstream.filtering import admission as core
 from rollstream.filtering.reasons import RejectReason
-from rollstream.metrics import process_metrics
-from rollstream.policy_versions import PolicyVersionWatcher
-from rollstream.streams import names
+from rollstream.kafka import names
+from rollstream.kafka.topics import Topics
+from rollstream.observability.metrics import process_metrics
+from rollstream.policy.versions import PolicyVersionWatcher
 from rollstream.streams.common import Emitter, derive_seed, make_app, raw_topic
 from rollstream.streams.events import batch_event, generation_request, group_record
-from rollstream.topics import Topics
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ VERSION_POLL_S = 0.5
 
 def default_tokenize() -> Tokenize:
     """The generation model's chat-templated tokenisation (what `prompt_length` limits)."""
-    from rollstream.workers.model import chat_prompt_ids, load_tokenizer
+    from rollstream.policy.model import chat_prompt_ids, load_tokenizer
 
     tokenizer = load_tokenizer()
     return lambda text: chat_prompt_ids(tokenizer, text)

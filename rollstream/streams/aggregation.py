@@ -14,12 +14,19 @@ from dataclasses import dataclass, field
 
 from rollstream.config import RLVRConfig
 from rollstream.filtering.prompt_state import (
-    Decided, DuplicateResponse, PromptState, Replacement, ResponseAccepted, ResponseRejected, step,
+    Decided,
+    DuplicateResponse,
+    PromptState,
+    Replacement,
+    ResponseAccepted,
+    ResponseRejected,
+    step,
 )
+from rollstream.kafka.events import Send
+from rollstream.kafka.topics import Topics
 from rollstream.schemas import REGISTRY, encode
 from rollstream.streams.common import derive_seed
 from rollstream.streams.events import decided_group, prompt_outcome, replacement_request
-from rollstream.topics import Topics
 
 _U32 = struct.Struct("<I")
 
@@ -43,13 +50,6 @@ def unpack_state(value: bytes) -> tuple[PromptState, dict[str, bytes]]:
         responses[index] = value[pos + 4:pos + 4 + size]
         pos += 4 + size
     return state, responses
-
-
-@dataclass(frozen=True)
-class Send:
-    topic: str
-    key: str
-    value: bytes
 
 
 @dataclass
@@ -105,10 +105,7 @@ class Aggregation:
         group = decided_group(response, decided, [], self.filter_json[domain], self.filter_hash[domain])
         value = REGISTRY.encode_with_tail_array(
             group, "Group", [stored[str(i)] for i in decided.sample_indices], "RewardedResponse")
-        if response.get("mode", "train") == "val":
-            topic = self.topics.groups_validation
-        else:
-            topic = self.topics.groups_accepted if decided.accepted else self.topics.groups_rejected
+        topic = self.topics.decision_topic(response.get("mode", "train"), decided.accepted)
         outcome = prompt_outcome(response, committed=decided.accepted, reason=decided.reason,
                                  rounds=decided.rounds, responses_generated=decided.responses_generated)
         return [Send(topic, pid, value), Send(self.topics.prompt_outcomes, pid, encode(outcome, "PromptOutcome"))]

@@ -11,17 +11,16 @@ from collections import deque
 import faust
 
 from rollstream.config import RLVRConfig
-from rollstream.metrics import process_metrics
-from rollstream.policy_versions import PolicyVersionWatcher
-from rollstream.streams import names
+from rollstream.kafka import names
+from rollstream.kafka.topics import Topics
+from rollstream.observability.metrics import process_metrics
+from rollstream.policy.versions import STALENESS_VERSION_MAX_AGE_S, PolicyVersionWatcher
 from rollstream.streams.aggregation import Aggregation
 from rollstream.streams.common import Emitter, make_app, raw_topic
-from rollstream.topics import Topics
 
 log = logging.getLogger(__name__)
 
-DECIDED_TTL_S = 300.0
-VERSION_MAX_AGE_S = 0.2  # the staleness check may use a policy version this old (one broker call per 0.2 s)  # closed transactions are kept this long: well beyond the 1 s commit interval
+DECIDED_TTL_S = 300.0  # closed transactions are kept this long: well beyond the 1 s commit interval
 
 
 def build_aggregator_app(config: RLVRConfig, bootstrap: str, store: str = "memory://") -> faust.App:
@@ -47,7 +46,7 @@ def build_aggregator_app(config: RLVRConfig, bootstrap: str, store: str = "memor
                                    f"unknown domain {domain!r}; configured: {sorted(aggregation.filters)}")
             return
         key = record["response"]["prompt_id"].encode()
-        current = versions.latest_version(VERSION_MAX_AGE_S) if versions is not None else None
+        current = versions.latest_version(STALENESS_VERSION_MAX_AGE_S) if versions is not None else None
         applied = aggregation.apply(table.get(key), event.value, record, current)
         metrics.prompt_effects(applied.effects, record["response"].get("mode", "train"))
         for send in applied.sends:

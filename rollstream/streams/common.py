@@ -10,8 +10,9 @@ from pathlib import Path
 
 import faust
 
+from rollstream.kafka.events import dead_letter, decode_expected
+from rollstream.runtime import worker_id
 from rollstream.schemas import encode
-from rollstream.workers.base import dead_letter, decode_expected, now_ms, worker_id
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +99,7 @@ class Emitter:
 
     async def dead_letter(self, event, reason: str, error: str) -> None:
         msg = event.message
-        out = dead_letter(
-            self.topics, topic=msg.topic, partition=msg.partition, offset=msg.offset,
-            key=event.key, value=event.value, reason=reason, error=error, worker=self.worker,
-        )
+        out = dead_letter(self.topics, msg, reason, error, self.worker)
         self.dead_lettered += 1
         log.warning("dead-letter %s[%d]@%d: %s: %s", msg.topic, msg.partition, msg.offset, reason, error)
         await self.send(out.topic, out.key, out.record, out.schema)
@@ -111,5 +109,3 @@ class Emitter:
         if problem is not None:
             await self.dead_letter(event, *problem)
         return record
-
-__all__ = ["Emitter", "derive_seed", "make_app", "now_ms", "raw_topic"]

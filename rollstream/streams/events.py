@@ -6,7 +6,7 @@ from typing import Mapping, Sequence
 
 from rollstream.filtering.prompt_state import Decided, Replacement
 from rollstream.filtering.reasons import ACCEPTED
-from rollstream.workers.base import now_ms
+from rollstream.runtime import now_ms
 
 
 def generation_request(prompt: Mapping, *, round_: int, num_return_sequences: int,

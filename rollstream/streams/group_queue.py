@@ -15,18 +15,17 @@ import logging
 import faust
 
 from rollstream.config import AgenticConfig
-from rollstream.policy_versions import PolicyVersionWatcher
+from rollstream.kafka import names
+from rollstream.kafka.topics import Topics
+from rollstream.policy.versions import STALENESS_VERSION_MAX_AGE_S, PolicyVersionWatcher
+from rollstream.runtime import now_ms
 from rollstream.schemas import encode
-from rollstream.streams import names
 from rollstream.streams.common import Emitter, make_app, raw_topic
 from rollstream.streams.group_queue_processor import GroupQueueProcessor
-from rollstream.topics import Topics
-from rollstream.workers.base import now_ms
 
 log = logging.getLogger(__name__)
 
 TICK_INTERVAL_S = 1.0
-VERSION_MAX_AGE_S = 0.2  # the staleness check may use a policy version this old
 
 
 def build_group_queue_app(config: AgenticConfig, bootstrap: str, store: str = "memory://",
@@ -41,7 +40,7 @@ def build_group_queue_app(config: AgenticConfig, bootstrap: str, store: str = "m
     table = app.Table(names.GROUP_QUEUE_TABLE, default=None, partitions=partitions, key_type=bytes,
                       value_type=bytes, help="group queues, member trajectories and filter state (see processor)")
     versions = PolicyVersionWatcher(bootstrap, topics) if config.max_staleness is not None else None
-    processor = GroupQueueProcessor(config, table, (lambda: versions.latest_version(VERSION_MAX_AGE_S))
+    processor = GroupQueueProcessor(config, table, (lambda: versions.latest_version(STALENESS_VERSION_MAX_AGE_S))
                                     if versions is not None else (lambda: None))
 
     async def handle(event) -> None:

@@ -22,25 +22,18 @@ from typing import Any, Callable, MutableMapping
 from rollstream.config import AgenticConfig
 from rollstream.filtering import group_queue as gq
 from rollstream.filtering.group_filters import filter_group, load_group_filter
-from rollstream.filtering.staleness import stale_decision
-from rollstream.metrics import process_metrics
 from rollstream.filtering.reasons import ACCEPTED, RejectReason
+from rollstream.filtering.staleness import stale_decision
+from rollstream.kafka.events import Send, decode_expected
+from rollstream.kafka.topics import Topics
+from rollstream.observability.metrics import process_metrics
+from rollstream.runtime import now_ms, worker_id
 from rollstream.schemas import REGISTRY, decode, encode
 from rollstream.schemas.validation import check_trajectory
-from rollstream.topics import Topics
-from rollstream.workers.base import decode_expected, now_ms, worker_id
 
 log = logging.getLogger(__name__)
 
 Table = MutableMapping[bytes, bytes]
-
-
-@dataclass(frozen=True)
-class Send:
-    topic: str
-    key: str
-    value: bytes
-    partition: int | None = None
 
 
 @dataclass
@@ -275,10 +268,7 @@ class GroupQueueProcessor:
             "refills": effect.refills if effect else 0, "reissues": effect.reissues if effect else 0,
             "created_ms": now_ms(), "trajectories": [],
         }
-        if mode == "val":
-            topic = self.topics.groups_validation
-        else:
-            topic = self.topics.groups_accepted if accepted else self.topics.groups_rejected
+        topic = self.topics.decision_topic(mode, accepted)
         value = REGISTRY.encode_with_tail_array(group, "TrajectoryGroup", members, "Trajectory")
         return Send(topic, group["group_key"], value)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from rollstream.workers.model import load_weights_into
+from rollstream.policy.model import load_weights_into
 
 log = logging.getLogger(__name__)
 

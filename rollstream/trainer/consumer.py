@@ -41,11 +41,13 @@ from pathlib import Path
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from rollstream.filtering.staleness import stale_decision
-from rollstream.metrics import process_metrics
+from rollstream.kafka.clients import assigned_consumer, make_producer
+from rollstream.kafka.events import dead_letter, decode_expected
+from rollstream.kafka.topics import Topics
+from rollstream.observability.metrics import process_metrics
+from rollstream.runtime import now_ms, worker_id
 from rollstream.schemas import encode
-from rollstream.topics import Topics
 from rollstream.trainer.batch import RolloutBatch, build_batch, check_group
-from rollstream.workers.base import assigned_consumer, dead_letter, decode_expected, make_producer, now_ms, worker_id
 
 log = logging.getLogger(__name__)
 

@@ -114,6 +114,7 @@ __all__ = [
     "AGG_TYPES",
     "CorrectionFilterConfig",
     "ISWeightConfig",
+    "METRIC_PREFIX",
     "TrainInferCorrectionConfig",
     "apply_correction_mask",
     "compute_train_infer_correction",
@@ -127,7 +128,7 @@ AGG_TYPES = ("token", "segment", "geometric", "sequence")
 
 _MONITOR_ORDER = ("token", "geometric", "sequence", "segment")  # the reference's key order
 _MEAN_EPS = 1e-8  # the reference's only epsilon, in mean denominators (h)
-_PREFIX = "actor/train_infer_"
+METRIC_PREFIX = "actor/train_infer_"  # every metric key of the correction starts so
 _F64 = torch.float64  # accumulator dtype of every sum
 
 AggType = Literal["token", "segment", "geometric", "sequence"]
@@ -262,9 +263,9 @@ def filter_metric_keys(
         seen.add(f.agg_type)
         keys: dict[str, Any] = {"index": i}
         if f.ratio_enabled:
-            keys["ratio"] = f"{_PREFIX}{tag}_ratio_mask_mean@sum"
+            keys["ratio"] = f"{METRIC_PREFIX}{tag}_ratio_mask_mean@sum"
         if f.diff_enabled:
-            keys["diff"] = f"{_PREFIX}{tag}_diff_mask_mean@sum"
+            keys["diff"] = f"{METRIC_PREFIX}{tag}_diff_mask_mean@sum"
         out.append(keys)
     return out
 
@@ -530,11 +531,11 @@ def compute_train_infer_correction(
     for agg in _MONITOR_ORDER:
         if agg in row_values:
             r_row, d_row = row_values[agg]
-            metric_values[f"{_PREFIX}ratio_{agg}_mean@sum"] = seq_mean_row_value(r_row)
-            metric_values[f"{_PREFIX}diff_{agg}_mean@sum"] = seq_mean_row_value(d_row)
+            metric_values[f"{METRIC_PREFIX}ratio_{agg}_mean@sum"] = seq_mean_row_value(r_row)
+            metric_values[f"{METRIC_PREFIX}diff_{agg}_mean@sum"] = seq_mean_row_value(d_row)
         else:
-            metric_values[f"{_PREFIX}ratio_{agg}_mean@sum"] = seq_mean_token_mean(ratio[agg])
-            metric_values[f"{_PREFIX}diff_{agg}_mean@sum"] = seq_mean_token_mean(diff[agg])
+            metric_values[f"{METRIC_PREFIX}ratio_{agg}_mean@sum"] = seq_mean_token_mean(ratio[agg])
+            metric_values[f"{METRIC_PREFIX}diff_{agg}_mean@sum"] = seq_mean_token_mean(diff[agg])
 
     def valid_frac(check: Tensor) -> Tensor:  # difference 2: valid tokens only, / G_t
         return (valid & check).sum().to(_F64) / G_t
@@ -578,10 +579,10 @@ def compute_train_infer_correction(
     kept = torch.sum(valid32 * fmask, dtype=_F64)
     total64 = total_valid.to(_F64)
     removed_frac = (total64 - kept) / total64.clamp(min=1.0)
-    metric_values[f"{_PREFIX}final_mask_mean"] = kept / (total64 + _MEAN_EPS)
-    metric_values[f"{_PREFIX}mask_collapse"] = (removed_frac > cfg.mask_collapse_threshold).to(_F64)
-    metric_values[f"{_PREFIX}all_masked"] = (kept == 0).to(_F64)
-    metric_values[f"{_PREFIX}nonfinite_frac@sum"] = nonfinite_valid.sum().to(_F64) / G_t
+    metric_values[f"{METRIC_PREFIX}final_mask_mean"] = kept / (total64 + _MEAN_EPS)
+    metric_values[f"{METRIC_PREFIX}mask_collapse"] = (removed_frac > cfg.mask_collapse_threshold).to(_F64)
+    metric_values[f"{METRIC_PREFIX}all_masked"] = (kept == 0).to(_F64)
+    metric_values[f"{METRIC_PREFIX}nonfinite_frac@sum"] = nonfinite_valid.sum().to(_F64) / G_t
 
     names = list(metric_values)
     # One device sync for all metrics; float32 rounding first, like the reference's float32 math.

@@ -18,9 +18,9 @@ from typing import Callable
 from kafka import KafkaConsumer
 
 from rollstream.exceptions import RollstreamError
-from rollstream.metrics import process_metrics
+from rollstream.kafka.topics import Topics
+from rollstream.observability.metrics import process_metrics
 from rollstream.schemas import decode
-from rollstream.topics import Topics
 
 
 def underfill_action(accepted: int, target: int, min_fill_ratio: float) -> str:

@@ -24,16 +24,19 @@ import torch
 from rollstream.trainer.batch import RolloutBatch
 from rollstream.trainer.checkpoint import CheckpointStore
 from rollstream.trainer.corrections import (
-    TrainInferCorrectionConfig, apply_correction_mask, compute_train_infer_correction, filter_metric_keys,
+    AGG_TYPES,
+    METRIC_PREFIX,
+    TrainInferCorrectionConfig,
+    apply_correction_mask,
+    compute_train_infer_correction,
+    filter_metric_keys,
 )
 from rollstream.trainer.grpo import PolicyLossConfig, train_step
 from rollstream.trainer.logprobs import response_log_probs
 
 log = logging.getLogger(__name__)
 
-METRIC_PREFIX = "actor/train_infer_"
 FINAL_MASK_KEY = f"{METRIC_PREFIX}final_mask_mean"
-AGG_TYPES = ("token", "segment", "geometric", "sequence")
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,7 @@ class PolicyTrainer:
                  model: torch.nn.Module | None = None, device: str | None = None,
                  checkpoints: CheckpointStore | None = None, tokenizer=None) -> None:
         if model is None:
-            from rollstream.workers.model import load_model
+            from rollstream.policy.model import load_model
 
             tokenizer, model = load_model(device=device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model = model

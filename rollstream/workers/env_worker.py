@@ -18,16 +18,17 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from kafka.errors import CommitFailedError
-from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from rollstream.exceptions import EncodeError
-from rollstream.metrics import process_metrics
-from rollstream.policy_versions import PolicyFollower, PolicyVersionWatcher
+from rollstream.kafka.clients import assigned_consumer, commit_offsets, make_producer
+from rollstream.kafka.events import Output, SourceRecord, dead_letter, decode_expected
+from rollstream.kafka.offsets import OffsetTracker
+from rollstream.kafka.topics import Topics
+from rollstream.kafka.worker import StoppableLoop
+from rollstream.observability.metrics import process_metrics
+from rollstream.policy.versions import PolicyFollower, PolicyVersionWatcher
+from rollstream.runtime import worker_id
 from rollstream.schemas import encode
-from rollstream.topics import Topics
-from rollstream.workers.base import (
-    Output, StoppableLoop, assigned_consumer, dead_letter, decode_expected, make_producer, worker_id,
-)
 from rollstream.workers.envs import TextEnv, make_env, resolve_env
 from rollstream.workers.episodes import DEFAULT_MAX_CONTEXT_TOKENS, EpisodePlayer, Finished, identity_of
 from rollstream.workers.generation import GenerationBackend
@@ -42,6 +43,7 @@ POLICY_MAX_AGE_S = 1.0  # between turns, policy.versions is asked at most this o
 class _Source:
     """Where a request came from (the tag the player hands back)."""
 
+    topic: str
     partition: int
     offset: int
     key: bytes | None
@@ -96,34 +98,31 @@ class EnvWorker(StoppableLoop):
         self.dead_lettered = 0
         self.duplicates_skipped = 0
         self.stop_reasons: Counter[str] = Counter()
-        self._playing: dict[int, set[int]] = {}  # partition -> offsets whose trajectory is not out
-        self._next: dict[int, int] = {}  # partition -> offset after the last one read
-        self._committed: dict[int, int] = {}
+        self.offsets = OffsetTracker()  # pending: requests whose trajectory is not out yet
         self.consumer, self.partitions = assigned_consumer(
             bootstrap, group_id, self.input_topic, self.worker, max_concurrent_episodes, instance, instances)
         self.producer = make_producer(bootstrap, client_id=self.worker)
         self.policy = PolicyFollower(PolicyVersionWatcher(bootstrap, topics), backend) if follow_policy else None
 
-    def _dead_letter(self, msg, reason: str, error: str) -> Output:
+    def _dead_letter(self, source: SourceRecord, reason: str, error: str) -> Output:
         self.dead_lettered += 1
-        return dead_letter(self.topics, topic=msg.topic, partition=msg.partition, offset=msg.offset,
-                           key=msg.key, value=msg.value, reason=reason, error=error, worker=self.worker)
+        return dead_letter(self.topics, source, reason, error, self.worker)
 
     def _accept(self, msg) -> Output | None:
         """Start playing one polled message; returns a dead letter when it cannot be played."""
-        self._next[msg.partition] = msg.offset + 1
         process_metrics().events.labels("env").inc()
         _, record, problem = decode_expected(msg.value, ("EpisodeRequest",))
         if problem is not None:
+            self.offsets.read(msg.partition, msg.offset, pending=False)
             return self._dead_letter(msg, *problem)
-        source = _Source(msg.partition, msg.offset, msg.key, msg.value)
+        source = _Source(msg.topic, msg.partition, msg.offset, msg.key, msg.value)
         try:
             started = self.player.submit(record, tag=source)
         except (ValueError, TypeError, KeyError) as exc:
+            self.offsets.read(msg.partition, msg.offset, pending=False)
             return self._dead_letter(msg, "invalid_event", f"unplayable EpisodeRequest: {exc!r}")
-        if started:
-            self._playing.setdefault(msg.partition, set()).add(msg.offset)
-        else:
+        self.offsets.read(msg.partition, msg.offset, pending=started)
+        if not started:
             self.duplicates_skipped += 1
         return None
 
@@ -135,12 +134,7 @@ class EnvWorker(StoppableLoop):
                 value = encode(rec, "Trajectory")
             except EncodeError as exc:  # a bug, but one bad record must not stop the worker
                 log.exception("trajectory %s does not encode", identity_of(rec))
-                src = done.tag
-                outputs.append(dead_letter(
-                    self.topics, topic=self.input_topic, partition=src.partition, offset=src.offset,
-                    key=src.key, value=src.value, reason="handler_error", error=f"EncodeError: {exc}",
-                    worker=self.worker))
-                self.dead_lettered += 1
+                outputs.append(self._dead_letter(done.tag, "handler_error", f"EncodeError: {exc}"))
                 continue
             self.producer.send(self.topics.trajectories, key=str(rec["group_id"]).encode(), value=value)
             self.emitted += 1
@@ -150,21 +144,13 @@ class EnvWorker(StoppableLoop):
         return outputs
 
     def _commit(self) -> None:
-        offsets = {}
-        for p, nxt in self._next.items():
-            playing = self._playing.get(p)
-            target = min(playing) if playing else nxt
-            if self._committed.get(p) != target:
-                offsets[TopicPartition(self.input_topic, p)] = OffsetAndMetadata(target, "", -1)
-        if not offsets:
-            return
+        offsets = self.offsets.to_commit()
         try:
-            self.consumer.commit(offsets)
+            commit_offsets(self.consumer, self.input_topic, offsets)
         except CommitFailedError as exc:
             log.warning("offset commit refused (%s); finished requests may be replayed", exc)
             return
-        for tp, om in offsets.items():
-            self._committed[tp.partition] = om.offset
+        self.offsets.committed(offsets)
 
     def run(self, max_idle_s: float | None = None) -> None:
         """Loop until stop() (or SIGTERM/SIGINT), or until no trajectory is playing and no
@@ -197,7 +183,7 @@ class EnvWorker(StoppableLoop):
                 if outputs or finished:
                     self.producer.flush()  # acknowledged before the offsets move past them
                 for done in finished:
-                    self._playing.get(done.tag.partition, set()).discard(done.tag.offset)
+                    self.offsets.done(done.tag.partition, done.tag.offset)
                 self._commit()
                 if got or self.player.active:
                     idle_since = time.monotonic()

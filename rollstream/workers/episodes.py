@@ -44,10 +44,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from rollstream.workers.base import now_ms
+from rollstream.policy.model import EOS_TOKEN, chat_prompt_ids, load_tokenizer
+from rollstream.runtime import now_ms
 from rollstream.workers.envs import StepResult, TextEnv, make_env
 from rollstream.workers.generation import FINISH_ERROR, GenerationBackend, SamplingParams
-from rollstream.workers.model import EOS_TOKEN, chat_prompt_ids, load_tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -20,10 +20,12 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import torch
 
 from rollstream.exceptions import ConfigError, RollstreamError
-from rollstream.policy_versions import PolicyFollower, PolicyVersionWatcher
-from rollstream.topics import Topics
-from rollstream.workers.base import EventWorker, Input, Output, now_ms
-from rollstream.workers.model import chat_prompt_ids, load_model, load_tokenizer, load_weights_into
+from rollstream.kafka.events import Input, Output
+from rollstream.kafka.topics import Topics
+from rollstream.kafka.worker import EventWorker
+from rollstream.policy.model import chat_prompt_ids, load_model, load_tokenizer, load_weights_into
+from rollstream.policy.versions import PolicyFollower, PolicyVersionWatcher
+from rollstream.runtime import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -297,7 +299,7 @@ class TransformersBackend:
         """Load new weights (model folder, or a ``.safetensors``/``.pt`` state dict) into the
         live model and set ``policy_version``. A bad file leaves the old weights in place.
         Raises FileNotFoundError, or RollstreamError on a key/shape mismatch
-        (see rollstream.workers.model.load_weights_into)."""
+        (see rollstream.policy.model.load_weights_into)."""
         load_weights_into(self.model, path)
         self.policy_version = int(version)
 
@@ -317,7 +319,7 @@ class VLLMBackend:
             )
         from vllm import LLM
 
-        from rollstream.workers.model import ensure_model_cache
+        from rollstream.policy.model import ensure_model_cache
 
         self._model_dir = str(model_dir if model_dir is not None else ensure_model_cache())
         self._llm_kwargs = llm_kwargs

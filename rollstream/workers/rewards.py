@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 from rollstream.data import last_boxed
-from rollstream.topics import Topics
-from rollstream.workers.base import EventWorker, Input, Output
-
+from rollstream.kafka.events import Input, Output
+from rollstream.kafka.topics import Topics
+from rollstream.kafka.worker import EventWorker
 
 NAN = float("nan")
 MATH_VERIFY_TIMEOUT_S = 5  # per parse / per comparison, main thread only (signal.alarm, int s)

@@ -13,10 +13,10 @@ import pytest
 import torch
 import yaml
 
+from rollstream.app.run import run_pipeline
 from rollstream.config import AgenticConfig, parse_config
-from rollstream.readback import read_topic, read_values
-from rollstream.run import run_pipeline
-from rollstream.topics import Topics
+from rollstream.kafka.topics import Topics
+from rollstream.tools.readback import read_topic, read_values
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -26,7 +26,7 @@ MAX_TOKENS_PER_STEP = 8
 MAX_REPLACED = 6
 FORMAT_PENALTY = -0.1
 
-# every key of the RLVR summary (rollstream.run.summarize_rlvr) ...
+# every key of the RLVR summary (rollstream.app.run.summarize_rlvr) ...
 RLVR_KEYS = {
     "outcome", "detail", "elapsed_seconds", "prompts_admitted", "responses_generated", "replacement_requests",
     "replacement_responses_requested", "groups_accepted", "groups_rejected", "domains", "batches",

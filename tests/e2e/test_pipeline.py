@@ -9,10 +9,10 @@ import uuid
 
 import pytest
 
+from rollstream.app.run import run_pipeline
 from rollstream.config import parse_config
-from rollstream.readback import read_values
-from rollstream.run import run_pipeline
-from rollstream.topics import Topics
+from rollstream.kafka.topics import Topics
+from rollstream.tools.readback import read_values
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

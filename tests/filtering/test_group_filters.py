@@ -10,7 +10,11 @@ import pytest
 from rollstream.config import DEFAULT_GROUP_FILTER, EnvManagerConfig
 from rollstream.exceptions import ConfigError
 from rollstream.filtering import (
-    DropFlagGroupFilter, EnvFailureStdGroupFilter, GroupFilter, UnknownFilterError, filter_group,
+    DropFlagGroupFilter,
+    EnvFailureStdGroupFilter,
+    GroupFilter,
+    UnknownFilterError,
+    filter_group,
     load_group_filter,
 )
 

@@ -8,8 +8,19 @@ from pathlib import Path
 import pytest
 
 from rollstream.filtering.group_queue import (
-    Duplicate, GroupDecided, Late, QueueDone, QueueParams, QueueState, RedundancySaved, SetAside, StartRun,
-    Verdict, on_tick, on_trajectory, start,
+    Duplicate,
+    GroupDecided,
+    Late,
+    QueueDone,
+    QueueParams,
+    QueueState,
+    RedundancySaved,
+    SetAside,
+    StartRun,
+    Verdict,
+    on_tick,
+    on_trajectory,
+    start,
 )
 
 VECTORS = json.loads((Path(__file__).parents[1] / "vectors" / "roll_reference_vectors.json").read_text())

@@ -7,7 +7,13 @@ import math
 import pytest
 
 from rollstream.filtering.prompt_state import (
-    Decided, DomainFilters, DuplicateResponse, Replacement, ResponseAccepted, ResponseRejected, step,
+    Decided,
+    DomainFilters,
+    DuplicateResponse,
+    Replacement,
+    ResponseAccepted,
+    ResponseRejected,
+    step,
 )
 
 STD0 = {"type": "std_filter", "filter_args": {"std_threshold": 0.0}}

@@ -12,12 +12,12 @@ from typing import Callable
 import yaml
 from kafka import KafkaConsumer, TopicPartition
 
-from rollstream.readback import read_values
-from rollstream.run import StageProcesses
+from rollstream.app.run import StageProcesses
+from rollstream.app.stages import Stage
+from rollstream.kafka.clients import make_producer, wait_for_partitions
+from rollstream.kafka.topics import Topics
 from rollstream.schemas import decode, encode
-from rollstream.stages import Stage
-from rollstream.topics import Topics
-from rollstream.workers.base import make_producer, wait_for_partitions
+from rollstream.tools.readback import read_values
 
 DOMAIN = "synth"
 

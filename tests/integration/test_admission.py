@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from rollstream.readback import read_values
-from rollstream.stages import Stage
-from rollstream.topics import Topics
+from rollstream.app.stages import Stage
+from rollstream.kafka.topics import Topics
+from rollstream.tools.readback import read_values
 
 from .harness import SyntheticRollout, produce, prompt, start_stages, wait_for, write_config
 

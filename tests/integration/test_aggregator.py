@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from kafka.partitioner.default import murmur2
 
-from rollstream.readback import read_values
+from rollstream.app.stages import Stage
+from rollstream.kafka.clients import make_producer
 from rollstream.schemas import encode
-from rollstream.stages import Stage
-from rollstream.workers.base import make_producer
+from rollstream.tools.readback import read_values
 
 from .harness import produce, response, start_stages, wait_for, write_config
 

@@ -10,17 +10,9 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 
-from rollstream.broker import (
-    EmbeddedBroker,
-    check_copartitioned,
-    create_topics,
-    daemon_status,
-    metadata_ready,
-    start_daemon,
-    stop_daemon,
-    topic_partitions,
-)
 from rollstream.exceptions import TopicPartitionsMismatch
+from rollstream.kafka.admin import check_copartitioned, create_topics, metadata_ready, topic_partitions
+from rollstream.kafka.broker import EmbeddedBroker, daemon_status, start_daemon, stop_daemon
 
 pytestmark = pytest.mark.integration
 

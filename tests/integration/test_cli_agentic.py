@@ -9,8 +9,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from rollstream.cli import app
-from rollstream.readback import read_values
+from rollstream.app.cli import app
+from rollstream.tools.readback import read_values
 
 pytestmark = pytest.mark.integration
 

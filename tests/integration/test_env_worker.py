@@ -11,9 +11,9 @@ import pytest
 import torch
 from kafka import KafkaConsumer, TopicPartition
 
-from rollstream.readback import read_topic, read_values
+from rollstream.kafka.clients import make_producer
 from rollstream.schemas import encode
-from rollstream.workers.base import make_producer
+from rollstream.tools.readback import read_topic, read_values
 from rollstream.workers.env_worker import EnvWorker
 from rollstream.workers.generation import TransformersBackend
 
@@ -178,9 +178,9 @@ def test_the_env_worker_loads_the_published_policy_before_new_requests_and_stamp
                                                                                         tmp_path):
     """A checkpoint published as version 1 (weights visibly moved) is loaded before the request
     that follows it is played; the trajectory says version 1."""
-    from rollstream.policy_versions import PolicyPublisher
+    from rollstream.policy.model import load_model
+    from rollstream.policy.versions import PolicyPublisher
     from rollstream.trainer.checkpoint import CheckpointStore
-    from rollstream.workers.model import load_model
 
     topics = topic_factory(["episodes.requests", "trajectories", "dead-letter", "policy.versions"])
     _, trained = load_model()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from rollstream.broker import create_topics
-from rollstream.readback import read_values
-from rollstream.workers.base import EventWorker, make_producer
+from rollstream.kafka.admin import create_topics
+from rollstream.kafka.clients import make_producer
+from rollstream.kafka.worker import EventWorker
+from rollstream.tools.readback import read_values
 
 from .harness import produce, prompt
 

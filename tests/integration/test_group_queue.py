@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from rollstream.app.producer import start_env_groups
+from rollstream.app.stages import Stage
 from rollstream.config import load_config
-from rollstream.producer import start_env_groups
-from rollstream.readback import read_values
-from rollstream.stages import Stage
+from rollstream.tools.readback import read_values
 
 from .harness import SyntheticEnvs, start_stages, wait_for, write_agentic_config
 
@@ -143,7 +143,7 @@ def test_a_killed_env_workers_runs_are_reissued_after_the_deadline(kafka_broker,
     (group,) = read_values(kafka_broker, topics.groups_accepted)
     assert (group["group_key"], group["reissues"]) == ("train/0/0", 1)
     assert sorted(t["traj_index"] for t in group["trajectories"]) == [2, 3]  # the reissues, runs 0-1 never ran
-    from rollstream.readback import read_topic
+    from rollstream.tools.readback import read_topic
     placed = {(r.value["traj_index"], r.value["cause"], r.partition)
               for r in read_topic(kafka_broker, topics.episodes_requests)}
     assert placed == {(0, "start", home), (1, "start", home), (2, "reissue", 1 - home), (3, "reissue", 1 - home)}
@@ -153,7 +153,7 @@ def test_hopeless_environment_ends_the_run_with_batch_underfilled(kafka_broker, 
     """Every run fails and every group id spends its replacement budget: once all have stopped,
     the trainer gets the underfilled verdict and the run ends with outcome batch_underfilled
     (no hang, no crash), with the rejections counted by reason."""
-    from rollstream.run import run_pipeline
+    from rollstream.app.run import run_pipeline
 
     topics = topic_factory(partitions=1)
     path = write_agentic_config(
@@ -174,10 +174,10 @@ def test_group_queue_state_survives_a_killed_worker(kafka_broker, topic_factory,
     """Run 0 of the episode arrives and is stored; the group-queue worker is SIGKILLed; a new one
     restores the table from its changelog, and when run 1 arrives the group is emitted exactly
     once with both runs (run 0 never re-played)."""
-    from rollstream.readback import read_topic
+    from rollstream.kafka import names
+    from rollstream.kafka.clients import make_producer
     from rollstream.schemas import encode
-    from rollstream.streams import names
-    from rollstream.workers.base import make_producer
+    from rollstream.tools.readback import read_topic
 
     from .harness import synthetic_trajectory
 

@@ -11,9 +11,9 @@ import urllib.request
 
 import pytest
 
-from rollstream.readback import read_values
-from rollstream.run import StageProcesses
-from rollstream.stages import Stage
+from rollstream.app.run import StageProcesses
+from rollstream.app.stages import Stage
+from rollstream.tools.readback import read_values
 
 from .harness import SyntheticRollout, produce, prompt, wait_for, write_config
 
@@ -29,7 +29,7 @@ def free_port() -> int:
 
 
 def stats(bootstrap: str, prefix: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "rollstream.cli", "stats", "-b", bootstrap, "--prefix", prefix,
+    out = subprocess.run([sys.executable, "-m", "rollstream", "stats", "-b", bootstrap, "--prefix", prefix,
                           "--json"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
@@ -65,6 +65,6 @@ def test_workers_expose_and_publish_exact_metrics(kafka_broker, topic_factory, t
     assert view["units"]["response"]["accepted"] == 16.0 and view["units"]["prompt"]["accepted"] == 4.0
     assert view["in_flight"] == {"prompts": 0.0}
     assert view["reward"] == {"all": round(5 / 16, 4), "accepted": round(5 / 12, 4)}  # p1 adds 0 of 4
-    wrong = subprocess.run([sys.executable, "-m", "rollstream.cli", "stats", "-b", kafka_broker, "--prefix", "nope."],
+    wrong = subprocess.run([sys.executable, "-m", "rollstream", "stats", "-b", kafka_broker, "--prefix", "nope."],
                            capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 2 and "does not exist" in wrong.stderr

@@ -10,14 +10,15 @@ import threading
 import pytest
 import torch
 
-from rollstream.policy_versions import PolicyFollower, PolicyPublisher, PolicyVersionWatcher
-from rollstream.readback import read_values
+from rollstream.kafka.clients import make_producer
+from rollstream.kafka.worker import EventWorker
+from rollstream.policy.versions import PolicyFollower, PolicyPublisher, PolicyVersionWatcher
 from rollstream.schemas import encode
+from rollstream.tools.readback import read_values
 from rollstream.trainer.checkpoint import CheckpointStore
 from rollstream.trainer.consumer import BatchBuilder
 from rollstream.trainer.corrections import parse_correction_config
 from rollstream.trainer.policy import PolicyTrainer, TrainSettings
-from rollstream.workers.base import EventWorker, make_producer
 from rollstream.workers.generation import GenerationWorker, SamplingParams, TransformersBackend
 
 from .harness import wait_for

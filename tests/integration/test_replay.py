@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from rollstream.readback import read_topic
+from rollstream.kafka.clients import make_producer
 from rollstream.schemas import encode
-from rollstream.workers.base import make_producer
+from rollstream.tools.readback import read_topic
 
 from .test_trainer_consumer import group_record
 
@@ -40,7 +40,7 @@ def produce_rejections(bootstrap: str, topic: str) -> None:
 
 
 def cli(*args: str, timeout: float = 60) -> list[dict]:
-    out = subprocess.run([sys.executable, "-m", "rollstream.cli", "replay", *args], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "rollstream", "replay", *args], capture_output=True, text=True,
                          timeout=timeout)
     assert out.returncode == 0, out.stderr
     return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
@@ -73,7 +73,7 @@ def test_replay_selects_what_was_filtered_and_why(kafka_broker, topic_factory):
 
 def test_replay_follow_reads_new_events_live(kafka_broker, topic_factory):
     topics = topic_factory(["groups.rejected"])
-    proc = subprocess.Popen([sys.executable, "-m", "rollstream.cli", "replay", "groups.rejected", "-b", kafka_broker,
+    proc = subprocess.Popen([sys.executable, "-m", "rollstream", "replay", "groups.rejected", "-b", kafka_broker,
                              "--prefix", topics.prefix, "--follow", "--limit", "2", "-w", "reason=zero_std"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -87,8 +87,8 @@ def test_replay_follow_reads_new_events_live(kafka_broker, topic_factory):
 
 def test_replay_rejects_bad_input_with_a_clear_error(kafka_broker, topic_factory):
     topic_factory(["groups.rejected"])  # under the t-... prefix; the default prefix's topic is created here:
-    from rollstream.broker import create_topics
-    from rollstream.topics import Topics
+    from rollstream.kafka.admin import create_topics
+    from rollstream.kafka.topics import Topics
 
     create_topics(kafka_broker, {Topics().groups_rejected: (1, False)})
     for args, message in ((("groups.rejected", "-w", "reason"), "bad predicate"),
@@ -97,10 +97,10 @@ def test_replay_rejects_bad_input_with_a_clear_error(kafka_broker, topic_factory
                           (("groups.rejected", "-f", "xml"), "jsonl or table"),
                           (("groups.rejected", "--limit", "0"), "--limit must be >= 1"),
                           (("groups.rejected", "-p", "9"), "has no partition [9]")):
-        out = subprocess.run([sys.executable, "-m", "rollstream.cli", "replay", *args, "-b", kafka_broker],
+        out = subprocess.run([sys.executable, "-m", "rollstream", "replay", *args, "-b", kafka_broker],
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and message in " ".join(out.stderr.split()), out.stderr
     # a field no event has: zero records, and a hint why
-    out = subprocess.run([sys.executable, "-m", "rollstream.cli", "replay", "groups.rejected", "-b", kafka_broker,
+    out = subprocess.run([sys.executable, "-m", "rollstream", "replay", "groups.rejected", "-b", kafka_broker,
                           "-w", "reasn=zero_std"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "0 records" in out.stderr

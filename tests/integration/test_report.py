@@ -13,9 +13,9 @@ import sys
 import matplotlib.image as mpimg
 import pytest
 
-from rollstream.policy_versions import PolicyPublisher
+from rollstream.kafka.clients import make_producer
+from rollstream.policy.versions import PolicyPublisher
 from rollstream.schemas import encode
-from rollstream.workers.base import make_producer
 
 from .harness import write_config
 from .test_trainer_consumer import group_record
@@ -59,7 +59,7 @@ def test_report_renders_in_headless_chromium_with_six_non_empty_plots(kafka_brok
     record_a_run(kafka_broker, topics)
     config = write_config(tmp_path, topics, 1)
     out = tmp_path / "report.html"
-    proc = subprocess.run([sys.executable, "-m", "rollstream.cli", "report", "-c", str(config), "-b", kafka_broker,
+    proc = subprocess.run([sys.executable, "-m", "rollstream", "report", "-c", str(config), "-b", kafka_broker,
                            "-o", str(out)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     page = out.read_text()
@@ -68,7 +68,7 @@ def test_report_renders_in_headless_chromium_with_six_non_empty_plots(kafka_brok
         ("batch_fill_times", "true"), ("mask_fractions", "true"), ("policy_lag", "true")]
     assert "<td>5</td>" in page and "<td>0.600</td>" in page  # 5 groups decided, 3 accepted
     assert "6 plots, 6 with data" in proc.stdout
-    elsewhere = subprocess.run([sys.executable, "-m", "rollstream.cli", "report", "-c", str(config), "-b", kafka_broker,
+    elsewhere = subprocess.run([sys.executable, "-m", "rollstream", "report", "-c", str(config), "-b", kafka_broker,
                                 "-o", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert elsewhere.returncode == 2 and "is a directory" in " ".join(elsewhere.stderr.split())
     for png in re.findall(r'src="data:image/png;base64,([^"]+)"', page):

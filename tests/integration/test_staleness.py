@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from rollstream.policy_versions import PolicyPublisher
-from rollstream.readback import read_values
-from rollstream.stages import Stage
-from rollstream.topics import Topics
+from rollstream.app.stages import Stage
+from rollstream.kafka.topics import Topics
+from rollstream.policy.versions import PolicyPublisher
+from rollstream.tools.readback import read_values
 
 from .harness import Responder, produce, prompt, response, start_stages, wait_for, write_config
 

@@ -9,9 +9,9 @@ import uuid
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
+from rollstream.kafka.clients import make_producer
 from rollstream.schemas import decode, encode
 from rollstream.trainer.consumer import BatchBuilder
-from rollstream.workers.base import make_producer
 
 pytestmark = pytest.mark.integration
 

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from rollstream.readback import read_values
+from rollstream.tools.readback import read_values
 from rollstream.trainer.checkpoint import CheckpointStore
 from rollstream.trainer.consumer import BatchBuilder
 from rollstream.trainer.corrections import TrainInferCorrectionConfig
 from rollstream.trainer.policy import PolicyTrainer, TrainSettings
 
-from .harness import wait_for, write_config
 from ..trainer.tiny_model import tiny_model
+from .harness import wait_for, write_config
 from .test_trainer_consumer import produce
 
 pytestmark = pytest.mark.integration
@@ -86,7 +86,7 @@ def test_sigkilled_trainer_processes_train_every_group_exactly_once(kafka_broker
         log = tmp_path / f"trainer-{len(logs)}.log"
         logs.append(log)
         with open(log, "wb") as out:
-            return subprocess.Popen([sys.executable, "-m", "rollstream.cli", "worker", "trainer", "--config", str(config),
+            return subprocess.Popen([sys.executable, "-m", "rollstream", "worker", "trainer", "--config", str(config),
                                      "--bootstrap", kafka_broker], cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT)
 
     def alive(proc: subprocess.Popen) -> bool:

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from rollstream.readback import read_values
-from rollstream.stages import Stage
+from rollstream.app.stages import Stage
+from rollstream.tools.readback import read_values
 from rollstream.trainer.batch import build_batch
 
 from .harness import SyntheticRollout, count, produce, prompt, start_stages, wait_for, write_config
@@ -26,7 +26,7 @@ REWARDS = {"p0": [1, 0, 0, 0], "p1": [0.2, 0.1, 0.1, 0.1], "p2": [0, 0, 0, 0], "
 
 def whatif(config, bootstrap: str, tmp_path, name: str) -> dict:
     out = tmp_path / f"{name}.json"
-    proc = subprocess.run([sys.executable, "-m", "rollstream.cli", "whatif", "-c", str(config), "-b", bootstrap,
+    proc = subprocess.run([sys.executable, "-m", "rollstream", "whatif", "-c", str(config), "-b", bootstrap,
                            "--json", str(out)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return json.loads(out.read_text())
@@ -66,7 +66,7 @@ def test_whatif_is_deterministic_and_exact(kafka_broker, topic_factory, tmp_path
     assert sorted((c["group_key"], c["actual"], c["alternative"]) for c in changed) == expected == [
         ("p1", "accepted", "zero_std"), ("p3", "accepted", "zero_std"), ("p5", "accepted", "zero_std")]
     # a prefix without a recorded run is an error, not a table of zeros
-    nothing = subprocess.run([sys.executable, "-m", "rollstream.cli", "whatif", "-c", str(config), "-b", kafka_broker,
+    nothing = subprocess.run([sys.executable, "-m", "rollstream", "whatif", "-c", str(config), "-b", kafka_broker,
                               "--prefix", "nothing-here."], capture_output=True, text=True, timeout=120)
     assert nothing.returncode == 2 and "no recorded rlvr train groups" in " ".join(nothing.stderr.split())
     # offline: the topics hold exactly what they held
@@ -75,7 +75,7 @@ def test_whatif_is_deterministic_and_exact(kafka_broker, topic_factory, tmp_path
     # peer scenario 15: the recorded responses, replayed into a fresh aggregator (sandbox prefix,
     # same config), give the same split, group ids and reasons ...
     sandbox = topic_factory(partitions=2)
-    replayed = subprocess.run([sys.executable, "-m", "rollstream.cli", "replay", "responses.rewarded", "-b",
+    replayed = subprocess.run([sys.executable, "-m", "rollstream", "replay", "responses.rewarded", "-b",
                                kafka_broker, "--prefix", topics.prefix, "--to-topic", sandbox.responses_rewarded],
                               capture_output=True, text=True, timeout=120)
     assert replayed.returncode == 0, replayed.stderr

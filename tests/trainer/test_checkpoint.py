@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from rollstream.exceptions import RollstreamError
+from rollstream.policy.model import load_weights_into
 from rollstream.trainer.batch import build_batch
 from rollstream.trainer.checkpoint import STATE_FILE, CheckpointStore
 from rollstream.trainer.corrections import TrainInferCorrectionConfig
 from rollstream.trainer.policy import PolicyTrainer, TrainSettings
-from rollstream.workers.model import load_weights_into
 
 from .tiny_model import tiny_model
 

@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
+from rollstream.policy.model import chat_prompt_ids, load_model
 from rollstream.trainer.batch import build_batch
 from rollstream.trainer.grpo import PolicyLossConfig, policy_loss, train_step
 from rollstream.trainer.logprobs import response_log_probs
 from rollstream.workers.generation import SamplingParams
-from rollstream.workers.model import chat_prompt_ids, load_model
 
 
 def tensors(ratios, advantages, mask):

@@ -9,11 +9,11 @@ import json
 import pytest
 import torch
 
+from rollstream.policy.model import chat_prompt_ids
 from rollstream.trainer.batch import build_batch
 from rollstream.trainer.logprobs import response_log_probs
 from rollstream.workers.episodes import EpisodePlayer
 from rollstream.workers.generation import SamplingParams, TransformersBackend
-from rollstream.workers.model import chat_prompt_ids
 
 TOL = 2e-3  # same weights, different batch shapes: float32 reduction-order noise only
 

@@ -9,15 +9,15 @@ import time
 
 import pytest
 
+from rollstream.policy.model import chat_prompt_ids
 from rollstream.schemas import decode, encode
+from rollstream.workers.envs import GymFrozenLake
 from rollstream.workers.episodes import (
     EpisodePlayer,
     identity_of,
     turn_seed,
 )
-from rollstream.workers.envs import GymFrozenLake
 from rollstream.workers.generation import FINISH_ERROR, Sample, SamplingParams, TransformersBackend
-from rollstream.workers.model import chat_prompt_ids
 
 from .fault_envs import SlowEnv
 

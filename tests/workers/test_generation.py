@@ -10,20 +10,10 @@ import pytest
 import torch
 
 from rollstream.exceptions import ConfigError, RollstreamError
-from rollstream.schemas import decode, encode
-from rollstream.topics import Topics
-from rollstream.workers import model as model_mod
-from rollstream.workers.base import Input
-from rollstream.workers.generation import (
-    GenerationBackend,
-    GenerationWorker,
-    Sample,
-    SamplingParams,
-    TransformersBackend,
-    VLLMBackend,
-    make_backend,
-)
-from rollstream.workers.model import (
+from rollstream.kafka.events import Input
+from rollstream.kafka.topics import Topics
+from rollstream.policy import model as model_mod
+from rollstream.policy.model import (
     EOS_TOKEN,
     IM_START,
     chat_prompt_ids,
@@ -32,6 +22,16 @@ from rollstream.workers.model import (
     gguf_path,
     load_model,
     load_tokenizer,
+)
+from rollstream.schemas import decode, encode
+from rollstream.workers.generation import (
+    GenerationBackend,
+    GenerationWorker,
+    Sample,
+    SamplingParams,
+    TransformersBackend,
+    VLLMBackend,
+    make_backend,
 )
 
 MAX_NEW = 8

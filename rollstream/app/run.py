@@ -26,17 +26,13 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from rollstream.app.stages import Stage, groups_per_batch, pipeline_stages, preflight, start_metrics, start_training
 from rollstream.config import AgenticConfig, Config, RLVRConfig
-from rollstream.exceptions import RollstreamError
-from rollstream.readback import filter_decisions, read_values
-from rollstream.stages import Stage, groups_per_batch, pipeline_stages, preflight, start_metrics, start_training
-from rollstream.stats import pass_at_k
-from rollstream.topics import Topics
+from rollstream.exceptions import StageDied
+from rollstream.kafka.topics import Topics
+from rollstream.tools.readback import filter_decisions, read_values
+from rollstream.tools.stats import pass_at_k
 from rollstream.trainer.loop import AgenticBatchEvents, BatchEvents, LoopResult, build_batches
-
-
-class StageDied(RollstreamError):
-    """A stage process exited while the run needed it."""
 
 
 class StageProcesses:
@@ -56,7 +52,7 @@ class StageProcesses:
             name = f"{stage.value}-{n}"
         with open(self.log_dir / f"{name}.log", "wb") as log:  # the child keeps its own copy
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "rollstream.cli", "worker", stage.value,
+                [sys.executable, "-m", "rollstream", "worker", stage.value,
                  "--config", str(self.config_path), "--bootstrap", self.bootstrap, *extra_args],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
@@ -85,7 +81,8 @@ class StageProcesses:
 def run_pipeline(config: Config, summary_json: Path | None = None, console: Console | None = None,
                  run_dir: Path | None = None) -> dict:
     """Run the pipeline; returns the summary dict (also written to ``summary_json``)."""
-    from rollstream.broker import EmbeddedBroker, wait_for_broker
+    from rollstream.kafka.admin import wait_for_broker
+    from rollstream.kafka.broker import EmbeddedBroker
 
     console = console or Console()
     preflight(config)  # a bad env type or group filter fails now, before the broker starts
@@ -130,8 +127,8 @@ def run_pipeline(config: Config, summary_json: Path | None = None, console: Cons
 
 def _build(config: Config, bootstrap: str, topics: Topics, stages: StageProcesses, run_dir: Path,
            console: Console, started: float) -> LoopResult:
-    from rollstream.broker import create_topics
-    from rollstream.producer import produce_prompts, start_env_groups
+    from rollstream.app.producer import produce_prompts, start_env_groups
+    from rollstream.kafka.admin import create_topics
     from rollstream.trainer.consumer import BatchBuilder
 
     create_topics(bootstrap, topics.all(config.kafka.partitions))

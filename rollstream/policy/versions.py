@@ -16,13 +16,17 @@ from typing import Protocol
 from kafka import KafkaConsumer, TopicPartition
 
 from rollstream.exceptions import RollstreamError
+from rollstream.kafka.clients import make_producer
+from rollstream.kafka.topics import Topics
+from rollstream.runtime import now_ms, worker_id
 from rollstream.schemas import decode, encode
-from rollstream.topics import Topics
-from rollstream.workers.base import make_producer, now_ms, worker_id
 
 log = logging.getLogger(__name__)
 
 POLICY_KEY = b"policy"
+STALENESS_VERSION_MAX_AGE_S = 0.2
+"""A stream processor's staleness check may use a policy version this old: one broker round-trip
+per 0.2 s instead of one per event."""
 
 
 STEP_SCALARS = ("fill_seconds", "accepted_groups", "loss", "reward_mean", "final_mask_mean", "grad_norm",

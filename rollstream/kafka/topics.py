@@ -39,16 +39,10 @@ class Topics:
     prefix: str = DEFAULT_PREFIX
 
     def name(self, logical: str) -> str:
+        """The full name of a logical topic; KeyError names the known ones."""
         if logical not in TOPICS:
             raise KeyError(f"unknown topic {logical!r}; known: {sorted(TOPICS)}")
         return f"{self.prefix}{logical}"
-
-    def __getattr__(self, attr: str) -> str:
-        # topics.responses_rewarded -> "rollstream.responses.rewarded"
-        logical = attr.replace("_", ".").replace("dead.letter", "dead-letter")
-        if logical in TOPICS:
-            return self.name(logical)
-        raise AttributeError(attr)
 
     def all(self, partitions: int) -> dict[str, tuple[int, bool]]:
         """Full name -> (partition count, compacted) for topic creation."""
@@ -56,3 +50,27 @@ class Topics:
             self.name(t): (partitions if cls == "rlvr" else 1, compacted)
             for t, (cls, compacted) in TOPICS.items()
         }
+
+    def decision_topic(self, mode: str, accepted: bool) -> str:
+        """Where a decided group goes: validation groups to ``groups.validation`` whatever the
+        decision (they bypass the filters' consequences), train groups to ``groups.accepted`` or
+        ``groups.rejected``."""
+        if mode == "val":
+            return self.groups_validation
+        return self.groups_accepted if accepted else self.groups_rejected
+
+    prompts = property(lambda self: self.name("prompts"))
+    generation_requests = property(lambda self: self.name("generation.requests"))
+    responses = property(lambda self: self.name("responses"))
+    responses_rewarded = property(lambda self: self.name("responses.rewarded"))
+    groups_accepted = property(lambda self: self.name("groups.accepted"))
+    groups_rejected = property(lambda self: self.name("groups.rejected"))
+    groups_validation = property(lambda self: self.name("groups.validation"))
+    prompt_outcomes = property(lambda self: self.name("prompt.outcomes"))
+    episodes_control = property(lambda self: self.name("episodes.control"))
+    episodes_requests = property(lambda self: self.name("episodes.requests"))
+    trajectories = property(lambda self: self.name("trajectories"))
+    batches = property(lambda self: self.name("batches"))
+    policy_versions = property(lambda self: self.name("policy.versions"))
+    metrics = property(lambda self: self.name("metrics"))
+    dead_letter = property(lambda self: self.name("dead-letter"))

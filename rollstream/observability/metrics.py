@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from rollstream.filtering.prompt_state import Decided, Replacement, ResponseAccepted, ResponseRejected
+from rollstream.runtime import now_ms, worker_id
 from rollstream.schemas import encode
-from rollstream.topics import Topics
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class WorkerMetrics:
                                     buckets=(1, 5, 10, 30, 60, 120, 300, 600, 1800))
         self.events = Counter("rollstream_events", "Events handled", ["stage"], registry=r)
         self._producer = None
-        self._topics: Topics | None = None
+        self._topic = ""
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -69,8 +70,6 @@ class WorkerMetrics:
 
     def prompt_effects(self, effects: Iterable, mode: str) -> None:
         """The aggregator's per-prompt effects (rollstream.filtering.prompt_state)."""
-        from rollstream.filtering.prompt_state import Decided, Replacement, ResponseAccepted, ResponseRejected
-
         for effect in effects:
             if isinstance(effect, ResponseAccepted):
                 self.decision("response", True, "accepted")
@@ -115,28 +114,26 @@ class WorkerMetrics:
     def publish(self) -> int:
         """Send one snapshot to the ``metrics`` topic; returns the samples sent (0 before
         ``start_publishing`` connected)."""
-        from rollstream.workers.base import now_ms
-
         producer = self._producer
         if producer is None:
             return 0
         records = self.snapshot(now_ms())
         for record in records:
-            producer.send(self._topics.metrics, key=self.worker.encode(), value=encode(record, "Metric"))
+            producer.send(self._topic, key=self.worker.encode(), value=encode(record, "Metric"))
         producer.flush()
         return len(records)
 
-    def start_publishing(self, bootstrap: str, topics: Topics, interval_s: float = SNAPSHOT_INTERVAL_S) -> None:
-        """Publish a snapshot every ``interval_s``, and a last one at ``close()``, from a daemon
-        thread that also connects (so a slow or absent broker never blocks the caller)."""
-        from rollstream.workers.base import make_producer
-
-        self._topics = topics
+    def start_publishing(self, connect: Callable[[], Any], topic: str,
+                         interval_s: float = SNAPSHOT_INTERVAL_S) -> None:
+        """Publish a snapshot to ``topic`` every ``interval_s``, and a last one at ``close()``,
+        from a daemon thread that also calls ``connect()`` for its producer (a kafka-python
+        KafkaProducer), so a slow or absent broker never blocks the caller."""
+        self._topic = topic
         self._stop = stop = threading.Event()  # one per publishing period (a process may run twice)
 
         def loop() -> None:
             try:
-                self._producer = make_producer(bootstrap, client_id=f"{self.worker}-metrics")
+                self._producer = connect()
                 while not stop.wait(interval_s):
                     self._publish_logged()
                 self._publish_logged()
@@ -170,7 +167,5 @@ def process_metrics(worker: str | None = None) -> WorkerMetrics:
     """This process's WorkerMetrics (created on first use; ``worker`` names it then)."""
     global _PROCESS
     if _PROCESS is None:
-        from rollstream.workers.base import worker_id
-
         _PROCESS = WorkerMetrics(worker or worker_id("worker"))
     return _PROCESS

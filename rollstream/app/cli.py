@@ -35,7 +35,7 @@ def _fail(exc: Exception) -> None:
 @broker_app.command("start")
 def broker_start(data_dir: Path = DATA_DIR_OPT, port: Optional[int] = typer.Option(None, help="Client port; free one when omitted.")) -> None:
     """Start a broker that keeps running after this command; prints its bootstrap address."""
-    from rollstream.broker import start_daemon
+    from rollstream.kafka.broker import start_daemon
 
     try:
         state = start_daemon(data_dir, port=port)
@@ -47,7 +47,7 @@ def broker_start(data_dir: Path = DATA_DIR_OPT, port: Optional[int] = typer.Opti
 @broker_app.command("stop")
 def broker_stop(data_dir: Path = DATA_DIR_OPT) -> None:
     """Stop the broker started with `broker start` (no JVM is left behind)."""
-    from rollstream.broker import stop_daemon
+    from rollstream.kafka.broker import stop_daemon
 
     console.print("broker stopped" if stop_daemon(data_dir) else "no broker was running")
 
@@ -55,7 +55,7 @@ def broker_stop(data_dir: Path = DATA_DIR_OPT) -> None:
 @broker_app.command("status")
 def broker_status(data_dir: Path = DATA_DIR_OPT) -> None:
     """Print the broker's state as JSON; exit code 1 when none runs."""
-    from rollstream.broker import daemon_status
+    from rollstream.kafka.broker import daemon_status
 
     status = daemon_status(data_dir)
     if status is None:
@@ -65,7 +65,7 @@ def broker_status(data_dir: Path = DATA_DIR_OPT) -> None:
 
 
 def _reach(bootstrap: str) -> None:
-    from rollstream.broker import wait_for_broker
+    from rollstream.kafka.admin import wait_for_broker
 
     try:
         wait_for_broker(bootstrap, timeout=float(os.environ.get("ROLLSTREAM_BROKER_WAIT_S", "15")))
@@ -94,7 +94,7 @@ def worker(
                                      help="Serve Prometheus /metrics on this port (0: off; snapshots go to the metrics topic anyway)."),
 ) -> None:
     """Run one stage against any Kafka cluster; start more processes to scale out."""
-    from rollstream.stages import Stage, run_stage
+    from rollstream.app.stages import Stage, run_stage
 
     try:
         stage_enum = Stage(stage)
@@ -114,8 +114,8 @@ def worker(
 @app.command("create-topics")
 def create_topics_cmd(config: Path = typer.Option(..., "--config", "-c"), bootstrap: str = typer.Option(..., "--bootstrap", "-b")) -> None:
     """Create every topic of the config's prefix (idempotent) and check co-partitioning."""
-    from rollstream.broker import check_copartitioned, create_topics
-    from rollstream.topics import TOPICS, Topics
+    from rollstream.kafka.admin import check_copartitioned, create_topics
+    from rollstream.kafka.topics import TOPICS, Topics
 
     cfg = _config(config)
     _reach(bootstrap)
@@ -128,8 +128,8 @@ def create_topics_cmd(config: Path = typer.Option(..., "--config", "-c"), bootst
 @app.command("produce-prompts")
 def produce_prompts_cmd(config: Path = typer.Option(..., "--config", "-c"), bootstrap: str = typer.Option(..., "--bootstrap", "-b")) -> None:
     """Publish the config's datasets (interleaved by domain_interleave_probs) to the prompts topic."""
+    from rollstream.app.producer import produce_prompts
     from rollstream.config import AgenticConfig
-    from rollstream.producer import produce_prompts
 
     cfg = _config(config)
     if isinstance(cfg, AgenticConfig):
@@ -141,8 +141,8 @@ def produce_prompts_cmd(config: Path = typer.Option(..., "--config", "-c"), boot
 @app.command("start-groups")
 def start_groups_cmd(config: Path = typer.Option(..., "--config", "-c"), bootstrap: str = typer.Option(..., "--bootstrap", "-b")) -> None:
     """Agentic: open every env group of the config (train and val) on the group queue."""
+    from rollstream.app.producer import start_env_groups
     from rollstream.config import AgenticConfig
-    from rollstream.producer import start_env_groups
 
     cfg = _config(config)
     if not isinstance(cfg, AgenticConfig):
@@ -157,7 +157,7 @@ def run(
     summary_json: Optional[Path] = typer.Option(None, "--summary-json", help="Also write the summary here."),
 ) -> None:
     """Run every stage on the local default (or the configured cluster) until the batches are built."""
-    from rollstream.run import run_pipeline
+    from rollstream.app.run import run_pipeline
 
     cfg = _config(config)
     try:
@@ -186,8 +186,8 @@ def replay(
     to_topic: Optional[str] = typer.Option(None, "--to-topic", help="Re-inject the selected records (same key and bytes) into this topic (a full name: --prefix does not apply)."),
 ) -> None:
     """Decode a rollstream topic: what was filtered and why (e.g. `replay groups.rejected -w reason=zero_std`)."""
-    from rollstream.replay import Predicate, Selection, parse_time_ms
-    from rollstream.topics import TOPICS, Topics
+    from rollstream.kafka.topics import TOPICS, Topics
+    from rollstream.tools.replay import Predicate, Selection, parse_time_ms
 
     try:
         if output not in ("jsonl", "table"):
@@ -216,8 +216,9 @@ def _print_replay(bootstrap: str, name: str, selection, output: str, follow: boo
 
     from rich.table import Table
 
-    from rollstream.replay import replay as replay_topic, summary
-    from rollstream.workers.base import make_producer
+    from rollstream.kafka.clients import make_producer
+    from rollstream.tools.replay import replay as replay_topic
+    from rollstream.tools.replay import summary
 
     producer = make_producer(bootstrap) if to_topic else None
     table = Table("partition", "offset", "time (UTC)", "key", "schema", "event") if output == "table" else None
@@ -260,7 +261,7 @@ def whatif(
     """Re-decide a recorded run with another config's filters, offline; report beside what happened."""
     from rich.table import Table
 
-    from rollstream.whatif import run_whatif
+    from rollstream.tools.whatif import run_whatif
 
     cfg = _config(config)
     if prefix is not None:
@@ -301,8 +302,8 @@ def report(
     prefix: Optional[str] = typer.Option(None, "--prefix", help="Topic prefix, if not the config's."),
 ) -> None:
     """Write an HTML report of a run read back from its topics (plots embedded)."""
-    from rollstream.report import write_report
-    from rollstream.topics import Topics
+    from rollstream.kafka.topics import Topics
+    from rollstream.tools.report import write_report
 
     cfg = _config(config)
     if out.is_dir():
@@ -325,9 +326,10 @@ def stats(
     """The pipeline's live figures from the workers' metric snapshots (topic `metrics`)."""
     from rich.live import Live
 
-    from rollstream.replay import Selection, replay as replay_topic
-    from rollstream.stats import figures, latest
-    from rollstream.topics import Topics
+    from rollstream.kafka.topics import Topics
+    from rollstream.tools.replay import Selection
+    from rollstream.tools.replay import replay as replay_topic
+    from rollstream.tools.stats import figures, latest
 
     _reach(bootstrap)
     topic = Topics(prefix).metrics

@@ -15,7 +15,6 @@ import os
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import threading
 import time
@@ -24,7 +23,8 @@ from collections import deque
 from pathlib import Path
 from typing import NoReturn
 
-from rollstream.exceptions import BrokerStartError, BrokerUnreachableError, TopicPartitionsMismatch
+from rollstream.exceptions import BrokerStartError
+from rollstream.kafka.admin import metadata_ready
 
 KAFKA_VERSION = "3.9.2"
 BROKER_FILES = Path(__file__).resolve().parent / "broker_files"
@@ -157,56 +157,6 @@ def kafka_classpath(kafka_version: str = KAFKA_VERSION) -> str:
             raise BrokerStartError(f"KAFKA_HOME={home} has no libs/ directory")
         return f"{libs}/*"
     return f"{ensure_kafka_libs(kafka_version)}/*"
-
-
-def metadata_ready(bootstrap: str, timeout: float = 2.0) -> bool:
-    """True when the broker at ``host:port`` answers a Metadata request listing a broker.
-
-    A raw Metadata v4 request (no topics) over one socket: cheaper and more predictable than
-    constructing a client on every poll, and v4 is accepted by Kafka 3.x and 4.x alike.
-    An empty broker list means the node is up but not yet registered, so it is not ready.
-    """
-    host, _, port = bootstrap.rpartition(":")
-    client_id = b"rollstream-ready"
-    # header v1: api_key=3 (Metadata), api_version=4, correlation_id, client_id
-    # body v4: topics=[] (int32 0 = none), allow_auto_topic_creation=false
-    body = struct.pack(">hhih", 3, 4, 7, len(client_id)) + client_id + struct.pack(">ib", 0, 0)
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout) as s:
-            s.settimeout(timeout)
-            s.sendall(struct.pack(">i", len(body)) + body)
-            size = struct.unpack(">i", _recv_exact(s, 4))[0]
-            resp = _recv_exact(s, size)
-    except (OSError, ValueError, struct.error):
-        return False
-    # response header v0: correlation_id; body v4: throttle_time_ms, brokers array length
-    if len(resp) < 12:
-        return False
-    correlation_id, _throttle, n_brokers = struct.unpack(">iii", resp[:12])
-    return correlation_id == 7 and n_brokers > 0
-
-
-def wait_for_broker(bootstrap: str, timeout: float = 15.0) -> None:
-    """Return once a server of the comma-separated ``bootstrap`` list answers Metadata; raise
-    BrokerUnreachableError after ``timeout`` seconds."""
-    servers = [s.strip() for s in bootstrap.split(",") if s.strip()]
-    deadline = time.monotonic() + timeout
-    while not any(metadata_ready(server) for server in servers):
-        if time.monotonic() > deadline:
-            raise BrokerUnreachableError(
-                f"no Kafka broker answers at {bootstrap!r} (waited {timeout:.0f} s); start one with "
-                "`rollstream broker start` or fix --bootstrap")
-        time.sleep(0.5)
-
-
-def _recv_exact(s: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            raise ValueError("connection closed")
-        buf += chunk
-    return bytes(buf)
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -465,71 +415,3 @@ def stop_daemon(data_dir: Path = DEFAULT_DATA_DIR, timeout: float = 20) -> bool:
             pass
     _state_path(data_dir).unlink(missing_ok=True)
     return was_running
-
-
-# ---- topics ---------------------------------------------------------------------------------
-
-def _admin(bootstrap: str):
-    from kafka.admin import KafkaAdminClient  # imported late: the broker itself needs no client
-
-    return KafkaAdminClient(bootstrap_servers=bootstrap, client_id="rollstream-admin")
-
-
-def create_topics(bootstrap: str, specs: dict[str, tuple[int, bool]], timeout: float = 30) -> None:
-    """Create the missing topics of ``specs`` (full name -> (partitions, compacted)).
-
-    Replication factor 1; ``cleanup.policy=compact`` for compacted topics. Topics that already
-    exist are left as they are (use check_copartitioned to verify counts). Returns once every
-    named topic has a leader for each partition, or raises KafkaTimeoutError after ``timeout`` s.
-    """
-    import kafka.errors as Errors
-
-    if not specs:
-        return
-    admin = _admin(bootstrap)
-    try:
-        missing = set(specs) - set(admin.list_topics())
-        if missing:
-            request = {
-                name: {"num_partitions": specs[name][0], "replication_factor": 1,
-                       "configs": {"cleanup.policy": "compact"} if specs[name][1] else {}}
-                for name in sorted(missing)
-            }
-            result = admin.create_topics(request, timeout_ms=int(timeout * 1000),
-                                         raise_errors=False)
-            for t in result["topics"]:
-                err = Errors.for_code(t["error_code"])
-                # Someone else created it between list and create: fine, that is idempotence.
-                if err not in (Errors.NoError, Errors.TopicAlreadyExistsError):
-                    raise err(f"creating topic {t['name']}: {t.get('error_message')}")
-        admin.wait_for_topics(list(specs), timeout_ms=int(timeout * 1000))
-    finally:
-        admin.close()
-
-
-def topic_partitions(bootstrap: str, names: list[str]) -> dict[str, int]:
-    """Partition count of each existing topic among ``names`` (missing topics are left out)."""
-    admin = _admin(bootstrap)
-    try:
-        topics = admin.describe_topics(list(names))
-    finally:
-        admin.close()
-    return {t["name"]: len(t["partitions"]) for t in topics
-            if t.get("error_code", 0) == 0 and t.get("partitions")}
-
-
-def check_copartitioned(bootstrap: str, names: list[str]) -> int:
-    """Raise TopicPartitionsMismatch unless all ``names`` exist with one partition count.
-
-    Returns that count. Co-partitioned topics keep one key's events in one partition number.
-    """
-    if not names:
-        raise ValueError("check_copartitioned needs at least one topic name")
-    counts = topic_partitions(bootstrap, names)
-    missing = sorted(set(names) - set(counts))
-    if missing or len(set(counts.values())) > 1:
-        raise TopicPartitionsMismatch(
-            f"topics are not co-partitioned: partitions {counts}"
-            + (f"; missing {missing}" if missing else "")
-        )
-    return next(iter(counts.values()))

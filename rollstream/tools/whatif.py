@@ -179,8 +179,8 @@ def whatif_agentic(config: AgenticConfig, decided_groups: Iterable[dict]) -> Wha
 
 def run_whatif(config: Config, bootstrap: str) -> dict:
     """Read the recorded topics of ``config``'s prefix and report (nothing is written)."""
-    from rollstream.readback import read_values
-    from rollstream.topics import Topics
+    from rollstream.kafka.topics import Topics
+    from rollstream.tools.readback import read_values
 
     topics = Topics(config.kafka.topic_prefix)
     decided = read_values(bootstrap, topics.groups_accepted) + read_values(bootstrap, topics.groups_rejected)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from rollstream.config import AgenticConfig, RLVRConfig
 from rollstream.data import interleave, load_prompts
+from rollstream.kafka.clients import make_producer
+from rollstream.kafka.topics import Topics
+from rollstream.runtime import now_ms
 from rollstream.schemas import encode
-from rollstream.topics import Topics
-from rollstream.workers.base import make_producer, now_ms
 
 
 def config_prompts(config: RLVRConfig) -> list[dict]:

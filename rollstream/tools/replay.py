@@ -19,14 +19,27 @@ from typing import Any, Callable, Iterator
 
 from kafka import KafkaConsumer, TopicPartition
 
-from rollstream.exceptions import DecodeError
-from rollstream.readback import Record
+from rollstream.exceptions import DecodeError, TopicNotFound
 from rollstream.schemas import decode
 
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
     "!=": operator.ne, ">=": operator.ge, "<=": operator.le, "=": operator.eq, ">": operator.gt, "<": operator.lt,
 }
 _PREDICATE = re.compile(r"^([A-Za-z_][\w./@-]*?)\s*(!=|>=|<=|=|>|<)\s*(.*)$")
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record read back: where it was, its schema and decoded value (None when undecodable)
+    and its original bytes."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    schema: str | None  # None when undecodable
+    value: dict | None
+    raw: bytes
 
 
 @dataclass(frozen=True)
@@ -195,9 +208,6 @@ def parse_time_ms(text: str) -> int:
     return int(moment.timestamp() * 1000)
 
 
-class TopicNotFound(ValueError):
-    """The topic to read does not exist."""
-
 
 def replay(bootstrap: str, topic: str, selection: Selection, *, follow: bool = False,
            limit: int | None = None, should_stop: Callable[[], bool] = lambda: False,
@@ -207,7 +217,7 @@ def replay(bootstrap: str, topic: str, selection: Selection, *, follow: bool = F
     records or ``should_stop()``). Without ``follow``, ``idle_timeout_s`` gives up after that
     long without any record (an end offset never reached). Raises TopicNotFound, ValueError for
     a partition that does not exist or a ``limit`` below 1. The one topic-reading loop:
-    rollstream.readback.read_topic is this with an empty selection."""
+    rollstream.tools.readback.read_topic is this with an empty selection."""
     if limit is not None and limit < 1:
         raise ValueError(f"--limit must be >= 1, got {limit}")
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)

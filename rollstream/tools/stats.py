@@ -1,6 +1,6 @@
 """`rollstream stats`: the pipeline's figures from the workers' metric snapshots on ``metrics``.
 
-Each worker publishes cumulative samples (rollstream.metrics); the newest sample per (worker,
+Each worker publishes cumulative samples (rollstream.observability.metrics); the newest sample per (worker,
 name, labels) counts, summed over workers.
 """
 

@@ -4,26 +4,15 @@ events rather than from in-process counters."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterator
 
-
-@dataclass(frozen=True)
-class Record:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    schema: str | None  # None when undecodable
-    value: dict | None
-    raw: bytes
+from rollstream.exceptions import TopicNotFound
+from rollstream.tools.replay import Record, Selection, replay
 
 
 def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> Iterator[Record]:
     """Every record of ``topic`` from offset 0 to the end offsets seen at call time (nothing
     when the topic does not exist); gives up after ``timeout_s`` without any record."""
-    from rollstream.replay import Selection, TopicNotFound, replay  # replay builds on Record
-
     try:
         for item in replay(bootstrap, topic, Selection(), idle_timeout_s=timeout_s):
             yield item.record

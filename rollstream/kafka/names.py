@@ -4,7 +4,7 @@ contract and migrate with a note."""
 
 from __future__ import annotations
 
-from rollstream.topics import Topics
+from rollstream.kafka.topics import Topics
 
 ADMISSION_APP = "admission"
 AGGREGATOR_APP = "aggregator"

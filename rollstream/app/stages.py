@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rollstream.config import AgenticConfig, Config
 from rollstream.exceptions import ConfigError
-from rollstream.topics import Topics
+from rollstream.kafka.topics import Topics
 
 
 class Stage(str, Enum):
@@ -66,8 +66,8 @@ def backend_kwargs(actor_infer) -> dict:
 def start_metrics(stage: str, bootstrap: str, topics: Topics, port: int = 0):
     """This process's metrics, named after ``stage``: snapshots to ``metrics`` every 10 s, and
     ``/metrics`` for Prometheus on ``port`` (0: not served)."""
-    from rollstream.metrics import process_metrics
-    from rollstream.workers.base import worker_id
+    from rollstream.observability.metrics import process_metrics
+    from rollstream.runtime import worker_id
 
     metrics = process_metrics(worker_id(stage))
     metrics.start_publishing(bootstrap, topics)
@@ -97,8 +97,8 @@ def run_stage(stage: Stage, config: Config, bootstrap: str, max_idle_s: float | 
 def _run(stage: Stage, config: Config, bootstrap: str, topics: Topics, max_idle_s: float | None,
          instance: int, instances: int) -> None:
     if stage in (Stage.admission, Stage.aggregator, Stage.group_queue):
-        from rollstream.broker import create_topics
-        from rollstream.streams.names import changelog_topics
+        from rollstream.kafka.admin import create_topics
+        from rollstream.kafka.names import changelog_topics
 
         create_topics(bootstrap, changelog_topics(topics, config.kafka.partitions))
     if stage is Stage.admission:
@@ -156,7 +156,7 @@ def start_training(config: Config, bootstrap: str, builder, run_dir: Path):
     crash left trained but uncommitted is recorded in the builder (BatchBuilder.recover); the
     current policy version is published, so workers and the admission start from it.
     """
-    from rollstream.policy_versions import PolicyPublisher
+    from rollstream.policy.versions import PolicyPublisher
 
     trainer = policy_trainer(config, run_dir / "checkpoints")
     if trainer is not None and trainer.resumed is not None:

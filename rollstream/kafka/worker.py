@@ -9,130 +9,23 @@ events by their deterministic identity.
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import socket
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from kafka import KafkaConsumer, KafkaProducer
-from kafka.errors import CommitFailedError, KafkaTimeoutError
-from kafka.structs import TopicPartition
+from kafka.errors import CommitFailedError
 
-from rollstream.exceptions import DecodeError, UnknownFingerprintError
-from rollstream.metrics import process_metrics
-from rollstream.schemas import decode, encode
-from rollstream.topics import Topics
+from rollstream.kafka.clients import assigned_consumer, make_producer
+from rollstream.kafka.events import Input, Output, dead_letter, decode_expected
+from rollstream.kafka.topics import Topics
+from rollstream.observability.metrics import process_metrics
+from rollstream.runtime import worker_id
+from rollstream.schemas import encode
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class Output:
-    """One event to produce: schema ``schema`` encoded on ``topic`` under ``key``."""
-
-    topic: str
-    key: str
-    schema: str
-    record: dict
-
-
-@dataclass(frozen=True)
-class Input:
-    """A decoded input event and where it came from."""
-
-    schema: str
-    record: dict
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes
-
-
 BatchHandler = Callable[[Sequence[Input]], Iterable[Output]]
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def worker_id(stage: str) -> str:
-    return f"{stage}-{socket.gethostname()}-{os.getpid()}"
-
-
-def make_producer(bootstrap: str, **kwargs) -> KafkaProducer:
-    return KafkaProducer(
-        bootstrap_servers=bootstrap,
-        acks="all",
-        linger_ms=5,
-        max_request_size=16 * 1024 * 1024,
-        **kwargs,
-    )
-
-
-def wait_for_partitions(consumer: KafkaConsumer, topic: str, timeout_s: float = 60.0) -> list[int]:
-    """The topic's partition ids, polling metadata until it has some; KafkaTimeoutError after
-    ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not (partitions := consumer.partitions_for_topic(topic)):
-        if time.monotonic() > deadline:
-            raise KafkaTimeoutError(f"topic {topic} has no partitions after {timeout_s:.0f}s")
-        time.sleep(0.5)
-    return sorted(partitions)
-
-
-def assigned_consumer(bootstrap: str, group_id: str, topic: str, client_id: str, max_poll_records: int,
-                      instance: int = 0, instances: int = 1) -> tuple[KafkaConsumer, list[int]]:
-    """A consumer owning the partitions ``p % instances == instance`` of ``topic`` by manual
-    assignment (no group membership: ``group_id`` only stores committed offsets, which it resumes
-    from); returns it with its partition ids."""
-    consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False,
-        auto_offset_reset="earliest", max_poll_records=max_poll_records, client_id=client_id,
-    )
-    partitions = [p for p in wait_for_partitions(consumer, topic) if p % instances == instance]
-    consumer.assign([TopicPartition(topic, p) for p in partitions])
-    return consumer, partitions
-
-
-def decode_expected(value: bytes | None, expected: Sequence[str], where: str = ""
-                    ) -> tuple[str, dict, None] | tuple[None, None, tuple[str, str]]:
-    """Decode an event that must be one of the ``expected`` schemas.
-
-    Returns ``(schema, record, None)``, or ``(None, None, (reason, error))`` with the dead-letter
-    reason every stage uses: ``unknown_schema`` (a fingerprint no schema here has),
-    ``undecodable`` (not a single-object Avro event) or ``invalid_event`` (another schema;
-    ``where`` is added to the message, e.g. " on <topic>").
-    """
-    try:
-        schema, record = decode(value or b"")
-    except UnknownFingerprintError as exc:
-        return None, None, ("unknown_schema", str(exc))
-    except DecodeError as exc:
-        return None, None, ("undecodable", str(exc))
-    if schema not in expected:
-        return None, None, ("invalid_event", f"expected {' or '.join(expected)}{where}, got {schema}")
-    return schema, record, None
-
-
-def dead_letter(
-    topics: Topics, *, topic: str, partition: int, offset: int, key: bytes | None,
-    value: bytes | None, reason: str, error: str, worker: str,
-) -> Output:
-    """A dead-letter event that keeps the original bytes and says why."""
-    return Output(
-        topic=topics.dead_letter,
-        key=topic,
-        schema="DeadLetter",
-        record={
-            "source_topic": topic, "partition": partition, "offset": offset, "key": key,
-            "payload": value or b"", "reason": reason, "error": error[:2000], "worker": worker,
-            "created_ms": now_ms(),
-        },
-    )
 
 
 class StoppableLoop:
@@ -201,10 +94,7 @@ class EventWorker(StoppableLoop):
         schema, record, problem = decode_expected(msg.value, (self.expected_schema,))
         if problem is None:
             return Input(schema, record, msg.topic, msg.partition, msg.offset, msg.key, msg.value), None
-        return None, dead_letter(
-            self.topics, topic=msg.topic, partition=msg.partition, offset=msg.offset,
-            key=msg.key, value=msg.value, reason=problem[0], error=problem[1], worker=self.worker,
-        )
+        return None, dead_letter(self.topics, msg, *problem, self.worker)
 
     def process(self, messages: Sequence) -> list[Output]:
         """Decode and handle one batch of raw messages; returns every output to produce."""
@@ -223,11 +113,7 @@ class EventWorker(StoppableLoop):
             except Exception as exc:  # one bad batch never kills the worker
                 log.exception("handler failed on %s[%d]@%d", inputs[0].topic, inputs[0].partition, inputs[0].offset)
                 outputs.extend(
-                    dead_letter(
-                        self.topics, topic=i.topic, partition=i.partition, offset=i.offset,
-                        key=i.key, value=i.value, reason="handler_error",
-                        error=f"{type(exc).__name__}: {exc}", worker=self.worker,
-                    )
+                    dead_letter(self.topics, i, "handler_error", f"{type(exc).__name__}: {exc}", self.worker)
                     for i in inputs
                 )
         self.processed += len(inputs)

@@ -18,11 +18,10 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display: files only
 import matplotlib.pyplot as plt  # noqa: E402
-
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from rollstream.readback import filter_decisions, read_values  # noqa: E402
-from rollstream.topics import Topics  # noqa: E402
+from rollstream.kafka.topics import Topics  # noqa: E402
+from rollstream.tools.readback import filter_decisions, read_values  # noqa: E402
 
 
 @dataclass

@@ -1,0 +1,52 @@
+"""Client factories: every Kafka producer and consumer of the plain workers, the trainer and the
+tools is made here, so sizes and (later) security settings are set in one place."""
+
+from __future__ import annotations
+
+import time
+
+from kafka import KafkaConsumer, KafkaProducer
+from kafka.errors import KafkaTimeoutError
+from kafka.structs import OffsetAndMetadata, TopicPartition
+
+
+def make_producer(bootstrap: str, **kwargs) -> KafkaProducer:
+    return KafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        linger_ms=5,
+        max_request_size=16 * 1024 * 1024,
+        **kwargs,
+    )
+
+
+def wait_for_partitions(consumer: KafkaConsumer, topic: str, timeout_s: float = 60.0) -> list[int]:
+    """The topic's partition ids, polling metadata until it has some; KafkaTimeoutError after
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not (partitions := consumer.partitions_for_topic(topic)):
+        if time.monotonic() > deadline:
+            raise KafkaTimeoutError(f"topic {topic} has no partitions after {timeout_s:.0f}s")
+        time.sleep(0.5)
+    return sorted(partitions)
+
+
+def assigned_consumer(bootstrap: str, group_id: str, topic: str, client_id: str, max_poll_records: int,
+                      instance: int = 0, instances: int = 1) -> tuple[KafkaConsumer, list[int]]:
+    """A consumer owning the partitions ``p % instances == instance`` of ``topic`` by manual
+    assignment (no group membership: ``group_id`` only stores committed offsets, which it resumes
+    from); returns it with its partition ids."""
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False,
+        auto_offset_reset="earliest", max_poll_records=max_poll_records, client_id=client_id,
+    )
+    partitions = [p for p in wait_for_partitions(consumer, topic) if p % instances == instance]
+    consumer.assign([TopicPartition(topic, p) for p in partitions])
+    return consumer, partitions
+
+
+def commit_offsets(consumer: KafkaConsumer, topic: str, offsets: dict[int, int]) -> None:
+    """Commit ``offsets`` (partition -> next offset to read) of ``topic``; raises kafka-python's
+    CommitFailedError when the broker refuses."""
+    if offsets:
+        consumer.commit({TopicPartition(topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()})

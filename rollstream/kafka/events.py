@@ -1,0 +1,92 @@
+"""What a stage reads and writes: a decoded ``Input``, an ``Output`` record to encode, an already
+encoded ``Send``; decoding an expected event; the one dead-letter event builder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from rollstream.exceptions import DecodeError, UnknownFingerprintError
+from rollstream.kafka.topics import Topics
+from rollstream.runtime import now_ms
+from rollstream.schemas import decode
+
+
+@dataclass(frozen=True)
+class Output:
+    """One event to produce: schema ``schema`` encoded on ``topic`` under ``key``."""
+
+    topic: str
+    key: str
+    schema: str
+    record: dict
+
+
+@dataclass(frozen=True)
+class Input:
+    """A decoded input event and where it came from."""
+
+    schema: str
+    record: dict
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+
+
+@dataclass(frozen=True)
+class Send:
+    """One already encoded event to produce (``partition`` None: by key)."""
+
+    topic: str
+    key: str
+    value: bytes
+    partition: int | None = None
+
+
+class SourceRecord(Protocol):
+    """Where an event was read: kafka-python's ConsumerRecord, ``Input`` and faust's Message all
+    have these attributes."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+def decode_expected(value: bytes | None, expected: Sequence[str], where: str = ""
+                    ) -> tuple[str, dict, None] | tuple[None, None, tuple[str, str]]:
+    """Decode an event that must be one of the ``expected`` schemas.
+
+    Returns ``(schema, record, None)``, or ``(None, None, (reason, error))`` with the dead-letter
+    reason every stage uses: ``unknown_schema`` (a fingerprint no schema here has),
+    ``undecodable`` (not a single-object Avro event) or ``invalid_event`` (another schema;
+    ``where`` is added to the message, e.g. " on <topic>").
+    """
+    try:
+        schema, record = decode(value or b"")
+    except UnknownFingerprintError as exc:
+        return None, None, ("unknown_schema", str(exc))
+    except DecodeError as exc:
+        return None, None, ("undecodable", str(exc))
+    if schema not in expected:
+        return None, None, ("invalid_event", f"expected {' or '.join(expected)}{where}, got {schema}")
+    return schema, record, None
+
+
+def dead_letter(topics: Topics, source: SourceRecord, reason: str, error: str, worker: str) -> Output:
+    """The dead-letter event of ``source``: its original key and bytes, and why (``reason`` one of
+    ``undecodable``, ``unknown_schema``, ``invalid_event``, ``handler_error``, ...; ``error`` the
+    message, cut at 2,000 characters). Keyed by the source topic."""
+    return Output(
+        topic=topics.dead_letter,
+        key=source.topic,
+        schema="DeadLetter",
+        record={
+            "source_topic": source.topic, "partition": source.partition, "offset": source.offset,
+            "key": source.key, "payload": source.value or b"", "reason": reason, "error": error[:2000],
+            "worker": worker, "created_ms": now_ms(),
+        },
+    )
