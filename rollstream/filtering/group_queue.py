@@ -22,14 +22,17 @@ Where it does better (each one tested):
 - replacement episodes per group id are bounded (``max_replaced_episodes``); a group id that
   spends them stops with status ``exhausted`` instead of resampling forever.
 
-The caller (the faust processor, replay, tests) stores trajectories and performs the effects;
-``decide`` is the group filter, called with the episode id and the member traj indices.
+Like ``prompt_state.step``, every step is ``(state, ...) -> (state, effects)``: ``state`` is
+changed in place and returned, and the caller (the faust processor, benchmarks, tests) stores
+trajectories, persists the state and performs the effects. The group filter is not called from
+here: when an episode's members are complete ``on_trajectory`` returns a ``NeedsDecision`` effect
+(last of its effects); the caller runs the filter over those members and applies its ``Verdict``
+with ``on_verdict`` before it persists the state or handles another event.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 from rollstream.filtering.reasons import ACCEPTED, RejectReason
 
@@ -117,6 +120,9 @@ class QueueState:
     replaced: int = 0
     late: int = 0
     status: str = "running"  # running | complete | exhausted
+    # reason -> rejected episodes, for the outcome event; table values written before it existed
+    # lack it (from_dict then starts it empty)
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -188,15 +194,25 @@ class RedundancySaved:
 
 
 @dataclass(frozen=True)
+class NeedsDecision:
+    """The episode's members are complete: the caller runs the group filter over ``members``
+    (traj indices in arrival order) and applies its Verdict with ``on_verdict``."""
+
+    episode_id: int
+    members: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class QueueDone:
-    """The group id stops: ``complete`` (its accepted target reached) or ``exhausted``."""
+    """The group id stops: ``complete`` (its accepted target reached) or ``exhausted``. The
+    state then holds its final counts (accepted, rejected by reason, replaced)."""
 
     status: str
     accepted: int
     replaced: int
 
 
-Effect = StartRun | SetAside | GroupDecided | Late | Duplicate | RedundancySaved | QueueDone
+Effect = StartRun | SetAside | NeedsDecision | GroupDecided | Late | Duplicate | RedundancySaved | QueueDone
 
 
 @dataclass(frozen=True)
@@ -206,10 +222,6 @@ class Verdict:
     drop: bool
     reason: str = ACCEPTED
     values: dict[str, float] = field(default_factory=dict)
-
-
-Decide = Callable[[int, list[int]], Verdict]
-"""``decide(episode_id, member_traj_indices) -> Verdict``: the group filter over the members."""
 
 
 def _open_episode(state: QueueState, params: QueueParams, now_ms: int, out: list) -> int:
@@ -240,13 +252,14 @@ def start(mode: str, group_id: int, group_seed: int, params: QueueParams, now_ms
 
 
 def on_trajectory(state: QueueState, params: QueueParams, episode_id: int, traj_index: int,
-                  infra_failed: bool, finished_ms: int, now_ms: int, decide: Decide,
-                  invalid: str | None = None) -> list[Effect]:
+                  infra_failed: bool, finished_ms: int, now_ms: int,
+                  invalid: str | None = None) -> tuple[QueueState, list[Effect]]:
     """One trajectory arrived. ``infra_failed``: it ended with env_timeout, env_failed or an
     engine error (set aside as ``infra_abort`` when refills are enabled, else a member);
     ``invalid``: why it cannot be trained at all (``invalid_reward`` for a NaN/inf return,
     ``invalid_trajectory`` for inconsistent token arrays): always set aside with that reason.
-    A set-aside run is refilled while ``max_refills_per_group`` allows.
+    A set-aside run is refilled while ``max_refills_per_group`` allows. When the episode's members
+    are complete the effects end with ``NeedsDecision`` (see ``on_verdict``).
 
     The caller stores the trajectory when the effects contain no Late/Duplicate for it (it then
     is a member or set aside) and may delete the stored members of a decided episode.
@@ -262,9 +275,9 @@ def on_trajectory(state: QueueState, params: QueueParams, episode_id: int, traj_
             if closed.pending <= 0:
                 del state.closed[episode_id]
                 out.append(RedundancySaved(episode_id, max(0, closed.slowest_ms - closed.closed_ms)))
-        return out
+        return state, out
     if traj_index in ep.arrived or traj_index in ep.aborted or traj_index not in ep.issued:
-        return [Duplicate(episode_id, traj_index)]
+        return state, [Duplicate(episode_id, traj_index)]
     out = []
     aside = invalid or (RejectReason.INFRA_ABORT.value if infra_failed and params.refill_enabled else None)
     if aside is not None:
@@ -276,26 +289,44 @@ def on_trajectory(state: QueueState, params: QueueParams, episode_id: int, traj_
             _issue(ep, "refill", out)
     else:
         ep.arrived.append(traj_index)
-    out += _maybe_decide(state, params, ep, now_ms, decide)
-    return out
+    out += _maybe_decide(state, params, ep, now_ms)
+    return state, out
 
 
-def _maybe_decide(state: QueueState, params: QueueParams, ep: Episode, now_ms: int, decide: Decide) -> list[Effect]:
+def on_verdict(state: QueueState, params: QueueParams, episode_id: int, verdict: Verdict,
+               now_ms: int) -> tuple[QueueState, list[Effect]]:
+    """Apply the group filter's ``verdict`` on the members a ``NeedsDecision`` named: keep emits
+    the group, drop emits it as rejected and starts a replacement (bounded). ValueError when the
+    episode awaits no decision (a verdict without its NeedsDecision, or applied twice)."""
+    ep = state.open.get(episode_id)
+    members = _members_to_decide(params, ep) if ep is not None else None
+    if members is None:
+        raise ValueError(f"episode {episode_id} of {state.mode}/{state.group_id} awaits no decision")
+    return state, _close(state, params, ep, now_ms, accepted=not verdict.drop,
+                         reason=verdict.reason if verdict.drop else ACCEPTED, members=members,
+                         values=verdict.values)
+
+
+def _members_to_decide(params: QueueParams, ep: Episode) -> list[int] | None:
+    """The members the group filter decides once the episode's arrivals allow it, else None."""
+    if len(ep.arrived) >= params.group_size:
+        return ep.arrived[:params.group_size]
+    if ep.pending == 0 and len(ep.arrived) >= params.min_valid:
+        return list(ep.arrived)  # refills spent: accept the smaller group the config allows
+    return None
+
+
+def _maybe_decide(state: QueueState, params: QueueParams, ep: Episode, now_ms: int) -> list[Effect]:
     n, reachable = len(ep.arrived), len(ep.arrived) + ep.pending
-    if n >= params.group_size:
-        members = ep.arrived[:params.group_size]
-    elif reachable >= params.group_size:
+    members = _members_to_decide(params, ep)
+    if members is not None:
+        return [NeedsDecision(ep.episode_id, tuple(members))]
+    if reachable >= params.group_size:
         return []  # runs still on their way
-    elif n >= params.min_valid and ep.pending == 0:
-        members = list(ep.arrived)  # refills spent: accept the smaller group the config allows
-    elif reachable >= params.min_valid:
+    if reachable >= params.min_valid:
         return []  # a smaller group is still possible once the pending runs land
-    else:
-        return _close(state, params, ep, now_ms, accepted=False, reason=RejectReason.REFILL_EXHAUSTED.value,
-                      members=list(ep.arrived), values={"valid": float(n), "refills": float(ep.refills)})
-    verdict = decide(ep.episode_id, members)
-    return _close(state, params, ep, now_ms, accepted=not verdict.drop,
-                  reason=verdict.reason if verdict.drop else ACCEPTED, members=members, values=verdict.values)
+    return _close(state, params, ep, now_ms, accepted=False, reason=RejectReason.REFILL_EXHAUSTED.value,
+                  members=list(ep.arrived), values={"valid": float(n), "refills": float(ep.refills)})
 
 
 def _close(state: QueueState, params: QueueParams, ep: Episode, now_ms: int, *, accepted: bool, reason: str,
@@ -309,6 +340,7 @@ def _close(state: QueueState, params: QueueParams, ep: Episode, now_ms: int, *, 
         state.accepted += 1
     else:
         state.rejected += 1
+        state.rejected_by_reason[reason] = state.rejected_by_reason.get(reason, 0) + 1
     # the next episode: one more of the target after a keep, a replacement (bounded) after a drop
     run_effects: list[Effect] = []
     next_episode = None
@@ -327,7 +359,7 @@ def _close(state: QueueState, params: QueueParams, ep: Episode, now_ms: int, *, 
     return out
 
 
-def on_tick(state: QueueState, params: QueueParams, now_ms: int) -> list[Effect]:
+def on_tick(state: QueueState, params: QueueParams, now_ms: int) -> tuple[QueueState, list[Effect]]:
     """Check the deadlines of the open episodes: reissue the runs still missing, or drop the
     episode (``episode_timeout``) once its reissues are spent."""
     out: list[Effect] = []
@@ -342,4 +374,4 @@ def on_tick(state: QueueState, params: QueueParams, now_ms: int) -> list[Effect]
             out += _close(state, params, ep, now_ms, accepted=False, reason=RejectReason.EPISODE_TIMEOUT.value,
                           members=list(ep.arrived), values={"valid": float(len(ep.arrived)),
                                                             "missing": float(missing)})
-    return out
+    return state, out

@@ -36,6 +36,13 @@ from rollstream.filtering.registry import QUERY_FILTERS
 QueryFilterFn = Callable[[torch.Tensor, Mapping[str, Any]], Decision]
 """(rewards: (n,) float32 tensor, filter_args) -> Decision."""
 
+QUERY_FILTER_ARGS: dict[str, frozenset[str]] = {
+    "no_filter": frozenset(),
+    "mean_filter": frozenset({"threshold_down", "threshold_up"}),
+    "std_filter": frozenset({"std_threshold"}),
+}
+"""The ``filter_args`` keys each built-in filter reads. A misspelt key would silently fall back
+to a default that keeps every group, so it is an error; custom filters take anything."""
 
 
 def _f32(x: float) -> float:
@@ -68,6 +75,27 @@ def std_filter(rewards: torch.Tensor, filter_args: Mapping[str, Any]) -> Decisio
     if std <= threshold:
         return Decision.reject(RejectReason.ZERO_STD, **values)
     return Decision.accept(**values)
+
+
+def check_query_filter_args(filter_type: str, filter_args: Mapping[str, Any]) -> None:
+    """Check a built-in filter's ``filter_args``: known keys only, numbers only, and a
+    ``mean_filter`` band that can keep something. Custom filter types are not checked.
+
+    Raises ConfigError naming the key, e.g. ``query_filter_config.filter_args: unknown
+    ['std_thresold'] for std_filter; valid: ['std_threshold']``.
+    """
+    known = QUERY_FILTER_ARGS.get(filter_type)
+    if known is None:
+        return
+    unknown = sorted(set(filter_args) - known)
+    if unknown:
+        raise ConfigError(f"query_filter_config.filter_args: unknown {unknown} for {filter_type}; valid: {sorted(known)}")
+    for key, value in filter_args.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"query_filter_config.filter_args.{key} must be a number, got {value!r}")
+    if filter_type == "mean_filter" and (
+            filter_args.get("threshold_down", -1.0) > filter_args.get("threshold_up", math.inf)):
+        raise ConfigError("query_filter_config.filter_args: threshold_down > threshold_up rejects every group")
 
 
 def resolve_query_filter(config: Mapping[str, Any]) -> QueryFilterFn:

@@ -50,3 +50,10 @@ def commit_offsets(consumer: KafkaConsumer, topic: str, offsets: dict[int, int])
     CommitFailedError when the broker refuses."""
     if offsets:
         consumer.commit({TopicPartition(topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()})
+
+
+def tail_consumer(bootstrap: str, topic: str) -> KafkaConsumer:
+    """A consumer of ``topic`` from its start without a consumer group (nothing committed), for
+    readers that must see every event, e.g. verdicts."""
+    return KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
+                         enable_auto_commit=False)

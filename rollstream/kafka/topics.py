@@ -25,6 +25,9 @@ TOPICS: dict[str, tuple[str, bool]] = {
     "episodes.control": ("rlvr", False),
     "episodes.requests": ("rlvr", False),
     "trajectories": ("rlvr", False),
+    # a group id's GroupQueueOutcome, keyed by group_id; one partition: its one reader (the
+    # trainer) sees every group id's verdict in order
+    "episodes.outcomes": ("single", False),
     "batches": ("single", False),
     "policy.versions": ("single", True),
     "metrics": ("single", False),
@@ -70,6 +73,7 @@ class Topics:
     episodes_control = property(lambda self: self.name("episodes.control"))
     episodes_requests = property(lambda self: self.name("episodes.requests"))
     trajectories = property(lambda self: self.name("trajectories"))
+    episodes_outcomes = property(lambda self: self.name("episodes.outcomes"))
     batches = property(lambda self: self.name("batches"))
     policy_versions = property(lambda self: self.name("policy.versions"))
     metrics = property(lambda self: self.name("metrics"))

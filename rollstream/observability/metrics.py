@@ -1,20 +1,11 @@
-"""Worker metrics: one prometheus-client registry per process, exposed over HTTP on request and
-published as periodic snapshots (``Metric`` events, key = worker id) to the ``metrics`` topic,
-which `rollstream stats` and `rollstream report` read back.
+"""Worker metrics, for display only: nothing in rollstream reads a metric to decide anything
+(decisions other stages act on are events with their own schemas).
 
-Names (all prefixed ``rollstream_``):
-
-- ``rejections_total{unit, reason}``: rejections at every unit: ``prompt`` (admission),
-  ``response`` (response filter), ``query`` (query filter / prompt transaction), ``group``
-  (agentic group filter and group queue), ``trajectory`` (set aside), ``trainer`` (groups trained,
-  or rejected ``stale`` before a step), ``token`` (correction masks: tokens masked);
-- ``decided_total{unit, outcome}``: decisions taken (``accepted`` / ``rejected``), for retention;
-- ``in_flight{kind}``: prompts or episodes in flight now;
-- ``replacement_rounds_total``: replacement generation rounds requested;
-- ``reward_sum{scope}`` / ``reward_count{scope}``: ``all`` decided vs ``accepted`` responses;
-- ``validation_total{outcome}``: validation groups (original / accepted / rejected);
-- ``batch_fill_seconds``: histogram of the time to fill a trainer batch;
-- ``events_total{stage}``: events a worker handled.
+Each process keeps one prometheus-client registry, exposed over HTTP on request and published as
+periodic snapshots (``Metric`` events, key = worker id) to the ``metrics`` topic, which
+`rollstream stats` and `rollstream report` read back. Some stages also publish per-event
+``Metric`` records there (the group queue's decisions, the trainer's step figures). Every name
+is in ``METRICS`` below, with its labels and meaning.
 """
 
 from __future__ import annotations
@@ -32,6 +23,71 @@ from rollstream.schemas import encode
 log = logging.getLogger(__name__)
 
 SNAPSHOT_INTERVAL_S = 10.0
+
+STEP_SCALARS = ("fill_seconds", "accepted_groups", "loss", "reward_mean", "final_mask_mean", "grad_norm",
+                "pg_clipfrac", "policy_version", "policy_lag_max", "train_seconds")
+
+
+METRICS: dict[str, str] = {
+    # prometheus-client registry of every worker (snapshots every 10 s)
+    "rollstream_rejections_total": "{unit, reason} rejections per unit: prompt (admission), response "
+                                   "(response filter), query (query filter), group (agentic group queue), "
+                                   "trajectory (set aside), trainer (stale before a step), token (correction masks)",
+    "rollstream_decided_total": "{unit, outcome} decisions taken, accepted or rejected (retention)",
+    "rollstream_in_flight": "{kind} prompts or episodes in flight now",
+    "rollstream_replacement_rounds_total": "replacement generation rounds requested",
+    "rollstream_reward_sum": "{scope} sum of response rewards, all decided vs accepted",
+    "rollstream_reward_count": "{scope} responses counted in rollstream_reward_sum",
+    "rollstream_validation_total": "{outcome} validation groups: original / accepted / rejected",
+    "rollstream_batch_fill_seconds": "histogram of the time to fill a trainer batch",
+    "rollstream_events_total": "{stage} events a worker handled",
+    # per-event records of the agentic group queue (labels mode, group_id)
+    "group_queue/groups": "{reason} one per decided episode",
+    "scheduler/group_filter_count": "{reason} one per group the group filter (or staleness) dropped",
+    "group_queue/episodes_replaced": "one per replacement episode started",
+    "group_queue/set_aside": "{reason} one per trajectory set aside (infra_abort, invalid_reward, invalid_trajectory)",
+    "group_queue/late_trajectories": "one per run that arrived after its episode closed",
+    "group_queue/redundancy_saved_ms": "ms between a group's decision and its slowest run's arrival",
+    "group_queue/done": "{status} a group id stopped; value = accepted episodes (display only: the trainer "
+                        "reads the group queue's outcome events)",
+    # the trainer's figures per committed batch (label step)
+    **{f"trainer/{k}": "a committed batch's figure from its manifest entry" for k in STEP_SCALARS},
+    "trainer/mask_collapse": "1 when the final correction mask removed every token",
+    "trainer/pass_rate": "{check} share of valid tokens a correction filter kept",
+    "trainer/ratio_mean": "{agg} mean train/infer probability ratio per aggregation level",
+    "trainer/diff_mean": "{agg} mean train/infer probability difference per aggregation level",
+}
+"""Every metric name rollstream publishes -> "{labels} meaning"."""
+
+HISTOGRAM_SAMPLES = ("_bucket", "_sum", "_count")  # the samples prometheus-client makes of a histogram
+
+
+def metric_record(worker: str, name: str, value: float, labels: dict[str, str], created_ms: int) -> dict:
+    """A ``Metric`` event (schemas/metric.avsc). Raises KeyError for a name missing from METRICS,
+    so no undocumented metric is ever published."""
+    if name not in METRICS and not any(name == f"{base}{part}" for base in METRICS
+                                       for part in HISTOGRAM_SAMPLES):
+        raise KeyError(f"metric {name!r} is not in rollstream.observability.metrics.METRICS")
+    return {"worker": worker, "name": name, "value": float(value), "labels": labels, "created_ms": created_ms}
+
+
+def step_metrics(entry: dict, worker: str) -> list[dict]:
+    """Metric records of one committed batch: ``trainer/<figure>`` for the scalars present,
+    ``trainer/mask_collapse`` (0/1), ``trainer/pass_rate`` (label ``check``: the filter's metric
+    key), ``trainer/ratio_mean`` and ``trainer/diff_mean`` (label ``agg``); all labelled
+    ``step``."""
+    created, step = now_ms(), str(entry["step"])
+
+    def metric(name: str, value: float, **labels: str) -> dict:
+        return metric_record(worker, name, value, {"step": step, **labels}, created)
+
+    out = [metric(f"trainer/{k}", entry[k]) for k in STEP_SCALARS if isinstance(entry.get(k), (int, float))]
+    if "mask_collapse" in entry:
+        out.append(metric("trainer/mask_collapse", float(entry["mask_collapse"])))
+    out += [metric("trainer/pass_rate", v, check=k) for k, v in entry.get("pass_rates", {}).items()]
+    for name in ("ratio_mean", "diff_mean"):
+        out += [metric(f"trainer/{name}", v, agg=agg) for agg, v in entry.get(f"{name}s", {}).items()]
+    return out
 
 
 class WorkerMetrics:
@@ -100,8 +156,7 @@ class WorkerMetrics:
         return out
 
     def snapshot(self, now_ms: int) -> list[dict]:
-        return [{"worker": self.worker, "name": name, "value": value, "labels": labels, "created_ms": now_ms}
-                for name, labels, value in self.samples()]
+        return [metric_record(self.worker, name, value, labels, now_ms) for name, labels, value in self.samples()]
 
     # -- exporting --------------------------------------------------------------------------
 

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from rollstream.exceptions import ModelNotFoundError, RollstreamError
 
@@ -121,8 +123,6 @@ def ensure_model_cache(cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 def _build_cache(folder: Path) -> None:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     src = gguf_path()
     log.info("dequantising %s into %s (one time)", src, folder)
     tokenizer = _fix_tokenizer(AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name))
@@ -174,8 +174,6 @@ def load_tokenizer(model_dir: str | os.PathLike | None = None):
     """Load just the tokenizer (no dequantisation): from the cached folder when it exists,
     else straight from the GGUF metadata. eos = pad = ``<|im_end|>``, left padding.
     """
-    from transformers import AutoTokenizer
-
     folder = Path(model_dir).expanduser() if model_dir is not None else default_cache_dir()
     if _is_complete(folder):
         tok = AutoTokenizer.from_pretrained(folder)
@@ -197,8 +195,6 @@ def load_model(
     ``model_dir`` defaults to the cache folder (built on first use, see ensure_model_cache).
     Raises ModelNotFoundError when neither the folder nor the GGUF package is available.
     """
-    from transformers import AutoModelForCausalLM
-
     folder = ensure_model_cache() if model_dir is None else Path(model_dir).expanduser()
     tokenizer = load_tokenizer(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
@@ -229,8 +225,6 @@ def chat_prompt_ids(tokenizer, prompt_text: str) -> list[int]:
 def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Read a state dict from a model folder (safetensors, sharded or not, or pytorch_model.bin)
     or from a single ``.safetensors`` / ``.pt`` / ``.bin`` file. Raises FileNotFoundError."""
-    from safetensors.torch import load_file
-
     p = Path(path)
     if p.is_dir():
         if (p / "model.safetensors").is_file():

@@ -18,6 +18,7 @@ from kafka import KafkaConsumer, TopicPartition
 from rollstream.exceptions import RollstreamError
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import Topics
+from rollstream.observability.metrics import step_metrics
 from rollstream.runtime import now_ms, worker_id
 from rollstream.schemas import decode, encode
 
@@ -27,30 +28,6 @@ POLICY_KEY = b"policy"
 STALENESS_VERSION_MAX_AGE_S = 0.2
 """A stream processor's staleness check may use a policy version this old: one broker round-trip
 per 0.2 s instead of one per event."""
-
-
-STEP_SCALARS = ("fill_seconds", "accepted_groups", "loss", "reward_mean", "final_mask_mean", "grad_norm",
-                "pg_clipfrac", "policy_version", "policy_lag_max", "train_seconds")
-
-
-def step_metrics(entry: dict, worker: str) -> list[dict]:
-    """Metric records of one committed batch: ``trainer/<figure>`` for the scalars present,
-    ``trainer/mask_collapse`` (0/1), ``trainer/pass_rate`` (label ``check``: the filter's metric
-    key), ``trainer/ratio_mean`` and ``trainer/diff_mean`` (label ``agg``); all labelled
-    ``step``."""
-    created, step = now_ms(), str(entry["step"])
-
-    def metric(name: str, value: float, **labels: str) -> dict:
-        return {"worker": worker, "name": name, "value": float(value), "labels": {"step": step, **labels},
-                "created_ms": created}
-
-    out = [metric(f"trainer/{k}", entry[k]) for k in STEP_SCALARS if isinstance(entry.get(k), (int, float))]
-    if "mask_collapse" in entry:
-        out.append(metric("trainer/mask_collapse", float(entry["mask_collapse"])))
-    out += [metric("trainer/pass_rate", v, check=k) for k, v in entry.get("pass_rates", {}).items()]
-    for name in ("ratio_mean", "diff_mean"):
-        out += [metric(f"trainer/{name}", v, agg=agg) for agg, v in entry.get(f"{name}s", {}).items()]
-    return out
 
 
 class PolicyPublisher:

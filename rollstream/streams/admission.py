@@ -10,7 +10,6 @@ run in the same process.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 from typing import Callable, Sequence
@@ -19,13 +18,15 @@ import faust
 
 from rollstream.config import RLVRConfig
 from rollstream.filtering import admission as core
-from rollstream.filtering.reasons import RejectReason
+from rollstream.filtering.decision import Decision
 from rollstream.kafka import names
 from rollstream.kafka.topics import Topics
 from rollstream.observability.metrics import process_metrics
+from rollstream.policy.model import chat_prompt_ids, load_tokenizer
 from rollstream.policy.versions import PolicyVersionWatcher
+from rollstream.schemas.records import batch_event
 from rollstream.streams.common import Emitter, derive_seed, make_app, raw_topic
-from rollstream.streams.events import batch_event, generation_request, group_record
+from rollstream.streams.events import generation_request, group_record
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,6 @@ VERSION_POLL_S = 0.5
 
 def default_tokenize() -> Tokenize:
     """The generation model's chat-templated tokenisation (what `prompt_length` limits)."""
-    from rollstream.policy.model import chat_prompt_ids, load_tokenizer
-
     tokenizer = load_tokenizer()
     return lambda text: chat_prompt_ids(tokenizer, text)
 
@@ -64,8 +63,7 @@ def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize |
                       value_type=bytes, help="the single AdmissionState (credits, step, budget)")
     credit = asyncio.Event()
     metrics = process_metrics()
-    prompt_filter = json.dumps({"prompt_length": config.prompt_length})
-    prompt_filter_hash = hashlib.sha256(prompt_filter.encode()).hexdigest()[:16]
+    prompt_filter, prompt_filter_hash = core.prompt_filter_config(config.prompt_length)
     versions = PolicyVersionWatcher(bootstrap, topics) if limits.max_staleness is not None else None
     # credits arrive as events; policy versions are polled while the staleness bound holds a step
     recheck_s = VERSION_POLL_S if versions is not None else None
@@ -95,12 +93,13 @@ def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize |
                 await asyncio.wait_for(credit.wait(), timeout=recheck_s)
             except asyncio.TimeoutError:
                 pass
-        if len(prompt_ids) > config.prompt_length:
-            state = core.reject_before_generation(state, RejectReason.PROMPT_TOO_LONG.value, mode)
+        verdict = core.prompt_length_decision(len(prompt_ids), config.prompt_length)
+        if verdict is not None:
+            state = core.reject_before_generation(state, verdict.reason, mode)
             state, effects = core.check_step(state, limits)
             save(state)
-            metrics.decision("prompt", False, RejectReason.PROMPT_TOO_LONG.value)
-            await _reject_prompt(prompt, prompt_ids)
+            metrics.decision("prompt", False, verdict.reason)
+            await _reject_prompt(prompt, prompt_ids, verdict)
             await _apply(effects)
             return
         save(core.admit(state, prompt["prompt_id"], mode))
@@ -119,10 +118,9 @@ def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize |
         async for event in stream.events():
             await emit.guarded(admit_one, event)
 
-    async def _reject_prompt(prompt: dict, prompt_ids: list[int]) -> None:
+    async def _reject_prompt(prompt: dict, prompt_ids: list[int], verdict: Decision) -> None:
         group = group_record(
-            prompt=prompt, decided_accepted=False, reason=RejectReason.PROMPT_TOO_LONG.value,
-            values={"prompt_tokens": float(len(prompt_ids)), "prompt_length": float(config.prompt_length)},
+            prompt=prompt, decided_accepted=False, reason=verdict.reason, values=dict(verdict.values),
             responses=[], filter_config=prompt_filter, filter_config_hash=prompt_filter_hash, policy_version=0, rounds=0, responses_generated=0,
             prompt_token_ids=prompt_ids,
         )
@@ -145,7 +143,10 @@ def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize |
 
     async def _apply(effects: list) -> None:
         for effect in effects:
-            if isinstance(effect, core.BatchUnderfilled):
+            if isinstance(effect, core.StepComplete):
+                log.info("step %d complete: %d groups accepted after %d prompts; rejected %s", effect.step,
+                         effect.accepted, effect.prompts_consumed, dict(effect.rejected_by_reason))
+            elif isinstance(effect, core.BatchUnderfilled):
                 log.warning("batch %d underfilled: %d/%d groups after %d prompts", effect.step,
                             effect.accepted, effect.target, effect.prompts_consumed)
                 await emit.send(topics.batches, str(effect.step), batch_event(

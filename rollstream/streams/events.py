@@ -63,11 +63,3 @@ def prompt_outcome(prompt: Mapping, *, committed: bool, reason: str, rounds: int
         "rounds": rounds, "responses_generated": responses_generated, "created_ms": now_ms(),
     }
 
-
-def batch_event(*, step: int, status: str, target: int, accepted: int, prompts_consumed: int = 0,
-                rejected_by_reason: Mapping[str, int] | None = None) -> dict:
-    return {
-        "step": step, "status": status, "target_groups": target, "accepted_groups": accepted,
-        "prompts_consumed": prompts_consumed, "rejected_by_reason": dict(rejected_by_reason or {}),
-        "group_keys": [], "offsets": {}, "fill_seconds": 0.0, "created_ms": now_ms(),
-    }

@@ -9,6 +9,12 @@ Table layout (all keys of one partition are written while handling that partitio
 - ``f:{mode}/{partition}`` -> the group filter's ``state_dict()`` (JSON), for filters with state.
   A stateful filter such as the drop_flag ratio guard therefore counts the groups of one
   partition; with one partition (the default for agentic runs) it is global, as in the reference.
+
+The pure state machine (rollstream.filtering.group_queue) never calls the filter: a
+``NeedsDecision`` effect asks for it, and this shell runs the staleness check and the group filter
+(loading and saving its state) and hands the Verdict back with ``on_verdict``. A group id that
+stops publishes a ``GroupQueueOutcome`` on ``episodes.outcomes``, the event the trainer acts on;
+the ``group_queue/*`` metric records are for display only.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from rollstream.filtering.reasons import ACCEPTED, RejectReason
 from rollstream.filtering.staleness import stale_decision
 from rollstream.kafka.events import Send, decode_expected
 from rollstream.kafka.topics import Topics
-from rollstream.observability.metrics import process_metrics
+from rollstream.observability.metrics import metric_record, process_metrics
 from rollstream.runtime import now_ms, worker_id
 from rollstream.schemas import REGISTRY, decode, encode
 from rollstream.schemas.validation import check_trajectory
@@ -145,7 +151,7 @@ class GroupQueueProcessor:
             state = gq.QueueState.from_dict(json.loads(value))
             if state.partition != partition or not state.open:
                 continue
-            effects = gq.on_tick(state, self.params[state.mode], now)
+            state, effects = gq.on_tick(state, self.params[state.mode], now)
             if effects:
                 applied = self._apply(state, effects, now)
                 out.sends += applied.sends
@@ -161,17 +167,13 @@ class GroupQueueProcessor:
         state = gq.QueueState.from_dict(json.loads(raw))
         params = self.params[mode]
         eid, tix = record["episode_id"], record["traj_index"]
-
-        def decide(episode_id: int, members: list[int]) -> gq.Verdict:
-            group = [self._stored(mode, gid, episode_id, t) for t in members]
-            return self._filter(mode, state.partition, gid, episode_id, group)
-
         key = _traj_key(mode, gid, eid, tix)
         self._arriving = (key, value)  # readable as stored while its own arrival is decided
         self._decoded[key] = record  # a member is decoded once per event, not per use
         try:
-            effects = gq.on_trajectory(state, params, eid, tix, is_infra_failure(record),
-                                       record.get("finished_ms", 0), now, decide, invalid=invalid_reason(record))
+            state, effects = gq.on_trajectory(state, params, eid, tix, is_infra_failure(record),
+                                              record.get("finished_ms", 0), now, invalid=invalid_reason(record))
+            state, effects = self._decide(state, effects, now)
             out = self._apply(state, effects, now)
         finally:
             self._arriving = None
@@ -180,6 +182,22 @@ class GroupQueueProcessor:
             self.table[key] = value  # a new member of a still open episode (a duplicate never overwrites)
         self._save(state)
         return out
+
+    # -- decisions --------------------------------------------------------------------------
+
+    def _decide(self, state: gq.QueueState, effects: list, now: int) -> tuple[gq.QueueState, list]:
+        """Replace each ``NeedsDecision`` by the effects of its verdict: the group filter runs
+        here, before any effect is carried out, so the effects keep the state machine's order."""
+        out: list = []
+        for effect in effects:
+            if not isinstance(effect, gq.NeedsDecision):
+                out.append(effect)
+                continue
+            group = [self._stored(state.mode, state.group_id, effect.episode_id, t) for t in effect.members]
+            verdict = self._filter(state.mode, state.partition, state.group_id, effect.episode_id, group)
+            state, decided = gq.on_verdict(state, self.params[state.mode], effect.episode_id, verdict, now)
+            out += decided
+        return state, out
 
     # -- effects ----------------------------------------------------------------------------
 
@@ -223,7 +241,8 @@ class GroupQueueProcessor:
             elif isinstance(effect, gq.SetAside):
                 self.metrics.decision("trajectory", False, effect.reason)
                 out.sends.append(self._group_send(state, effect.episode_id, False, effect.reason, {},
-                                                  [effect.traj_index], key_suffix=f"/{effect.traj_index}"))
+                                                  [effect.traj_index], key_suffix=f"/{effect.traj_index}",
+                                                  unit="trajectory"))
                 out.sends.append(self._metric("group_queue/set_aside", 1.0, {**labels, "reason": effect.reason}, now))
             elif isinstance(effect, gq.Late):
                 out.sends.append(self._metric("group_queue/late_trajectories", 1.0, labels, now))
@@ -231,7 +250,8 @@ class GroupQueueProcessor:
                 out.sends.append(self._metric("group_queue/redundancy_saved_ms", float(effect.saved_ms), labels, now))
             elif isinstance(effect, gq.QueueDone):
                 out.sends.append(self._metric("group_queue/done", float(effect.accepted),
-                                              {**labels, "status": effect.status}, now))
+                                              {**labels, "status": effect.status}, now))  # display only
+                out.sends.append(self._outcome(state, effect, now))
                 out.log.append(f"{mode}/{gid}: {effect.status} ({effect.accepted} accepted, {effect.replaced} replaced)")
         return out
 
@@ -249,13 +269,13 @@ class GroupQueueProcessor:
 
     def _group_send(self, state: gq.QueueState, episode_id: int, accepted: bool, reason: str,
                     values: dict[str, float], traj_indices: list[int], *, effect: gq.GroupDecided | None = None,
-                    key_suffix: str = "") -> Send:
+                    key_suffix: str = "", unit: str = "episode") -> Send:
         mode, gid = state.mode, state.group_id
         members = [self._stored_bytes(mode, gid, episode_id, t) for t in traj_indices]
         records = [self._stored(mode, gid, episode_id, t) for t in traj_indices]
         tag = self.managers[mode].tag_of(gid)
         group = {
-            "group_key": f"{mode}/{gid}/{episode_id}{key_suffix}", "kind": "agentic", "mode": mode,
+            "group_key": f"{mode}/{gid}/{episode_id}{key_suffix}", "kind": "agentic", "unit": unit, "mode": mode,
             "group_id": gid, "episode_id": episode_id, "tag": tag,
             "env_type": self.config.custom_envs[tag].env_type, "seed": state.group_seed + episode_id,
             "accepted": accepted, "reason": reason if not accepted else ACCEPTED,
@@ -272,8 +292,17 @@ class GroupQueueProcessor:
         value = REGISTRY.encode_with_tail_array(group, "TrajectoryGroup", members, "Trajectory")
         return Send(topic, group["group_key"], value)
 
+    def _outcome(self, state: gq.QueueState, done: gq.QueueDone, now: int) -> Send:
+        """The GroupQueueOutcome of a group id that stopped, from its final state."""
+        record = {
+            "mode": state.mode, "group_id": state.group_id, "status": done.status, "accepted": done.accepted,
+            "rejected": state.rejected, "rejected_by_reason": dict(state.rejected_by_reason),
+            "episodes_decided": state.accepted + state.rejected, "replaced": done.replaced, "created_ms": now,
+        }
+        return Send(self.topics.episodes_outcomes, str(state.group_id), encode(record, "GroupQueueOutcome"))
+
     def _metric(self, name: str, value: float, labels: dict[str, str], now: int) -> Send:
-        record = {"worker": self.worker, "name": name, "value": value, "labels": labels, "created_ms": now}
+        record = metric_record(self.worker, name, value, labels, now)
         return Send(self.topics.metrics, self.worker, encode(record, "Metric"))
 
     # -- storage ----------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import operator
 import re
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Callable, Iterator
 
 from kafka import KafkaConsumer, TopicPartition
@@ -194,8 +195,6 @@ def summary(value: dict | None, width: int = 160) -> str:
 def parse_time_ms(text: str) -> int:
     """Milliseconds since the epoch, or an ISO 8601 time (UTC when no zone is given). Raises
     ValueError."""
-    from datetime import datetime, timezone
-
     if text.strip().lstrip("-").isdigit():
         return int(text)
     try:

@@ -13,6 +13,7 @@ import html
 import io
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import matplotlib
 
@@ -21,6 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from rollstream.kafka.topics import Topics  # noqa: E402
+from rollstream.schemas.records import is_trajectory_group  # noqa: E402
 from rollstream.tools.readback import filter_decisions, read_values  # noqa: E402
 
 
@@ -115,7 +117,7 @@ def rejection_reasons(data: RunData) -> tuple[str, bool]:
 
 def rounds_per_prompt(data: RunData) -> tuple[str, bool]:
     groups = data.train_groups()
-    agentic = any("trajectories" in g for g in groups)
+    agentic = any(is_trajectory_group(g) for g in groups)
     fig, ax = _figure("Episodes per group id" if agentic else "Generation rounds per prompt")
     if agentic:
         counts = Counter(Counter(g["group_id"] for g in groups).values())
@@ -217,8 +219,6 @@ window.addEventListener("load", function () {{
 
 def write_report(bootstrap: str, topics: Topics, out, title: str) -> tuple[int, int]:
     """Read the run, write the page to ``out``; returns (plots, plots with data)."""
-    from pathlib import Path
-
     page, with_data = render_html(RunData.read(bootstrap, topics), title)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(page)

@@ -23,8 +23,13 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from rollstream.config import AgenticConfig, Config, RLVRConfig
+from rollstream.filtering.admission import prompt_length_decision
+from rollstream.filtering.group_filters import filter_group, load_group_filter
 from rollstream.filtering.prompt_state import Decided, DomainFilters, DuplicateResponse, step
 from rollstream.filtering.reasons import ACCEPTED, RejectReason
+from rollstream.kafka.topics import Topics
+from rollstream.schemas.records import is_trajectory_group
+from rollstream.tools.readback import read_values
 
 GROUP_FILTER_REASONS = {RejectReason.ZERO_STD.value, RejectReason.DROP_FLAG.value, RejectReason.GROUP_FILTER.value,
                         RejectReason.FILTER_ERROR.value, ACCEPTED}
@@ -128,10 +133,8 @@ def whatif_rlvr(config: RLVRConfig, rewarded: Iterable[dict], decided_groups: It
 def _admission(group: Mapping, config: RLVRConfig) -> Decision | None:
     """A prompt decided before generation: only ``prompt_length`` applies; None when the
     alternative would admit it (its responses were never generated)."""
-    tokens = len(group.get("prompt_token_ids") or ())
-    if tokens > config.prompt_length:
-        return Decision(False, RejectReason.PROMPT_TOO_LONG.value)
-    return None
+    verdict = prompt_length_decision(len(group.get("prompt_token_ids") or ()), config.prompt_length)
+    return None if verdict is None else Decision(verdict.keep, verdict.reason)
 
 
 def _recorded_version(group: Mapping) -> int | None:
@@ -161,8 +164,6 @@ def whatif_agentic(config: AgenticConfig, decided_groups: Iterable[dict]) -> Wha
     """``decided_groups``: recorded train TrajectoryGroups. Groups rejected for reasons outside
     the group filter (infra_abort, refill_exhausted, episode_timeout, stale, ...) are not
     re-decided: the group filter never saw them."""
-    from rollstream.filtering.group_filters import filter_group, load_group_filter
-
     manager = config.train_env_manager
     group_filter = load_group_filter(manager.group_filter_cls, config, manager, "train")
     out = WhatIf()
@@ -179,14 +180,11 @@ def whatif_agentic(config: AgenticConfig, decided_groups: Iterable[dict]) -> Wha
 
 def run_whatif(config: Config, bootstrap: str) -> dict:
     """Read the recorded topics of ``config``'s prefix and report (nothing is written)."""
-    from rollstream.kafka.topics import Topics
-    from rollstream.tools.readback import read_values
-
     topics = Topics(config.kafka.topic_prefix)
     decided = read_values(bootstrap, topics.groups_accepted) + read_values(bootstrap, topics.groups_rejected)
     if isinstance(config, AgenticConfig):
-        result = whatif_agentic(config, [g for g in decided if "trajectories" in g])
+        result = whatif_agentic(config, [g for g in decided if is_trajectory_group(g)])
         return {"pipeline": "agentic", **result.report(config.groups_per_batch)}
     result = whatif_rlvr(config, read_values(bootstrap, topics.responses_rewarded),
-                         [g for g in decided if "responses" in g])
+                         [g for g in decided if not is_trajectory_group(g)])
     return {"pipeline": "rlvr", **result.report(config.rollout_batch_size)}

@@ -49,6 +49,7 @@ from typing import Sequence, overload
 import torch
 from torch import Tensor
 
+from rollstream.schemas.records import is_trajectory_group
 from rollstream.schemas.validation import check_trajectory
 
 GRPO_EPS = 1e-6
@@ -148,10 +149,6 @@ class _Row:
     policy_version: int
 
 
-def _is_trajectory_group(group: dict) -> bool:
-    return "trajectories" in group
-
-
 def check_group(group: dict) -> None:
     """Raise ``ValueError`` unless ``group`` can go into a batch.
 
@@ -168,7 +165,7 @@ def check_group(group: dict) -> None:
     of 0/1 values exactly as long as the flattened response, and a finite
     ``response_level_rewards``.
     """
-    if _is_trajectory_group(group):
+    if is_trajectory_group(group):
         _check_trajectory_group(group)
         return
     key = group.get("group_key", "?")
@@ -213,7 +210,7 @@ def _check_trajectory_group(group: dict) -> None:
 
 def _rows(group: dict) -> list[_Row]:
     """A checked group's rows, ordered by sample index (``sample_index`` / ``traj_index``)."""
-    if not _is_trajectory_group(group):
+    if not is_trajectory_group(group):
         ordered = sorted(group["responses"], key=lambda rr: rr["response"]["sample_index"])
         return [
             _Row(prompt=rr["response"]["prompt_token_ids"] or group["prompt_token_ids"],

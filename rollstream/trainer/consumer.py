@@ -11,6 +11,12 @@ a ``Batch`` event published, so a restarted trainer neither trains a group twice
 One trainer per group id: it owns every partition of ``groups.accepted`` (manual assignment; the
 group id only stores committed offsets).
 
+Each concern has its home: offsets in ``rollstream.kafka.offsets.OffsetTracker``, the fsynced
+manifest in ``rollstream.trainer.manifest``, the ``Batch`` record in
+``rollstream.schemas.records.batch_event``, rows from groups in ``rollstream.trainer.batch``,
+what may enter the buffer in ``rollstream.trainer.intake``; this module wires them to the
+consumer and producer.
+
 Offset rule: per partition, the committed offset is the lowest offset whose record is not yet done
 (buffered for a later batch, or in a batch handed out but not committed), or the next offset to
 read when every consumed record is done. Done means: in a committed batch, a recognised duplicate,
@@ -30,40 +36,28 @@ Edge cases:
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from kafka.structs import OffsetAndMetadata, TopicPartition
-
 from rollstream.filtering.staleness import stale_decision
-from rollstream.kafka.clients import assigned_consumer, make_producer
-from rollstream.kafka.events import dead_letter, decode_expected
+from rollstream.kafka.clients import assigned_consumer, commit_offsets, make_producer
+from rollstream.kafka.events import dead_letter
+from rollstream.kafka.offsets import OffsetTracker
 from rollstream.kafka.topics import Topics
 from rollstream.observability.metrics import process_metrics
 from rollstream.runtime import now_ms, worker_id
 from rollstream.schemas import encode
-from rollstream.trainer.batch import RolloutBatch, build_batch, check_group
+from rollstream.schemas.records import batch_event, group_rows, group_schema
+from rollstream.trainer.batch import RolloutBatch, build_batch
+from rollstream.trainer.intake import DEDUP_WINDOW, RecentKeys, stale_rejection, trainable_group
+from rollstream.trainer.manifest import Manifest, ManifestState
 
 log = logging.getLogger(__name__)
 
-DEDUP_WINDOW = 100_000
-"""Group keys remembered to recognise redelivered groups (bounded, so memory stays flat)."""
-
-ACCEPTED_SCHEMAS = ("Group", "TrajectoryGroup")
-"""Record types the trainer trains on: RLVR groups and agentic trajectory groups."""
-
 POLL_TIMEOUT_S = 0.2
 """Longest single poll inside ``next_batch``; the loop re-checks its deadline after each."""
-
-
-def _group_size(group: dict) -> int:
-    """Rows a group adds to a batch: its trajectories (agentic) or responses (RLVR)."""
-    return len(group["trajectories"] if "trajectories" in group else group["responses"])
 
 
 @dataclass(frozen=True)
@@ -89,13 +83,13 @@ class BatchBuilder:
 
     Args:
         bootstrap: Kafka bootstrap servers.
-        topics: topic names; reads ``topics.groups_accepted``, writes ``topics.batches`` and
-            ``topics.dead_letter``.
+        topics: topic names; reads ``topics.groups_accepted``, writes ``topics.batches``,
+            ``topics.groups_rejected`` and ``topics.dead_letter``.
         rollout_batch_size: groups per batch (B = groups x responses / trajectories per group).
         group_id: Kafka consumer group; a new builder with the same id resumes after the last
             committed batch.
         manifest_path: JSON-lines file; one line per committed batch. Read at start to restore
-            the step counter and the seen group keys.
+            the step counter and the seen group keys (see ``rollstream.trainer.manifest``).
         pad_token_id: padding token for ``build_batch``.
         start_step: first step number; default: last manifest step + 1, or 0.
         max_poll_records: records fetched per poll.
@@ -138,24 +132,25 @@ class BatchBuilder:
         self.consumed = 0  # records read, whatever became of them
         self.duplicates = 0  # redelivered groups skipped
         self.dead_lettered = 0  # records sent to dead-letter
-        self.committed_groups = 0  # groups in committed batches, the manifest's included
         self.stale_groups = 0  # groups rejected as stale instead of trained
 
-        self._seen: OrderedDict[str, None] = OrderedDict()  # group keys, oldest first
+        self._seen = RecentKeys(dedup_window)
         self._buffer: list[_Pending] = []  # valid groups not yet in a batch, in consumption order
         self._outstanding: dict[int, _Outstanding] = {}  # step -> batch awaiting commit
-        self._not_done: dict[int, set[int]] = {}  # partition -> offsets buffered or outstanding
-        self._position: dict[int, int] = {}  # partition -> last consumed offset + 1
-        self._committed: dict[int, int] = {}  # partition -> offset we last committed
+        self._offsets = OffsetTracker()  # pending: groups buffered or in an outstanding batch
         self._fill_started: float | None = None  # monotonic time of this step's first poll
 
-        last_entry = self._load_manifest()
-        last_step = None if last_entry is None else last_entry["step"]
-        self._last_manifest_step = last_step
+        self._manifest = Manifest(self.manifest_path) if self.manifest_path is not None else None
+        restored = self._manifest.load() if self._manifest is not None else ManifestState()
+        for key in restored.group_keys:
+            self._seen.add(key)
+        self.committed_groups = restored.committed_groups  # groups in committed batches, the manifest's included
+        last_entry = restored.last
+        self._last_manifest_step = None if last_entry is None else last_entry["step"]
         if start_step is not None:
             self.step = start_step
         else:
-            self.step = 0 if last_step is None else last_step + 1
+            self.step = 0 if self._last_manifest_step is None else self._last_manifest_step + 1
 
         # One trainer owns every partition: manual assignment, no group membership; the group id
         # only stores committed offsets. (kafka-python 3.0 could drop a member out of its group
@@ -163,7 +158,7 @@ class BatchBuilder:
         self.consumer, _ = assigned_consumer(bootstrap, group_id, self.topic, self.worker, max_poll_records)
         self.producer = make_producer(bootstrap, client_id=self.worker)
         if last_entry is not None:  # a crash may have come between its manifest line and its event
-            self._send_batch_event(last_entry)
+            self._publish_batch(last_entry)
             self.producer.flush()
 
     # -- public API -------------------------------------------------------------------------
@@ -196,8 +191,9 @@ class BatchBuilder:
 
         For the case where admission published ``batch_underfilled`` and ``min_fill_ratio`` allows
         a partial batch; the caller checks the ratio. Polls for up to ``timeout_s`` first (stopping
-        early when full, or once ``min_groups`` groups are buffered). Returns None when nothing is buffered. The manifest status is
-        ``partial``, or ``complete`` if the buffer happened to be full.
+        early when full, or once ``min_groups`` groups are buffered). Returns None when nothing is
+        buffered. The manifest status is ``partial``, or ``complete`` if the buffer happened to be
+        full.
         """
         if self._fill_started is None:
             self._fill_started = time.monotonic()
@@ -226,6 +222,8 @@ class BatchBuilder:
 
         Raises:
             ValueError: ``batch`` is not an outstanding batch of this builder (e.g. committed).
+            kafka.errors.CommitFailedError: the broker refused the offsets (after the manifest
+                line and the event, so a restart recognises the groups as duplicates).
         """
         out = self._outstanding.pop(batch.step, None)
         if out is None:
@@ -234,14 +232,12 @@ class BatchBuilder:
                 f"(outstanding: {sorted(self._outstanding)}); was it committed already?"
             )
         for item in out.items:
-            self._not_done.get(item.partition, set()).discard(item.offset)
+            self._offsets.done(item.partition, item.offset)
         self.committed_groups += len(out.items)
         assigned = [tp for tp in self.consumer.assignment() if tp.topic == self.topic]
-        committable = self._committable()
-        to_commit = {tp.partition: committable[tp.partition] for tp in assigned
-                     if tp.partition in committable}
+        committable = self._offsets.committable()
         # partitions not read from since assignment sit at their committed (or reset) offset
-        offsets = {tp.partition: to_commit[tp.partition] if tp.partition in to_commit
+        offsets = {tp.partition: committable[tp.partition] if tp.partition in committable
                    else self.consumer.position(tp) for tp in assigned}
         entry = {
             "step": batch.step,
@@ -251,15 +247,15 @@ class BatchBuilder:
             "group_keys": [item.group["group_key"] for item in out.items],
             "offsets": {str(p): o for p, o in sorted(offsets.items())},
             "fill_seconds": out.fill_seconds,
-            "responses_per_group": [_group_size(item.group) for item in out.items],
+            "responses_per_group": [len(group_rows(item.group)) for item in out.items],
             "created_ms": now_ms(),
             **(report or {}),  # the training step's figures (loss, policy_version, masks ...)
         }
-        self._append_manifest(entry)
-        self._last_manifest_step = batch.step
-        self._send_batch_event(entry)
-        self.producer.flush()  # the Batch event and every dead letter before their offsets
-        self._commit_offsets(to_commit)
+        self._record(entry)  # flushes the Batch event and every dead letter before their offsets
+        # only read partitions are committed; the others keep their committed offset
+        to_commit = {p: o for p, o in self._offsets.to_commit().items() if p in offsets}
+        commit_offsets(self.consumer, self.topic, to_commit)
+        self._offsets.committed(to_commit)
         return entry
 
     def recover(self, trained: dict) -> dict | None:
@@ -277,16 +273,13 @@ class BatchBuilder:
             return None
         keys = list(trained["group_keys"])
         for key in keys:
-            self._remember(key)
+            self._seen.add(key)
         entry = {
             "step": step, "status": "recovered", "target_groups": self.rollout_batch_size,
             "accepted_groups": len(keys), "group_keys": keys, "offsets": {}, "fill_seconds": 0.0,
             "responses_per_group": [], "created_ms": now_ms(), **trained.get("report", {}),
         }
-        self._append_manifest(entry)
-        self._last_manifest_step = step
-        self._send_batch_event(entry)
-        self.producer.flush()
+        self._record(entry)
         self.committed_groups += len(keys)
         self.step = max(self.step, step + 1)
         log.warning("recovered step %d from its checkpoint: %d groups trained but not committed", step, len(keys))
@@ -329,44 +322,26 @@ class BatchBuilder:
 
     def _ingest(self, msg) -> None:
         self.consumed += 1
-        self._position[msg.partition] = msg.offset + 1
-        group, reason, error = self._decode(msg)
-        if group is None:
+        group, problem = trainable_group(msg.value)
+        if problem is not None:  # done once its dead letter is flushed, before the next commit
+            reason, error = problem
+            self._offsets.read(msg.partition, msg.offset, pending=False)
             log.warning("dead-lettering %s[%d]@%d: %s: %s",
                         msg.topic, msg.partition, msg.offset, reason, error)
-            out = dead_letter(self.topics, topic=msg.topic, partition=msg.partition,
-                              offset=msg.offset, key=msg.key, value=msg.value, reason=reason,
-                              error=error, worker=self.worker)
-            self.producer.send(out.topic, key=out.key.encode(),
-                               value=encode(out.record, out.schema))
+            out = dead_letter(self.topics, msg, reason, error, self.worker)
+            self.producer.send(out.topic, key=out.key.encode(), value=encode(out.record, out.schema))
             self.dead_lettered += 1
             return
         key = group["group_key"]
         if key in self._seen:
+            self._offsets.read(msg.partition, msg.offset, pending=False)
             self.duplicates += 1
             log.info("skipping duplicate group %r at %s[%d]@%d", key, msg.topic, msg.partition,
                      msg.offset)
             return
-        self._remember(key)
-        self._not_done.setdefault(msg.partition, set()).add(msg.offset)
+        self._seen.add(key)
+        self._offsets.read(msg.partition, msg.offset)
         self._buffer.append(_Pending(group, msg.partition, msg.offset))
-
-    @staticmethod
-    def _decode(msg) -> tuple[dict | None, str, str]:
-        """(group, "", "") for a trainable accepted ``Group`` or ``TrajectoryGroup``, else
-        (None, reason, error)."""
-        _, record, problem = decode_expected(msg.value, ACCEPTED_SCHEMAS)
-        if problem is not None:
-            return None, *problem
-        if not record["accepted"]:
-            return None, "invalid_event", (
-                f"group {record['group_key']!r} on the accepted topic is not accepted "
-                f"(reason {record['reason']!r})")
-        try:
-            check_group(record)
-        except ValueError as exc:
-            return None, "invalid_event", str(exc)
-        return record, "", ""
 
     def _reject_stale(self) -> None:
         """Move buffered groups the next step may not train (see ``max_staleness``) to
@@ -379,21 +354,14 @@ class BatchBuilder:
             if decision is None:
                 keep.append(item)
                 continue
-            group = {**item.group, "accepted": False, "reason": decision.reason,
-                     "decision_values": {**item.group.get("decision_values", {}), **decision.values}}
-            schema = "TrajectoryGroup" if "trajectories" in group else "Group"
-            self.producer.send(self.topics.groups_rejected, key=group["group_key"].encode(), value=encode(group, schema))
-            self._not_done.get(item.partition, set()).discard(item.offset)
+            group = stale_rejection(item.group, decision)
+            self.producer.send(self.topics.groups_rejected, key=group["group_key"].encode(),
+                               value=encode(group, group_schema(group)))
+            self._offsets.done(item.partition, item.offset)
             self.stale_groups += 1
             process_metrics().decision("trainer", False, decision.reason)
             log.info("group %r rejected as stale before step %d: %s", group["group_key"], self.step, dict(decision.values))
         self._buffer = keep
-
-    def _remember(self, key: str) -> None:
-        self._seen[key] = None
-        self._seen.move_to_end(key)
-        while len(self._seen) > self.dedup_window:
-            self._seen.popitem(last=False)
 
     def _build(self, n: int, status: str) -> RolloutBatch:
         items, self._buffer = self._buffer[:n], self._buffer[n:]
@@ -405,67 +373,24 @@ class BatchBuilder:
         self.step += 1
         return batch
 
-    def _committable(self) -> dict[int, int]:
-        """Partition -> highest offset such that every record before it is done."""
-        return {
-            p: min(self._not_done[p]) if self._not_done.get(p) else pos
-            for p, pos in self._position.items()
-        }
+    def _record(self, entry: dict) -> None:
+        """Append ``entry`` to the manifest (fsynced), publish its ``Batch`` event and flush the
+        producer (the event and every pending send acknowledged)."""
+        if self._manifest is not None:
+            self._manifest.append(entry)
+        self._last_manifest_step = entry["step"]
+        self._publish_batch(entry)
+        self.producer.flush()
 
-    def _commit_offsets(self, offsets: dict[int, int]) -> None:
-        todo = {p: o for p, o in offsets.items() if self._committed.get(p) != o}
-        if not todo:
-            return
-        self.consumer.commit({
-            TopicPartition(self.topic, p): OffsetAndMetadata(o, "", -1) for p, o in todo.items()
-        })
-        self._committed.update(todo)
-
-    def _send_batch_event(self, entry: dict) -> None:
-        """The ``Batch`` event of a manifest entry (key = step; at least once: a restart
+    def _publish_batch(self, entry: dict) -> None:
+        """Send the ``Batch`` event of a manifest entry (key = step; at least once: a restart
         re-sends the last one, so readers keep one event per step)."""
         keys = entry.get("group_keys", [])
-        event = {"step": entry["step"], "status": entry.get("status", "complete"),
-                 "target_groups": entry.get("target_groups", self.rollout_batch_size),
-                 "accepted_groups": entry.get("accepted_groups", len(keys)), "group_keys": keys,
-                 "offsets": entry.get("offsets", {}), "fill_seconds": entry.get("fill_seconds", 0.0),
-                 "created_ms": entry.get("created_ms", 0)}
+        event = batch_event(
+            step=entry["step"], status=entry.get("status", "complete"),
+            target=entry.get("target_groups", self.rollout_batch_size),
+            accepted=entry.get("accepted_groups", len(keys)), group_keys=keys,
+            offsets=entry.get("offsets", {}), fill_seconds=entry.get("fill_seconds", 0.0),
+            created_ms=entry.get("created_ms", 0),
+        )
         self.producer.send(self.topics.batches, key=str(entry["step"]).encode(), value=encode(event, "Batch"))
-
-    def _load_manifest(self) -> dict | None:
-        """Restore seen group keys from the manifest; return its entry of the highest step
-        (None if none)."""
-        if self.manifest_path is None or not self.manifest_path.exists():
-            return None
-        last: dict | None = None
-        with self.manifest_path.open() as fh:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    entry = json.loads(line)
-                except json.JSONDecodeError:  # a torn last line from a crash mid-write
-                    log.warning("ignoring unreadable line %d of %s", n, self.manifest_path)
-                    continue
-                if last is None or entry["step"] >= last["step"]:
-                    last = entry
-                for key in entry.get("group_keys", []):
-                    self._remember(key)
-                self.committed_groups += entry.get("accepted_groups", 0)
-        return last
-
-    def _append_manifest(self, entry: dict) -> None:
-        if self.manifest_path is None:
-            return
-        self.manifest_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.manifest_path.open("a+b") as fh:
-            fh.seek(0, os.SEEK_END)
-            if fh.tell() > 0:  # after a torn line from a crash, start on a fresh line
-                fh.seek(-1, os.SEEK_END)
-                torn = fh.read(1) != b"\n"
-                fh.seek(0, os.SEEK_END)
-                if torn:
-                    fh.write(b"\n")
-            fh.write((json.dumps(entry, sort_keys=True) + "\n").encode())
-            fh.flush()
-            os.fsync(fh.fileno())

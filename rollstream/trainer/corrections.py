@@ -14,7 +14,8 @@ Entry points:
 - ``apply_correction_mask(mask, filter_mask)``: the mask the loss (and its normaliser) uses.
 - ``segment_mean(values, mask)``: per-segment masked mean, the segment granularity's helper.
 - ``TrainInferCorrectionConfig`` (pydantic) and ``parse_correction_config``: the
-  ``train_infer_correction`` YAML mapping, validated.
+  ``train_infer_correction`` YAML mapping, validated; defined in rollstream.config.corrections
+  (the config layer reads it without torch) and re-exported here.
 
 Notation (reference-behaviour.md (h)), per row b and position t of ``[B, T]`` tensors:
 ``o`` = old logprob, ``i`` = infer logprob, ``m`` = mask, ``l = o - i``, ``n_b = sum_t m``.
@@ -102,13 +103,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from torch import Tensor
 
-from rollstream.exceptions import validation_problems
+# The validated config lives in the config layer (no torch there); re-exported for callers here.
+from rollstream.config.corrections import (
+    AGG_TYPES,
+    CorrectionFilterConfig,
+    ISWeightConfig,
+    TrainInferCorrectionConfig,
+    parse_correction_config,
+)
 
 __all__ = [
     "AGG_TYPES",
@@ -123,124 +130,10 @@ __all__ = [
     "segment_mean",
 ]
 
-AGG_TYPES = ("token", "segment", "geometric", "sequence")
-"""Granularities of ratio/diff; reference-behaviour.md (h) table."""
-
 _MONITOR_ORDER = ("token", "geometric", "sequence", "segment")  # the reference's key order
 _MEAN_EPS = 1e-8  # the reference's only epsilon, in mean denominators (h)
 METRIC_PREFIX = "actor/train_infer_"  # every metric key of the correction starts so
 _F64 = torch.float64  # accumulator dtype of every sum
-
-AggType = Literal["token", "segment", "geometric", "sequence"]
-
-
-# ---- configuration ---------------------------------------------------------------------------
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-def _finite_or_inf(name: str, value: float) -> float:
-    if math.isnan(value):
-        raise ValueError(f"{name} must be a number, got NaN")
-    return value
-
-
-class ISWeightConfig(_Strict):
-    """``train_infer_correction.is_weight`` (reference defaults, reference-behaviour.md (h))."""
-
-    enabled: bool = Field(False, description="Multiply the per-token loss by the IS weight.")
-    weight_type: AggType = Field("token", description="Granularity of the ratio used as weight.")
-    upper_bound: float | None = Field(
-        1.2, description="Clamp the weight to [0, upper_bound]; null disables clamping.")
-    detach: bool = Field(True, description="Detach the weight from the autograd graph.")
-
-    @field_validator("upper_bound")
-    @classmethod
-    def _upper_bound_ok(cls, v: float | None) -> float | None:
-        if v is None:
-            return v
-        _finite_or_inf("upper_bound", v)
-        if v < 0:
-            raise ValueError(f"upper_bound must be >= 0 (the weight is clamped to [0, upper_bound]), got {v}")
-        return v
-
-
-class CorrectionFilterConfig(_Strict):
-    """One entry of ``train_infer_correction.filters`` (reference defaults, (h)).
-
-    A listed filter is inert unless ``enabled`` is True, as in the reference. Bounds are
-    inclusive; ``ratio_*`` bound ``exp(l)`` at the chosen granularity, ``diff_*`` the probability
-    difference.
-    """
-
-    enabled: bool = Field(False, description="Apply this filter (a listed filter is inert by default).")
-    agg_type: AggType = Field("token", description="token | segment | geometric | sequence.")
-    ratio_enabled: bool = Field(True, description="Check ratio_low <= ratio <= ratio_high.")
-    ratio_low: float = 0.8
-    ratio_high: float = 1.2
-    diff_enabled: bool = Field(False, description="Check diff_low <= diff <= diff_high.")
-    diff_low: float = -0.2
-    diff_high: float = 0.2
-
-    @model_validator(mode="after")
-    def _bounds_ok(self) -> "CorrectionFilterConfig":
-        for kind in ("ratio", "diff"):
-            low = _finite_or_inf(f"{kind}_low", getattr(self, f"{kind}_low"))
-            high = _finite_or_inf(f"{kind}_high", getattr(self, f"{kind}_high"))
-            if low > high:
-                raise ValueError(f"{kind}_low ({low}) must be <= {kind}_high ({high})")
-        return self
-
-
-class TrainInferCorrectionConfig(_Strict):
-    """The ``train_infer_correction`` mapping: IS weight, filters and the collapse threshold.
-
-    Unknown keys, an unknown ``agg_type`` / ``weight_type``, ``low > high``, a NaN bound or a
-    negative ``upper_bound`` raise ``pydantic.ValidationError`` (a ``ValueError``).
-    ``mask_collapse_threshold`` is ours (not in the reference): the share of valid tokens the
-    filters may remove before ``actor/train_infer_mask_collapse`` is raised.
-    """
-
-    is_weight: ISWeightConfig = Field(default_factory=ISWeightConfig)
-    filters: list[CorrectionFilterConfig] = Field(default_factory=list)
-    mask_collapse_threshold: float = Field(0.5, ge=0.0, le=1.0)
-
-    @field_validator("is_weight", "filters", mode="before")
-    @classmethod
-    def _null_is_default(cls, v: Any, info) -> Any:  # YAML "filters:" with nothing under it
-        if v is None:
-            return {} if info.field_name == "is_weight" else []
-        return v
-
-
-def _error_message(exc: ValidationError) -> str:
-    return "invalid train_infer_correction config: " + "; ".join(validation_problems(exc))
-
-
-def parse_correction_config(
-    config: TrainInferCorrectionConfig | Mapping[str, Any] | None,
-) -> TrainInferCorrectionConfig:
-    """Validate a ``train_infer_correction`` mapping (``None`` -> defaults; a model is returned as is).
-
-    Raises:
-        ValueError: unknown key, unknown ``agg_type`` / ``weight_type``, ``low > high``, NaN bound,
-            negative ``upper_bound``, ``mask_collapse_threshold`` outside [0, 1], or a non-mapping;
-            the message names the field path, e.g. ``filters.0.agg_type: Input should be ...``.
-    """
-    if isinstance(config, TrainInferCorrectionConfig):
-        return config
-    if config is None:
-        return TrainInferCorrectionConfig()
-    if not isinstance(config, Mapping):
-        raise ValueError(
-            "train_infer_correction config must be a mapping or TrainInferCorrectionConfig, "
-            f"got {type(config).__name__}")
-    try:
-        return TrainInferCorrectionConfig.model_validate(dict(config))
-    except ValidationError as exc:
-        raise ValueError(_error_message(exc)) from exc
 
 
 def filter_metric_keys(

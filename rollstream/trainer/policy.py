@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rollstream.config import ActorTrainConfig
+from rollstream.policy.model import load_model
 from rollstream.trainer.batch import RolloutBatch
 from rollstream.trainer.checkpoint import CheckpointStore
 from rollstream.trainer.corrections import (
@@ -48,6 +50,14 @@ class TrainSettings:
     max_grad_norm: float = 1.0
     loss: PolicyLossConfig = PolicyLossConfig()
 
+    @classmethod
+    def from_config(cls, actor_train: ActorTrainConfig) -> "TrainSettings":
+        """The settings of the config's ``actor_train`` (the trainer builds them: config never
+        imports the trainer)."""
+        return cls(lr=actor_train.lr, micro_batch_size=actor_train.micro_batch_size,
+                   max_grad_norm=actor_train.max_grad_norm,
+                   loss=PolicyLossConfig(actor_train.pg_clip_low, actor_train.pg_clip_high, actor_train.loss_agg_mode))
+
 
 class PolicyTrainer:
     """Holds the training model and its optimiser (AdamW); ``train(batch)`` takes one step.
@@ -61,8 +71,6 @@ class PolicyTrainer:
                  model: torch.nn.Module | None = None, device: str | None = None,
                  checkpoints: CheckpointStore | None = None, tokenizer=None) -> None:
         if model is None:
-            from rollstream.policy.model import load_model
-
             tokenizer, model = load_model(device=device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model = model
         self.model.eval()

@@ -29,9 +29,9 @@ from rollstream.observability.metrics import process_metrics
 from rollstream.policy.versions import PolicyFollower, PolicyVersionWatcher
 from rollstream.runtime import worker_id
 from rollstream.schemas import encode
+from rollstream.workers.engines import GenerationBackend, make_backend
 from rollstream.workers.envs import TextEnv, make_env, resolve_env
 from rollstream.workers.episodes import DEFAULT_MAX_CONTEXT_TOKENS, EpisodePlayer, Finished, identity_of
-from rollstream.workers.generation import GenerationBackend
 
 log = logging.getLogger(__name__)
 
@@ -231,8 +231,6 @@ def run_env_worker(
     or a backend name built with ``make_backend(name, **backend_kwargs)``.
     Raises ConfigError for an unknown env_type in ``config.custom_envs`` or an unknown backend.
     """
-    from rollstream.workers.generation import make_backend
-
     gen_args = getattr(getattr(config, "actor_infer", None), "generating_args", None)
     for env in getattr(config, "custom_envs", {}).values():
         resolve_env(env.env_type)  # fail at start-up, not on the first request

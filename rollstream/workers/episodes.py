@@ -46,8 +46,8 @@ from typing import Any, Callable, Iterable
 
 from rollstream.policy.model import EOS_TOKEN, chat_prompt_ids, load_tokenizer
 from rollstream.runtime import now_ms
+from rollstream.workers.engines import FINISH_ERROR, GenerationBackend, SamplingParams
 from rollstream.workers.envs import StepResult, TextEnv, make_env
-from rollstream.workers.generation import FINISH_ERROR, GenerationBackend, SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -33,10 +33,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-from rollstream.data import last_boxed
 from rollstream.kafka.events import Input, Output
 from rollstream.kafka.topics import Topics
 from rollstream.kafka.worker import EventWorker
+from rollstream.workers.answers import last_boxed
 
 NAN = float("nan")
 MATH_VERIFY_TIMEOUT_S = 5  # per parse / per comparison, main thread only (signal.alarm, int s)
@@ -99,7 +99,9 @@ def _mv_timeout() -> int | None:
 
 @functools.lru_cache(maxsize=1)
 def _mv():
-    import math_verify  # import lazily: pulls in sympy / latex2sympy (about 1 s)
+    # Imported on first use: it pulls in sympy / latex2sympy (seconds), and only the gsm8k and
+    # math domains need it.
+    import math_verify
 
     # With timeouts off it logs a one-time warning; that is our choice off the main thread.
     logging.getLogger("math_verify").setLevel(logging.ERROR)
@@ -226,6 +228,8 @@ def _strip_answer(s: str) -> str:
 
 @functools.lru_cache(maxsize=256)
 def _rg_dataset(task: str, config_json: str):
+    # Imported on first use: loading its many task modules takes seconds, and only the
+    # reasoning_gym domain needs it.
     import reasoning_gym
 
     # Rebuilding is cheap for arithmetic tasks but not for all (some load word lists): cache.

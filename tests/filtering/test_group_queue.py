@@ -11,6 +11,7 @@ from rollstream.filtering.group_queue import (
     Duplicate,
     GroupDecided,
     Late,
+    NeedsDecision,
     QueueDone,
     QueueParams,
     QueueState,
@@ -20,6 +21,7 @@ from rollstream.filtering.group_queue import (
     Verdict,
     on_tick,
     on_trajectory,
+    on_verdict,
     start,
 )
 
@@ -51,7 +53,22 @@ class Script:
 
 
 def arrive(state, params, episode_id, traj_index, decide, infra_failed=False, finished_ms=0, now_ms=0):
-    return on_trajectory(state, params, episode_id, traj_index, infra_failed, finished_ms, now_ms, decide)
+    """on_trajectory, then ``decide`` (the group filter) for a NeedsDecision, applied with
+    on_verdict in its place: the effects as one list, as the processor carries them out."""
+    state, effects = on_trajectory(state, params, episode_id, traj_index, infra_failed, finished_ms, now_ms)
+    out = []
+    for effect in effects:
+        if isinstance(effect, NeedsDecision):
+            out += on_verdict(state, params, effect.episode_id, decide(effect.episode_id, list(effect.members)),
+                              now_ms)[1]
+        else:
+            out.append(effect)
+    return out
+
+
+def tick(state, params, now_ms):
+    """on_tick's effects (the state changes in place)."""
+    return on_tick(state, params, now_ms)[1]
 
 
 def test_reference_lifecycle_group_size_2_redundancy_1():
@@ -199,12 +216,12 @@ def test_deadline_reissues_missing_runs_then_times_out():
     state, _ = start("train", 0, 40, params, 0)
     script = Script()
     arrive(state, params, 0, 0, script)
-    assert on_tick(state, params, 999) == []
-    out = on_tick(state, params, 1000)
+    assert tick(state, params, 999) == []
+    out = tick(state, params, 1000)
     assert runs(out) == [(0, 3, "reissue"), (0, 4, "reissue")]
     assert all(e.seed == 40 for e in out)
-    assert on_tick(state, params, 1999) == []
-    out = on_tick(state, params, 2000)
+    assert tick(state, params, 1999) == []
+    out = tick(state, params, 2000)
     (d,) = decided(out)
     assert (d.episode_id, d.accepted, d.reason, d.reissues, d.replaced_by) == (0, False, "episode_timeout", 1, 1)
     assert runs(out) == [(1, 0, "start"), (1, 1, "start"), (1, 2, "start")]
@@ -215,7 +232,7 @@ def test_reissued_run_completes_the_group():
     state, _ = start("train", 0, 0, params, 0)
     script = Script()
     arrive(state, params, 0, 0, script)
-    on_tick(state, params, 100)
+    tick(state, params, 100)
     out = arrive(state, params, 0, 2, script)  # the reissue arrives, run 1 never does
     assert [(d.accepted, d.members) for d in decided(out)] == [(True, (0, 2))]
 

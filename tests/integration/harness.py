@@ -12,7 +12,7 @@ from typing import Callable
 import yaml
 from kafka import KafkaConsumer, TopicPartition
 
-from rollstream.app.run import StageProcesses
+from rollstream.app.processes import StageProcesses
 from rollstream.app.stages import Stage
 from rollstream.kafka.clients import make_producer, wait_for_partitions
 from rollstream.kafka.topics import Topics

@@ -14,8 +14,8 @@ from kafka import KafkaConsumer, TopicPartition
 from rollstream.kafka.clients import make_producer
 from rollstream.schemas import encode
 from rollstream.tools.readback import read_topic, read_values
+from rollstream.workers.engines import TransformersBackend
 from rollstream.workers.env_worker import EnvWorker
-from rollstream.workers.generation import TransformersBackend
 
 from ..workers.fault_envs import SlowEnv
 from .harness import wait_for

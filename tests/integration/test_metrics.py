@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from rollstream.app.run import StageProcesses
+from rollstream.app.processes import StageProcesses
 from rollstream.app.stages import Stage
 from rollstream.tools.readback import read_values
 

@@ -19,7 +19,8 @@ from rollstream.trainer.checkpoint import CheckpointStore
 from rollstream.trainer.consumer import BatchBuilder
 from rollstream.trainer.corrections import parse_correction_config
 from rollstream.trainer.policy import PolicyTrainer, TrainSettings
-from rollstream.workers.generation import GenerationWorker, SamplingParams, TransformersBackend
+from rollstream.workers.engines import SamplingParams, TransformersBackend
+from rollstream.workers.generation import GenerationWorker
 
 from .harness import wait_for
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from rollstream.streams.events import batch_event, group_record
+from rollstream.schemas.records import batch_event
+from rollstream.streams.events import group_record
 from rollstream.trainer.consumer import BatchBuilder
-from rollstream.trainer.loop import BatchEvents, build_batches, underfill_action
+from rollstream.trainer.driver import build_batches
+from rollstream.trainer.verdicts import BatchEvents, underfill_action
 
 from .harness import produce, response
 

@@ -23,8 +23,9 @@ RESPONSE = {
 def test_every_event_has_its_own_schema_file():
     names = {json.loads(p.read_text())["name"] for p in SCHEMA_DIR.glob("*.avsc")}
     assert names == set(REGISTRY.names) == {
-        "Batch", "DeadLetter", "EpisodeRequest", "GenerationRequest", "Group", "GroupCommand", "Metric",
-        "PolicyVersion", "Prompt", "PromptOutcome", "Response", "RewardedResponse", "Trajectory", "TrajectoryGroup",
+        "Batch", "DeadLetter", "EpisodeRequest", "GenerationRequest", "Group", "GroupCommand", "GroupQueueOutcome",
+        "Metric", "PolicyVersion", "Prompt", "PromptOutcome", "Response", "RewardedResponse", "Trajectory",
+        "TrajectoryGroup",
     }
 
 

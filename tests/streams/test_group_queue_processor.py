@@ -264,3 +264,58 @@ def test_inconsistent_token_arrays_are_set_aside_before_a_filter_can_keep_them()
     run.arrive(trajectory(0, 0, 2, 0.0))
     (group,) = run.on("groups.accepted")
     assert [t["traj_index"] for t in group["trajectories"]] == [0, 2]
+
+
+def test_a_group_id_that_stops_publishes_its_outcome_event():
+    """QueueDone -> one GroupQueueOutcome on episodes.outcomes (keyed by group_id) with the
+    group id's final counts; the group_queue/done metric stays, for display."""
+    run = Run(group_size=2, group_filter_cls=STD_FILTER, max_replaced_episodes=1)
+    run.start(0)
+    for eid, rewards in ((0, (0.0, 0.0)), (1, (0.0, 1.0))):  # zero_std, replaced, then accepted
+        for t, r in enumerate(rewards):
+            run.arrive(trajectory(0, eid, t, r))
+    run.start(1)
+    for eid in (0, 1):  # zero_std twice: the one replacement is spent
+        for t in (0, 1):
+            run.arrive(trajectory(1, eid, t, 0.0))
+    outcomes = [(k, r) for t, k, s, r in run.sent if t == "gq.episodes.outcomes"]
+    assert [(k, s) for t, k, s, _ in run.sent if t == "gq.episodes.outcomes"] == [
+        ("0", "GroupQueueOutcome"), ("1", "GroupQueueOutcome")]
+    assert [{k: v for k, v in r.items() if k != "created_ms"} for _, r in outcomes] == [
+        {"mode": "train", "group_id": 0, "status": "complete", "accepted": 1, "rejected": 1,
+         "rejected_by_reason": {"zero_std": 1}, "episodes_decided": 2, "replaced": 1},
+        {"mode": "train", "group_id": 1, "status": "exhausted", "accepted": 0, "rejected": 2,
+         "rejected_by_reason": {"zero_std": 2}, "episodes_decided": 2, "replaced": 1},
+    ]
+    done = [m for m in run.on("metrics") if m["name"] == "group_queue/done"]
+    assert [(m["labels"]["group_id"], m["labels"]["status"], m["value"]) for m in done] == [
+        ("0", "complete", 1.0), ("1", "exhausted", 0.0)]
+
+
+def test_set_aside_trajectories_say_so_and_are_not_counted_as_episodes():
+    run = Run(group_size=2, refill={"max_refills_per_group": 1})
+    run.start(0)
+    run.arrive(trajectory(0, 0, 0, 1.0))
+    run.arrive(trajectory(0, 0, 1, 0.0, env_failed=True))
+    run.arrive(trajectory(0, 0, 2, 0.0))
+    assert [(g["group_key"], g["unit"]) for g in run.on("groups.rejected")] == [("train/0/0/1", "trajectory")]
+    assert [(g["group_key"], g["unit"]) for g in run.on("groups.accepted")] == [("train/0/0", "episode")]
+    (outcome,) = run.on("episodes.outcomes")
+    assert (outcome["accepted"], outcome["rejected"], outcome["episodes_decided"]) == (1, 0, 1)
+
+
+def test_a_queue_state_stored_before_rejected_by_reason_existed_keeps_running():
+    """A table value written by the previous group queue (no rejected_by_reason) is read as is;
+    the outcome then counts the rejections seen since."""
+    run = Run(group_size=2, group_filter_cls=STD_FILTER, max_replaced_episodes=1)
+    run.start(0)
+    key = b"g:train/0"
+    stored = json.loads(run.table[key])
+    del stored["rejected_by_reason"]
+    run.table[key] = json.dumps(stored).encode()
+    for eid in (0, 1):
+        for t in (0, 1):
+            run.arrive(trajectory(0, eid, t, 0.0))
+    (outcome,) = run.on("episodes.outcomes")
+    assert (outcome["status"], outcome["rejected"], outcome["rejected_by_reason"]) == (
+        "exhausted", 2, {"zero_std": 2})

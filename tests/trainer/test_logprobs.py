@@ -12,8 +12,8 @@ import torch
 from rollstream.policy.model import chat_prompt_ids
 from rollstream.trainer.batch import build_batch
 from rollstream.trainer.logprobs import response_log_probs
+from rollstream.workers.engines import SamplingParams, TransformersBackend
 from rollstream.workers.episodes import EpisodePlayer
-from rollstream.workers.generation import SamplingParams, TransformersBackend
 
 TOL = 2e-3  # same weights, different batch shapes: float32 reduction-order noise only
 

@@ -11,13 +11,13 @@ import pytest
 
 from rollstream.policy.model import chat_prompt_ids
 from rollstream.schemas import decode, encode
+from rollstream.workers.engines import FINISH_ERROR, Sample, SamplingParams, TransformersBackend
 from rollstream.workers.envs import GymFrozenLake
 from rollstream.workers.episodes import (
     EpisodePlayer,
     identity_of,
     turn_seed,
 )
-from rollstream.workers.generation import FINISH_ERROR, Sample, SamplingParams, TransformersBackend
 
 from .fault_envs import SlowEnv
 

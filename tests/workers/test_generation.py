@@ -24,15 +24,15 @@ from rollstream.policy.model import (
     load_tokenizer,
 )
 from rollstream.schemas import decode, encode
-from rollstream.workers.generation import (
+from rollstream.workers.engines import (
     GenerationBackend,
-    GenerationWorker,
     Sample,
     SamplingParams,
     TransformersBackend,
     VLLMBackend,
     make_backend,
 )
+from rollstream.workers.generation import GenerationWorker
 
 MAX_NEW = 8
 
@@ -257,7 +257,7 @@ def test_make_backend_unknown_name_lists_valid_names():
 
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.8)])
 def test_seeded_sampler_matches_target_distribution(temperature, top_p):
-    from rollstream.workers.generation import _SeededSampler
+    from rollstream.workers.engines import _SeededSampler
 
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
     rows = 4000

@@ -1,0 +1,47 @@
+"""The building blocks every config model shares: the frozen base model and the settings of the
+Kafka connection, the inference engine and the trainer (one meaning in both pipelines)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class FrozenModel(BaseModel):
+    """Immutable and strict: an unknown (e.g. misspelt) key is an error, never ignored."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class KafkaConfig(FrozenModel):
+    bootstrap_servers: str | None = Field(None, description="null starts the embedded local broker.")
+    topic_prefix: str = "rollstream."
+    partitions: int = Field(4, gt=0, le=1024, description="Partitions of the prompt_id-keyed topics.")
+
+
+class GeneratingArgs(FrozenModel):
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(64, gt=0, le=32768, description="response_length: tokens per response at most.")
+
+
+class ActorInferConfig(FrozenModel):
+    backend: Literal["transformers", "vllm"] = "transformers"
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Generation weights' dtype; the trainer computes old_log_probs in float32, so bfloat16 here gives the train-inference mismatch the correction masks handle.")
+    generating_args: GeneratingArgs = Field(default_factory=GeneratingArgs)
+    max_batch: int = Field(16, gt=0, description="Generation requests per engine call.")
+
+
+class ActorTrainConfig(FrozenModel):
+    """The trainer's GRPO step (reference names: pg_clip, loss_agg_mode). The trainer builds its
+    own settings from it (rollstream.trainer.policy.TrainSettings.from_config)."""
+
+    enabled: bool = Field(True, description="False: build and commit batches without training (no model in the trainer).")
+    lr: float = Field(1e-6, gt=0.0, le=1.0, description="AdamW learning rate.")
+    micro_batch_size: int = Field(4, gt=0, le=4096, description="Rows per forward/backward pass (gradients accumulate over the batch).")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
+    pg_clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="The ratio is clipped below at 1 - pg_clip_low.")
+    pg_clip_high: float = Field(0.2, ge=0.0, description="The ratio is clipped above at 1 + pg_clip_high.")
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
+    keep_checkpoints: int = Field(2, gt=0, le=1000, description="Policy-version checkpoints kept on disk (runs/<name>/checkpoints); older ones are deleted.")

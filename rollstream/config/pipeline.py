@@ -1,0 +1,35 @@
+"""The fields both pipelines (RLVR and agentic) share, declared once."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from rollstream.config.base import ActorInferConfig, ActorTrainConfig, FrozenModel, KafkaConfig
+from rollstream.config.corrections import TrainInferCorrectionConfig
+
+
+class PipelineConfig(FrozenModel):
+    """Run identity, Kafka, batch target and bounds, and the inference/training settings of a
+    pipeline. RLVRConfig and AgenticConfig add their own stages; each sets its ``name`` default.
+    Pydantic lists these fields first in ``model_dump`` and in validation errors."""
+
+    name: str  # each pipeline sets its default
+    seed: int = 42
+    kafka: KafkaConfig = Field(default_factory=KafkaConfig)
+    rollout_batch_size: int = Field(
+        ..., gt=0, description="Per trainer batch: groups (prompts) in RLVR; trajectories in agentic, a multiple of "
+                               "train_env_manager.group_size.")
+    max_steps: int = Field(1, gt=0, description="Trainer batches to build, then stop.")
+    max_staleness: int | None = Field(
+        None, ge=0, le=1_000_000,
+        description="Policy versions a group may lag the newest published one; older groups are rejected 'stale'. "
+                    "RLVR's admission starts step s only once version s - max_staleness exists (0 = on-policy). "
+                    "null = unbounded.")
+    min_fill_ratio: float = Field(
+        1.0, gt=0.0, le=1.0,
+        description="An underfilled batch (RLVR: the resampling budget is spent; agentic: every group id is spent) "
+                    "ships partial if accepted/target >= this, else the run fails.")
+    time_limit_s: float = Field(900.0, gt=0, description="Wall-clock bound of `rollstream run`.")
+    actor_infer: ActorInferConfig = Field(default_factory=ActorInferConfig)
+    actor_train: ActorTrainConfig = Field(default_factory=ActorTrainConfig)
+    train_infer_correction: TrainInferCorrectionConfig = Field(default_factory=TrainInferCorrectionConfig)

@@ -1,0 +1,187 @@
+"""The run summary, derived from the durable events on a run's topics (never from in-process
+counters): what `rollstream run` prints and writes to ``summary.json``. Keys are listed in the
+README ("What the demo does", "Agentic trajectory groups")."""
+
+from __future__ import annotations
+
+import math
+
+from rollstream.config import AgenticConfig, RLVRConfig
+from rollstream.kafka.topics import Topics
+from rollstream.tools.readback import filter_decisions, read_values
+from rollstream.tools.stats import pass_at_k
+
+
+def summarize_rlvr(config: RLVRConfig, bootstrap: str, topics: Topics, batches: list[dict], outcome: str,
+              detail: str, elapsed: float) -> dict:
+    """The run summary, derived from the durable events on the topics."""
+    requests = read_values(bootstrap, topics.generation_requests)
+    responses = read_values(bootstrap, topics.responses)
+    accepted = read_values(bootstrap, topics.groups_accepted)
+    rejected, stale_at_trainer = filter_decisions(accepted, read_values(bootstrap, topics.groups_rejected))
+    validation = read_values(bootstrap, topics.groups_validation)
+    dead = read_values(bootstrap, topics.dead_letter)
+    prompts_admitted = len({r["prompt_id"] for r in requests if r["round"] == 0})
+    domains = {d: {"accepted": 0, "rejected": 0} for d in config.rewards}
+    by_reason: dict[str, int] = {}
+    for g in accepted:
+        domains[g["domain"]]["accepted"] += 1
+    for g in rejected:
+        domains[g["domain"]]["rejected"] += 1
+        by_reason[g["reason"]] = by_reason.get(g["reason"], 0) + 1
+    decided = len(accepted) + len(rejected)
+    accepted_responses = sum(len(g["responses"]) for g in accepted)
+    train_responses = sum(1 for r in responses if r.get("mode", "train") == "train")
+    return {
+        "outcome": outcome,
+        "detail": detail,
+        "elapsed_seconds": round(elapsed, 2),
+        "prompts_admitted": prompts_admitted,
+        "responses_generated": len(responses),
+        "replacement_requests": sum(1 for r in requests if r["round"] > 0),
+        "replacement_responses_requested": sum(r["num_return_sequences"] for r in requests if r["round"] > 0),
+        "groups_accepted": len(accepted),
+        "groups_rejected": dict(sorted(by_reason.items())),
+        "groups_stale_at_trainer": stale_at_trainer,
+        "domains": domains,
+        "batches": [
+            {"step": b["step"], "status": b["status"], "groups": b["accepted_groups"],
+             "responses_per_group": b["responses_per_group"], "fill_seconds": round(b["fill_seconds"], 2),
+             **_training(b)}
+            for b in batches
+        ],
+        "retention_rate": round(len(accepted) / decided, 4) if decided else 0.0,
+        "responses_per_accepted_response": round(train_responses / accepted_responses, 3) if accepted_responses else None,
+        # validation bypasses every filter: all its groups are kept and scored unfiltered
+        "validation": {
+            "groups": len(validation),
+            "responses": sum(len(g["responses"]) for g in validation),
+            "correct_mean": _mean([r["scores"].get("acc", 0.0) for g in validation for r in g["responses"]]),
+            **_pass_at_k([[r["scores"].get("acc", 0.0) >= 1.0 for r in g["responses"]] for g in validation]),
+        },
+        "reward": {
+            "all": _mean([r["response_level_reward"] for g in accepted + rejected for r in g["responses"]]),
+            "accepted": _mean([r["response_level_reward"] for g in accepted for r in g["responses"]]),
+        },
+        "dead_letters": len(dead),
+        "finish_reasons": _counts(r["finish_reason"] for r in responses),
+        "response_tokens_mean": round(sum(len(r["response_token_ids"]) for r in responses) / len(responses), 1)
+        if responses else 0.0,
+        **_policy(bootstrap, topics, [r["policy_version"] for r in responses]),
+    }
+
+
+def summarize_agentic(config: AgenticConfig, bootstrap: str, topics: Topics, batches: list[dict], outcome: str,
+                      detail: str, elapsed: float) -> dict:
+    """The agentic run summary: the RLVR summary's keys (a prompt is an episode, a response a
+    trajectory, a domain an env tag) plus the group queue's own figures."""
+    requests = read_values(bootstrap, topics.episodes_requests)
+    trajectories = read_values(bootstrap, topics.trajectories)
+    accepted = read_values(bootstrap, topics.groups_accepted)
+    rejected_all, stale_at_trainer = filter_decisions(accepted, read_values(bootstrap, topics.groups_rejected))
+    validation = read_values(bootstrap, topics.groups_validation)
+    metrics = [m for m in read_values(bootstrap, topics.metrics) if m["name"].startswith(("group_queue/", "scheduler/"))]
+    dead = read_values(bootstrap, topics.dead_letter)
+    # single trajectories set aside (unit "trajectory") are not group decisions
+    aside = [g for g in rejected_all if g["unit"] == "trajectory"]
+    rejected = [g for g in rejected_all if g["unit"] != "trajectory"]
+    by_reason = _counts(g["reason"] for g in rejected)
+    tags = {t: {"accepted": 0, "rejected": 0} for t in config.custom_envs}
+    for g in accepted:
+        tags[g["tag"]]["accepted"] += 1
+    for g in rejected:
+        tags[g["tag"]]["rejected"] += 1
+    train_traj = [t for t in trajectories if t["mode"] == "train"]
+    accepted_traj = sum(len(g["trajectories"]) for g in accepted)
+    decided = len(accepted) + len(rejected)
+    saved = [m["value"] for m in metrics if m["name"] == "group_queue/redundancy_saved_ms"]
+    model_tokens = [sum(t["response_mask"]) for t in trajectories]
+    episodes = len({(r["mode"], r["group_id"], r["episode_id"]) for r in requests})
+    reruns = sum(1 for r in requests if r["cause"] != "start")  # refills and reissues
+    return {
+        "outcome": outcome,
+        "detail": detail,
+        "elapsed_seconds": round(elapsed, 2),
+        "prompts_admitted": episodes,
+        "episodes_started": episodes,
+        "responses_generated": len(trajectories),
+        "trajectories_played": len(trajectories),
+        "replacement_requests": reruns,
+        "replacement_responses_requested": reruns,
+        "requests_by_cause": _counts(r["cause"] for r in requests),
+        "groups_accepted": len(accepted),
+        "groups_rejected": by_reason,
+        "groups_stale_at_trainer": stale_at_trainer,
+        "domains": tags,
+        "batches": [
+            {"step": b["step"], "status": b["status"], "groups": b["accepted_groups"],
+             "responses_per_group": b["responses_per_group"], "trajectories_per_group": b["responses_per_group"],
+             "fill_seconds": round(b["fill_seconds"], 2), **_training(b)}
+            for b in batches
+        ],
+        "retention_rate": round(len(accepted) / decided, 4) if decided else 0.0,
+        "responses_per_accepted_response": round(len(train_traj) / accepted_traj, 3) if accepted_traj else None,
+        "episodes_replaced": int(sum(m["value"] for m in metrics if m["name"] == "group_queue/episodes_replaced")),
+        "late_trajectories": int(sum(m["value"] for m in metrics if m["name"] == "group_queue/late_trajectories")),
+        "group_filter_count": int(sum(m["value"] for m in metrics if m["name"] == "scheduler/group_filter_count")),
+        "infra_aborts": sum(g["reason"] == "infra_abort" for g in aside),
+        "trajectories_set_aside": _counts(g["reason"] for g in aside),
+        "redundancy_saved_ms": {"episodes": len(saved), "mean": _mean(saved), "max": max(saved) if saved else None},
+        "validation": {
+            "groups": len(validation),
+            "original": len(validation),
+            "accepted": sum(1 for g in validation if g["accepted"]),
+            "rejected": sum(1 for g in validation if not g["accepted"]),
+            "responses": sum(len(g["trajectories"]) for g in validation),
+            "correct_mean": _mean([float(t["success"]) for g in validation for t in g["trajectories"]]),
+        },
+        "reward": {
+            "all": _mean([t["response_level_rewards"] for g in accepted + rejected for t in g["trajectories"]]),
+            "accepted": _mean([t["response_level_rewards"] for g in accepted for t in g["trajectories"]]),
+        },
+        "success_rate": _mean([float(t["success"]) for t in train_traj]),
+        "dead_letters": len(dead),
+        "finish_reasons": _counts(t["stop_reason"] for t in trajectories),
+        "response_tokens_mean": round(sum(model_tokens) / len(model_tokens), 1) if model_tokens else 0.0,
+        "turns_mean": round(sum(len(t["turns"]) for t in trajectories) / len(trajectories), 2) if trajectories else 0.0,
+        **_policy(bootstrap, topics, [t["policy_version"] for t in trajectories]),
+    }
+
+
+def _pass_at_k(groups: list[list[bool]]) -> dict:
+    """``pass@1`` and ``pass@n`` (n = samples per validation prompt, unbiased estimator) over
+    validation groups of equal size; empty when there are none."""
+    sizes = {len(g) for g in groups if g}
+    if len(sizes) != 1:
+        return {}
+    (n,) = sizes
+    return {f"pass@{k}": _mean([pass_at_k(n, sum(g), k) for g in groups]) for k in sorted({1, n})}
+
+
+TRAINING_KEYS = ("loss", "skipped", "policy_version", "final_mask_mean", "pass_rates", "ratio_means", "diff_means",
+                 "mask_collapse", "reward_mean", "grad_norm", "pg_clipfrac", "policy_lag_max", "generator_versions",
+                 "train_seconds")
+
+
+def _policy(bootstrap: str, topics: Topics, generated_by: list[int]) -> dict:
+    """The policy versions published and how many responses/trajectories each one generated."""
+    published = read_values(bootstrap, topics.policy_versions)
+    return {"policy_versions_published": sorted({p["version"] for p in published}),
+            "generated_by_policy_version": {str(k): v for k, v in sorted(_counts(generated_by).items())}}
+
+
+def _training(batch: dict) -> dict:
+    """The training step's figures of a manifest entry (none when training is off)."""
+    return {k: batch[k] for k in TRAINING_KEYS if k in batch}
+
+
+def _mean(values: list[float]) -> float | None:
+    finite = [v for v in values if math.isfinite(v)]
+    return round(sum(finite) / len(finite), 4) if finite else None
+
+
+def _counts(items) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        out[item] = out.get(item, 0) + 1
+    return dict(sorted(out.items()))

@@ -1,0 +1,90 @@
+"""The verdicts that end a step short of a full batch, read from their event topics.
+
+RLVR: the admission publishes ``Batch(status="underfilled")`` on ``batches`` when a step's
+resampling budget is spent. Agentic: every train group id publishes a ``GroupQueueOutcome`` on
+``episodes.outcomes`` when it stops; once all have stopped and fewer than a batch of accepted
+groups remain uncommitted, that is the verdict. Both readers return verdicts shaped like the
+admission's ``Batch`` event; ``underfill_action`` applies ``min_fill_ratio`` (peer scenario 1).
+"""
+
+from __future__ import annotations
+
+from rollstream.exceptions import RollstreamError
+from rollstream.kafka.clients import tail_consumer
+from rollstream.kafka.topics import Topics
+from rollstream.schemas import decode
+
+
+def underfill_action(accepted: int, target: int, min_fill_ratio: float) -> str:
+    """``ship_partial`` or ``fail`` for a step that ended with ``accepted`` of ``target`` groups."""
+    return "ship_partial" if accepted > 0 and accepted / target >= min_fill_ratio else "fail"
+
+
+class _Tail:
+    """Reads a topic from its start without a consumer group; ``new()`` returns the decodable
+    events that arrived since the last call, without waiting."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.consumer = tail_consumer(bootstrap, topic)
+
+    def new(self) -> list[tuple[str, dict]]:
+        out = []
+        for msgs in self.consumer.poll(timeout_ms=0).values():
+            for m in msgs:
+                try:
+                    out.append(decode(m.value))
+                except RollstreamError:
+                    continue
+        return out
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+class BatchEvents(_Tail):
+    """Tails the ``batches`` topic for the admission's underfilled verdicts."""
+
+    def __init__(self, bootstrap: str, topics: Topics) -> None:
+        super().__init__(bootstrap, topics.batches)
+
+    def underfilled(self) -> list[dict]:
+        return [record for name, record in self.new() if name == "Batch" and record["status"] == "underfilled"]
+
+
+class AgenticBatchEvents(_Tail):
+    """The agentic counterpart of ``BatchEvents``: the verdict comes from the group queues.
+
+    Each train group id publishes one ``GroupQueueOutcome`` (status ``complete`` or ``exhausted``,
+    its accepted and rejected episodes) on ``episodes.outcomes`` when it stops. Once every one has
+    stopped, no further group can arrive; if fewer than a batch remain uncommitted, one
+    ``underfilled`` verdict per step is returned, shaped like the admission's ``Batch`` event.
+    """
+
+    def __init__(self, bootstrap: str, topics: Topics, config, builder) -> None:
+        super().__init__(bootstrap, topics.episodes_outcomes)
+        self.num_groups = config.train_env_manager.num_env_groups
+        self.target = config.groups_per_batch
+        self.builder = builder
+        # train group id -> its outcome; a redelivered outcome replaces its first copy
+        self.done: dict[int, dict] = {}
+        self._verdict_step: int | None = None
+
+    def underfilled(self) -> list[dict]:
+        for name, record in self.new():
+            if name == "GroupQueueOutcome" and record["mode"] == "train":
+                self.done[record["group_id"]] = record
+        if len(self.done) < self.num_groups or self._verdict_step == self.builder.step:
+            return []
+        accepted = sum(outcome["accepted"] for outcome in self.done.values())
+        remaining = accepted - self.builder.committed_groups - self.builder.stale_groups
+        if remaining >= self.target:
+            return []
+        rejected: dict[str, int] = {}
+        for outcome in self.done.values():
+            for reason, count in outcome["rejected_by_reason"].items():
+                rejected[reason] = rejected.get(reason, 0) + count
+        self._verdict_step = self.builder.step
+        return [{"step": self.builder.step, "status": "underfilled", "target_groups": self.target,
+                 "accepted_groups": remaining,
+                 "prompts_consumed": sum(outcome["episodes_decided"] for outcome in self.done.values()),
+                 "rejected_by_reason": rejected}]

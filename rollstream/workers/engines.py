@@ -1,0 +1,385 @@
+"""Generation engines: transformers on a CPU or one GPU, vLLM on a GPU, behind one small
+protocol (``GenerationBackend``), so the Kafka handler (rollstream.workers.generation) and the
+env workers do not care which one samples.
+
+Every backend returns, for each sampled token, its log-probability under the *raw* model
+distribution (log_softmax of the unprocessed logits, before temperature/top-p): these are the
+``infer_logprobs`` the trainer compares with its own ``old_log_probs``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList
+
+from rollstream.exceptions import ConfigError, RollstreamError
+from rollstream.policy.model import ensure_model_cache, load_model, load_weights_into
+
+log = logging.getLogger(__name__)
+
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+FINISH_ERROR = "error"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. ``temperature`` 0 means greedy; ``top_p`` in (0, 1]; ``seed`` makes a
+    request reproducible (same prompt + params + seed + weights -> same tokens)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        """Raises ValueError for temperature < 0, top_p outside (0, 1] or max_new_tokens < 1."""
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One sampled response.
+
+    ``token_ids``: generated ids, eos included when generated, no padding.
+    ``logprobs``: one float (nats, <= 0) per token id, under the raw model distribution.
+    ``finish_reason``: ``"stop"`` (eos sampled), ``"length"`` (max_new_tokens hit) or
+    ``"error"`` (engine failed; tokens empty and ``error`` holds the message).
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+    error: str | None = None
+
+
+@runtime_checkable
+class GenerationBackend(Protocol):
+    """An inference engine. ``generate`` never raises for engine failures: they come back as
+    ``finish_reason="error"`` samples."""
+
+    policy_version: int
+
+    def generate(
+        self, prompt_token_ids: list[list[int]], n: list[int], params: list[SamplingParams]
+    ) -> list[list[Sample]]:
+        """Sample ``n[i]`` responses of prompt ``i`` with ``params[i]``; returns one list of
+        ``n[i]`` samples per prompt, in order. Raises ValueError only when the three argument
+        lists differ in length."""
+        ...
+
+    def load_weights(self, path: str, version: int) -> None:
+        """Swap in new policy weights from ``path`` and set ``policy_version`` to ``version``."""
+        ...
+
+
+def error_samples(k: int, message: str) -> list[Sample]:
+    """``k`` samples of a failed request: no tokens, ``finish_reason="error"``, ``error`` set."""
+    return [Sample([], [], "", FINISH_ERROR, message) for _ in range(k)]
+
+
+def _check_args(prompt_token_ids, n, params) -> None:
+    if not (len(prompt_token_ids) == len(n) == len(params)):
+        raise ValueError(
+            f"prompt_token_ids, n and params must have equal lengths, got "
+            f"{len(prompt_token_ids)}, {len(n)}, {len(params)}"
+        )
+
+
+def _row_seed(seed: int, index: int) -> int:
+    """Independent 63-bit seed for sample ``index`` of a request seeded ``seed`` (splitmix64)."""
+    x = (seed * 0x9E3779B97F4A7C15 + index + 1) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (x ^ (x >> 31)) & 0x7FFFFFFFFFFFFFFF
+
+
+class _SeededSampler:
+    """A logits processor that does the sampling itself, one torch.Generator per row.
+
+    model.generate runs greedy (do_sample=False) and this processor turns the scores into a
+    one-hot on the token it drew, so argmax picks it. Per-row generators make a sample depend
+    only on its own request (prompt, params, seed, sample index), not on which other requests
+    shared its batch. Temperature/top-p are applied here, so HF's own warpers are not used;
+    ``output_logits`` still returns the raw logits for the logprobs.
+
+    Sampling is Gumbel-max: argmax(logits/T + G) ~ softmax(logits/T). Unlike inverting a CDF
+    over ~49k near-equal tail tokens, the argmax barely moves when logits shift by fp noise
+    (e.g. other left padding), so samples stay stable across batch compositions.
+    """
+
+    def __init__(self, rows: list[tuple[float, float, int]], device: torch.device) -> None:
+        # rows: (temperature, top_p, seed) per batch row
+        self.temperature = torch.tensor([max(t, 0.0) for t, _, _ in rows], dtype=torch.float32)
+        self.top_p = torch.tensor([p for _, p, _ in rows], dtype=torch.float32, device=device)
+        self.greedy = (self.temperature <= 0.0).to(device)
+        self.any_greedy = bool(self.greedy.any())
+        self.nucleus = bool((self.top_p < 1.0).any())  # skip the vocab sort when unused
+        # CPU generators: device-independent streams, so a seed means the same on CPU and GPU.
+        self.generators = [torch.Generator(device="cpu").manual_seed(s) for _, _, s in rows]
+        self._noise: torch.Tensor | None = None  # reused (rows, vocab) buffer: no per-step allocs
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        # ``scores`` is the very tensor HF keeps as the raw logit of this step
+        # (output_logits): never modify it in place.
+        if self._noise is None or self._noise.shape != scores.shape:
+            self._noise = torch.empty(scores.shape, dtype=torch.float32)
+        noise = self._noise
+        for row, gen in enumerate(self.generators):
+            noise[row].uniform_(generator=gen)  # drawn for greedy rows too: fixed stream layout
+        noise.clamp_(min=1e-20, max=1.0 - 1e-7).log_().neg_().log_().neg_()  # Gumbel(0, 1)
+        noise = noise.to(scores.device)
+        # argmax(l/T + G) == argmax(l + T*G) for T > 0; saves dividing the logits.
+        noise.mul_(self.temperature.to(scores.device)[:, None]).add_(scores.float())
+        if self.nucleus:
+            # Keep the smallest prefix (by prob) whose mass reaches top_p; top token always kept.
+            temp = torch.where(self.greedy, torch.ones_like(self.top_p), self.temperature.to(scores.device))
+            probs = torch.softmax(scores.float() / temp[:, None], dim=-1)
+            sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+            drop_sorted = ((torch.cumsum(sorted_p, dim=-1) - sorted_p) >= self.top_p[:, None]) & (
+                self.top_p[:, None] < 1.0
+            )
+            noise.masked_fill_(torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted), float("-inf"))
+        chosen = noise.argmax(dim=-1)
+        if self.any_greedy:
+            chosen = torch.where(self.greedy, scores.argmax(dim=-1), chosen)
+        # HF keeps no processed scores (output_scores is off), so the buffer can be the result.
+        noise.fill_(float("-inf")).scatter_(1, chosen[:, None], 0.0)
+        return noise
+
+
+class TransformersBackend:
+    """Batched sampling with transformers ``model.generate`` (CPU or a single GPU).
+
+    Each prompt is expanded ``n`` times into rows; rows are grouped by ``max_new_tokens``,
+    sorted by prompt length (less padding) and run ``max_batch`` rows per ``generate`` call,
+    left-padded. An exception inside a chunk turns that chunk's rows into error samples.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | os.PathLike | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        max_batch: int = 16,
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.tokenizer, self.model = load_model(dtype=dtype, device=device, model_dir=model_dir)
+        self.device = torch.device(device)
+        self.max_batch = max_batch
+        self.policy_version = 0
+        self.eos_id = self.tokenizer.eos_token_id
+        self.pad_id = self.tokenizer.pad_token_id
+
+    # -- generation ---------------------------------------------------------------------
+
+    def generate(
+        self, prompt_token_ids: list[list[int]], n: list[int], params: list[SamplingParams]
+    ) -> list[list[Sample]]:
+        """See GenerationBackend.generate. Token ids are ints < vocab size; logprobs float32
+        values widened to Python floats."""
+        _check_args(prompt_token_ids, n, params)
+        out: list[list[Sample | None]] = [[None] * max(int(k), 0) for k in n]
+        # rows: (prompt index, sample index)
+        rows = [(i, j) for i, k in enumerate(n) for j in range(max(int(k), 0))]
+        rows.sort(key=lambda r: (params[r[0]].max_new_tokens, len(prompt_token_ids[r[0]])))
+        chunks: list[list[tuple[int, int]]] = []
+        for r in rows:
+            if chunks and len(chunks[-1]) < self.max_batch and (
+                params[chunks[-1][0][0]].max_new_tokens == params[r[0]].max_new_tokens
+            ):
+                chunks[-1].append(r)
+            else:
+                chunks.append([r])
+        for chunk in chunks:
+            try:
+                samples = self._generate_chunk(
+                    [prompt_token_ids[i] for i, _ in chunk],
+                    [(params[i], j) for i, j in chunk],
+                )
+            except Exception as exc:  # OOM, bad ids, anything: report, never raise
+                log.exception("generation chunk of %d rows failed", len(chunk))
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()  # give an OOM'd allocator a chance on the next chunk
+                samples = error_samples(len(chunk), f"{type(exc).__name__}: {exc}"[:2000])
+            for (i, j), s in zip(chunk, samples):
+                out[i][j] = s
+        return out  # type: ignore[return-value]
+
+    def _generate_chunk(
+        self, prompts: list[list[int]], row_params: list[tuple[SamplingParams, int]]
+    ) -> list[Sample]:
+        max_new = row_params[0][0].max_new_tokens
+        if max_new < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new}")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("empty prompt")
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for r, p in enumerate(prompts):  # left padding: the last prompt token is at the edge
+            input_ids[r, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            attention[r, width - len(p):] = 1
+        sampler = _SeededSampler(
+            [(sp.temperature, sp.top_p, _row_seed(sp.seed, j)) for sp, j in row_params], self.device
+        )
+        # An explicit config, so generation_config.json defaults (top_k, penalties) never apply.
+        config = GenerationConfig(
+            max_new_tokens=max_new,
+            do_sample=False,
+            num_beams=1,
+            eos_token_id=self.eos_id,
+            pad_token_id=self.pad_id,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        with torch.inference_mode():
+            result = self.model.generate(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention.to(self.device),
+                generation_config=config,
+                logits_processor=LogitsProcessorList([sampler]),
+            )
+            new_tokens = result.sequences[:, width:]
+            # Per step (rows, vocab) raw logits -> log p(sampled token) = logit - logsumexp.
+            # Step by step: stacking all steps would allocate rows*steps*vocab floats.
+            lp = torch.stack(
+                [
+                    step.float().gather(-1, new_tokens[:, s : s + 1]).squeeze(-1)
+                    - torch.logsumexp(step.float(), dim=-1)
+                    for s, step in enumerate(result.logits)
+                ],
+                dim=1,
+            ).cpu()
+            new_tokens = new_tokens.cpu()
+        samples = []
+        for r in range(len(prompts)):
+            ids = new_tokens[r].tolist()
+            if self.eos_id in ids:
+                # pad == eos here, so everything after the first eos is padding
+                end = ids.index(self.eos_id) + 1
+                reason = FINISH_STOP
+            else:
+                end = len(ids)
+                reason = FINISH_LENGTH
+            ids = ids[:end]
+            samples.append(
+                Sample(
+                    token_ids=ids,
+                    logprobs=lp[r, :end].tolist(),
+                    text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                    finish_reason=reason,
+                )
+            )
+        return samples
+
+    # -- weights --------------------------------------------------------------------------
+
+    def load_weights(self, path: str, version: int) -> None:
+        """Load new weights (model folder, or a ``.safetensors``/``.pt`` state dict) into the
+        live model and set ``policy_version``. A bad file leaves the old weights in place.
+        Raises FileNotFoundError, or RollstreamError on a key/shape mismatch
+        (see rollstream.policy.model.load_weights_into)."""
+        load_weights_into(self.model, path)
+        self.policy_version = int(version)
+
+
+class VLLMBackend:
+    """vLLM engine behind the same interface (needs a GPU and ``pip install rollstream[vllm]``).
+
+    vLLM's V1 sampler returns logprobs of the raw logits by default (``logprobs_mode=
+    "raw_logprobs"``), matching TransformersBackend. Raises RuntimeError when vllm is missing.
+    """
+
+    def __init__(self, model_dir: str | os.PathLike | None = None, **llm_kwargs: Any) -> None:
+        if importlib.util.find_spec("vllm") is None:
+            raise RuntimeError(
+                "the 'vllm' generation backend needs the optional vllm package: "
+                "pip install rollstream[vllm]  (or use backend='transformers')"
+            )
+        # vllm is an optional, heavy dependency (GPU only, pip install rollstream[vllm]): it is
+        # imported only when this backend is built, here and in the two methods below.
+        from vllm import LLM
+
+        self._model_dir = str(model_dir if model_dir is not None else ensure_model_cache())
+        self._llm_kwargs = llm_kwargs
+        self.llm = LLM(model=self._model_dir, **llm_kwargs)
+        self.policy_version = 0
+
+    def generate(
+        self, prompt_token_ids: list[list[int]], n: list[int], params: list[SamplingParams]
+    ) -> list[list[Sample]]:
+        """See GenerationBackend.generate."""
+        _check_args(prompt_token_ids, n, params)
+        from vllm import SamplingParams as VSamplingParams
+
+        out: list[list[Sample]] = [[] for _ in n]
+        live = [i for i, k in enumerate(n) if k > 0]
+        if not live:
+            return out
+        try:
+            vparams = [
+                VSamplingParams(
+                    n=int(n[i]), temperature=params[i].temperature, top_p=params[i].top_p,
+                    max_tokens=params[i].max_new_tokens, seed=params[i].seed, logprobs=0,
+                )
+                for i in live
+            ]
+            prompts = [{"prompt_token_ids": list(prompt_token_ids[i])} for i in live]
+            results = self.llm.generate(prompts, sampling_params=vparams, use_tqdm=False)
+            for i, res in zip(live, results):
+                for comp in res.outputs:
+                    ids = list(comp.token_ids)
+                    # logprobs=0 -> each step's dict holds just the sampled token
+                    lps = [float(step[t].logprob) for t, step in zip(ids, comp.logprobs or [])]
+                    if len(lps) != len(ids):
+                        raise RollstreamError("vllm returned no logprob for some sampled tokens")
+                    reason = comp.finish_reason if comp.finish_reason in (FINISH_STOP, FINISH_LENGTH) else FINISH_ERROR
+                    err = None if reason != FINISH_ERROR else f"vllm finish_reason={comp.finish_reason}"
+                    out[i].append(Sample(ids, lps, comp.text, reason, err))
+        except Exception as exc:  # one vLLM call is one chunk: all or nothing
+            log.exception("vllm generation failed")
+            msg = f"{type(exc).__name__}: {exc}"[:2000]
+            return [error_samples(max(int(k), 0), msg) for k in n]
+        return out
+
+    def load_weights(self, path: str, version: int) -> None:
+        """Reload from a model folder (rebuilds the engine; simple, not fast). Raises
+        ValueError for a bare state-dict file, which vLLM cannot load by path."""
+        if not Path(path).is_dir():
+            raise ValueError(f"VLLMBackend.load_weights needs a saved model folder, got {path}")
+        from vllm import LLM
+
+        del self.llm
+        self.llm = LLM(model=str(path), **self._llm_kwargs)
+        self._model_dir = str(path)
+        self.policy_version = int(version)
+
+
+BACKENDS: dict[str, type] = {"transformers": TransformersBackend, "vllm": VLLMBackend}
+
+
+def make_backend(name: str, **kw: Any) -> GenerationBackend:
+    """Build a backend by name (``"transformers"`` or ``"vllm"``); ``kw`` go to its constructor.
+    Raises ConfigError naming the valid backends for an unknown name."""
+    try:
+        cls = BACKENDS[name]
+    except KeyError:
+        raise ConfigError(
+            f"generation.backend: unknown backend {name!r}; valid: {', '.join(sorted(BACKENDS))}"
+        ) from None
+    return cls(**kw)

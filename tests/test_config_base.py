@@ -1,0 +1,79 @@
+"""PipelineConfig: the fields RLVR and agentic share are declared once, with one default, one
+validation and the same YAML keys in both pipelines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rollstream.config import AgenticConfig, PipelineConfig, RLVRConfig, load_config, parse_config
+from rollstream.exceptions import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ["name", "seed", "kafka", "rollout_batch_size", "max_steps", "max_staleness", "min_fill_ratio",
+          "time_limit_s", "actor_infer", "actor_train", "train_infer_correction"]
+RLVR_KEYS = SHARED + ["num_return_sequences_in_group", "val_num_return_sequences", "max_running_prompts",
+                      "max_additional_running_prompts", "max_response_rounds", "max_prompts_per_batch",
+                      "prompt_length", "rewards", "datasets", "domain_interleave_probs"]
+AGENTIC_KEYS = SHARED + ["max_concurrent_episodes", "max_context_tokens", "train_env_manager", "val_env_manager",
+                         "custom_envs"]
+
+
+def rlvr(**overrides) -> dict:
+    return {"rollout_batch_size": 2, "num_return_sequences_in_group": 4, "max_prompts_per_batch": 4,
+            "rewards": {"math": {"reward_type": "gsm8k"}}, "datasets": [], **overrides}
+
+
+def agentic(**overrides) -> dict:
+    return {"rollout_batch_size": 4, "custom_envs": {"lake": {"env_type": "gym:FrozenLake-v1"}},
+            "train_env_manager": {"num_env_groups": 2, "group_size": 2, "tags": ["lake"]}, **overrides}
+
+
+def test_both_pipelines_take_the_shared_fields_from_one_base():
+    assert list(PipelineConfig.model_fields) == SHARED
+    assert issubclass(RLVRConfig, PipelineConfig) and issubclass(AgenticConfig, PipelineConfig)
+    for name in SHARED[1:]:  # name is the one default each pipeline sets itself
+        base = repr(PipelineConfig.model_fields[name])  # annotation, default, bounds, description
+        assert repr(RLVRConfig.model_fields[name]) == base == repr(AgenticConfig.model_fields[name])
+
+
+def test_yaml_keys_are_unchanged():
+    assert sorted(parse_config(rlvr()).model_dump()) == sorted(RLVR_KEYS)
+    assert sorted(parse_config(agentic()).model_dump()) == sorted(AGENTIC_KEYS)
+
+
+def test_shared_defaults_are_the_same_in_both_pipelines():
+    r, a = parse_config(rlvr()), parse_config(agentic())
+    assert (r.name, a.name) == ("rlvr", "agentic")
+    for cfg in (r, a):
+        assert (cfg.seed, cfg.max_steps, cfg.max_staleness, cfg.min_fill_ratio, cfg.time_limit_s) == (42, 1, None, 1.0, 900.0)
+        assert (cfg.kafka.bootstrap_servers, cfg.kafka.topic_prefix, cfg.kafka.partitions) == (None, "rollstream.", 4)
+        assert (cfg.actor_infer.backend, cfg.actor_infer.dtype, cfg.actor_infer.max_batch) == ("transformers", "float32", 16)
+        assert (cfg.actor_train.lr, cfg.actor_train.micro_batch_size, cfg.actor_train.keep_checkpoints) == (1e-6, 4, 2)
+        assert cfg.train_infer_correction.model_dump() == {
+            "is_weight": {"enabled": False, "weight_type": "token", "upper_bound": 1.2, "detach": True},
+            "filters": [], "mask_collapse_threshold": 0.5}
+    shared = lambda cfg: {k: v for k, v in cfg.model_dump().items() if k in SHARED[1:]}  # noqa: E731
+    assert shared(r) == {**shared(a), "rollout_batch_size": 2}
+
+
+@pytest.mark.parametrize("make", [rlvr, agentic])
+@pytest.mark.parametrize("field, value", [
+    ("min_fill_ratio", 0.0), ("max_staleness", -1), ("time_limit_s", 0), ("max_steps", 0), ("rollout_batch_size", 0),
+])
+def test_shared_validation_applies_to_both_pipelines(make, field, value):
+    with pytest.raises(ConfigError, match=rf"\n  {field}: "):
+        parse_config(make(**{field: value}))
+
+
+@pytest.mark.parametrize("make", [rlvr, agentic])
+def test_an_unknown_key_is_rejected_in_both_pipelines(make):
+    with pytest.raises(ConfigError, match="max_stalenes: Extra inputs are not permitted"):
+        parse_config(make(max_stalenes=1))
+
+
+@pytest.mark.parametrize("example", ["rlvr_math.yaml", "agentic_frozenlake.yaml"])
+def test_a_dumped_config_parses_back_to_itself(example):
+    cfg = load_config(ROOT / "examples" / example)
+    assert parse_config(cfg.model_dump(mode="json")) == cfg
