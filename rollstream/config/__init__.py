@@ -30,12 +30,11 @@ from rollstream.config.corrections import (
 from rollstream.config.loading import Config, load_config, parse_config
 from rollstream.config.pipeline import PipelineConfig
 from rollstream.config.rlvr import REWARD_SCORE_KEYS, DatasetConfig, FilterConfig, RewardDomainConfig, RLVRConfig
-from rollstream.filtering.query_filters import QUERY_FILTER_ARGS  # its home is filtering; kept importable here
 
 __all__ = [
     "AGG_TYPES", "ActorInferConfig", "ActorTrainConfig", "AgenticConfig", "AggType", "Config",
     "CorrectionFilterConfig", "DEFAULT_GROUP_FILTER", "DatasetConfig", "EnvConfig", "EnvManagerConfig",
     "FilterConfig", "FrozenModel", "GeneratingArgs", "ISWeightConfig", "KafkaConfig", "PipelineConfig",
-    "QUERY_FILTER_ARGS", "REWARD_SCORE_KEYS", "RLVRConfig", "RefillConfig", "RewardDomainConfig",
+    "REWARD_SCORE_KEYS", "RLVRConfig", "RefillConfig", "RewardDomainConfig",
     "TrainInferCorrectionConfig", "load_config", "parse_config", "parse_correction_config",
 ]

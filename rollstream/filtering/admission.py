@@ -86,6 +86,9 @@ class StepComplete:
 
 @dataclass(frozen=True)
 class BatchUnderfilled:
+    """The step's resampling budget is spent with ``accepted`` < ``target`` groups: the shell
+    publishes the ``Batch(status="underfilled")`` verdict the trainer acts on."""
+
     step: int
     accepted: int
     target: int
@@ -95,6 +98,8 @@ class BatchUnderfilled:
 
 @dataclass(frozen=True)
 class UnknownOutcome:
+    """An outcome for a prompt not in flight (a redelivery): ignored."""
+
     prompt_id: str
 
 

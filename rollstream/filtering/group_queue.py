@@ -173,15 +173,19 @@ class GroupDecided:
 
 
 @dataclass(frozen=True)
-class Late:
+class _Ignored:
+    """A run the queue ignores; the subclass says why."""
+
     episode_id: int
     traj_index: int
 
 
-@dataclass(frozen=True)
-class Duplicate:
-    episode_id: int
-    traj_index: int
+class Late(_Ignored):
+    """A run of an episode already decided or removed: ignored, counted."""
+
+
+class Duplicate(_Ignored):
+    """A run that already arrived (a redelivery): ignored, never stored over the first copy."""
 
 
 @dataclass(frozen=True)

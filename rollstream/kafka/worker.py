@@ -28,10 +28,33 @@ log = logging.getLogger(__name__)
 BatchHandler = Callable[[Sequence[Input]], Iterable[Output]]
 
 
-class StoppableLoop:
-    """A worker loop that ends when ``stop()`` sets ``stop_event`` (subclasses create it)."""
+class PartitionWorker:
+    """What every plain worker shares: a consumer owning its partitions of ``input_topic``, a
+    producer, a stop flag, and a clean close.
 
-    stop_event: threading.Event
+    Partitions are assigned statically: instance ``i`` of ``n`` owns the partitions ``p`` with
+    ``p % n == i`` (scale out by starting instances 0..n-1). The group id only stores committed
+    offsets. kafka-python 3.0's group membership proved unreliable here: a leader that rejoins
+    right after its first assignment could stall in the second rebalance for good, assigned
+    nothing, and then die on a refused commit.
+
+    Raises:
+        ValueError: ``instance`` outside [0, ``instances``).
+    """
+
+    def __init__(self, *, bootstrap: str, topics: Topics, input_topic: str, group_id: str, stage: str,
+                 max_poll_records: int, poll_timeout_ms: int = 200, instance: int = 0, instances: int = 1) -> None:
+        if not 0 <= instance < instances:
+            raise ValueError(f"instance must be in [0, {instances}), got {instance}")
+        self.topics = topics
+        self.input_topic = input_topic
+        self.stage = stage
+        self.worker = worker_id(stage)
+        self.poll_timeout_ms = poll_timeout_ms
+        self.stop_event = threading.Event()
+        self.consumer, self.partitions = assigned_consumer(
+            bootstrap, group_id, input_topic, self.worker, max_poll_records, instance, instances)
+        self.producer = make_producer(bootstrap, client_id=self.worker)
 
     def stop(self, *_: object) -> None:
         self.stop_event.set()
@@ -43,52 +66,38 @@ class StoppableLoop:
             signal.signal(signal.SIGTERM, self.stop)
             signal.signal(signal.SIGINT, self.stop)
 
+    def send(self, outputs: Iterable[Output]) -> None:
+        """Encode and send ``outputs`` (not flushed: the caller flushes before it commits)."""
+        for out in outputs:
+            self.producer.send(out.topic, key=out.key.encode(), value=encode(out.record, out.schema))
 
-class EventWorker(StoppableLoop):
-    """Run ``handler`` over ``input_topic`` until stopped.
+    def close(self) -> None:
+        try:
+            self.producer.flush()
+            self.producer.close()
+        finally:
+            self.consumer.close()
+
+
+class EventWorker(PartitionWorker):
+    """Run ``handler`` over ``input_topic`` until stopped (partitions: see PartitionWorker).
 
     ``expected_schema`` names the only schema the handler accepts; anything else is
     dead-lettered with reason ``invalid_event``. A handler exception dead-letters the whole batch
     with reason ``handler_error`` (bytes kept), and the worker goes on.
-
-    Partitions are assigned statically: instance ``i`` of ``n`` owns the partitions ``p`` with
-    ``p % n == i`` (scale out by starting instances 0..n-1). The group id only stores committed
-    offsets. kafka-python 3.0's group membership proved unreliable here: a leader that rejoins
-    right after its first assignment could stall in the second rebalance for good, assigned
-    nothing, and then die on a refused commit.
     """
 
-    def __init__(
-        self,
-        *,
-        bootstrap: str,
-        topics: Topics,
-        input_topic: str,
-        group_id: str,
-        expected_schema: str,
-        handler: BatchHandler,
-        stage: str,
-        max_batch: int = 16,
-        poll_timeout_ms: int = 200,
-        instance: int = 0,
-        instances: int = 1,
-    ) -> None:
-        if not 0 <= instance < instances:
-            raise ValueError(f"instance must be in [0, {instances}), got {instance}")
-        self.topics = topics
-        self.input_topic = input_topic
+    def __init__(self, *, bootstrap: str, topics: Topics, input_topic: str, group_id: str, expected_schema: str,
+                 handler: BatchHandler, stage: str, max_batch: int = 16, poll_timeout_ms: int = 200,
+                 instance: int = 0, instances: int = 1) -> None:
+        super().__init__(bootstrap=bootstrap, topics=topics, input_topic=input_topic, group_id=group_id, stage=stage,
+                         max_poll_records=max_batch, poll_timeout_ms=poll_timeout_ms, instance=instance,
+                         instances=instances)
         self.expected_schema = expected_schema
         self.handler = handler
-        self.stage = stage
-        self.worker = worker_id(stage)
         self.max_batch = max_batch
-        self.poll_timeout_ms = poll_timeout_ms
-        self.stop_event = threading.Event()
         self.processed = 0
         self.dead_lettered = 0
-        self.consumer, self.partitions = assigned_consumer(
-            bootstrap, group_id, input_topic, self.worker, max_batch, instance, instances)
-        self.producer = make_producer(bootstrap, client_id=self.worker)
 
     def _decode(self, msg) -> tuple[Input | None, Output | None]:
         schema, record, problem = decode_expected(msg.value, (self.expected_schema,))
@@ -121,8 +130,7 @@ class EventWorker(StoppableLoop):
         return outputs
 
     def produce(self, outputs: Iterable[Output]) -> None:
-        for out in outputs:
-            self.producer.send(out.topic, key=out.key.encode(), value=encode(out.record, out.schema))
+        self.send(outputs)
         self.producer.flush()
 
     def run(self, max_idle_s: float | None = None) -> None:
@@ -150,10 +158,3 @@ class EventWorker(StoppableLoop):
             self.consumer.commit()
         except CommitFailedError as exc:
             log.warning("offset commit refused (%s); the batch may be redelivered", exc)
-
-    def close(self) -> None:
-        try:
-            self.producer.flush()
-            self.producer.close()
-        finally:
-            self.consumer.close()

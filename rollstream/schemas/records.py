@@ -18,6 +18,12 @@ def is_trajectory_group(group: Mapping) -> bool:
     return "trajectories" in group
 
 
+def is_set_aside(group: Mapping) -> bool:
+    """True for a ``TrajectoryGroup`` that carries one set-aside trajectory (``unit``
+    ``"trajectory"``: infra_abort, invalid_reward, invalid_trajectory), not a group decision."""
+    return group.get("unit") == "trajectory"
+
+
 def group_schema(group: Mapping) -> str:
     """The Avro schema name of a decided group: ``"TrajectoryGroup"`` or ``"Group"``."""
     return "TrajectoryGroup" if is_trajectory_group(group) else "Group"

@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from rollstream.kafka.topics import Topics  # noqa: E402
-from rollstream.schemas.records import is_trajectory_group  # noqa: E402
+from rollstream.schemas.records import is_set_aside, is_trajectory_group  # noqa: E402
 from rollstream.tools.readback import filter_decisions, read_values  # noqa: E402
 
 
@@ -44,9 +44,9 @@ class RunData:
 
     def train_groups(self) -> list[dict]:
         """The filters' train decisions: a group the trainer later rejected as stale counts once,
-        as accepted."""
+        as accepted; a set-aside trajectory is not a group decision."""
         rejected, _ = filter_decisions(self.accepted, self.rejected)
-        return [g for g in self.accepted + rejected if g.get("mode", "train") == "train"]
+        return [g for g in self.accepted + rejected if g.get("mode", "train") == "train" and not is_set_aside(g)]
 
     def steps(self) -> dict[int, dict]:
         """Built batches by step (Batch events are at least once: the last per step counts)."""

@@ -8,6 +8,7 @@ import math
 
 from rollstream.config import AgenticConfig, RLVRConfig
 from rollstream.kafka.topics import Topics
+from rollstream.schemas.records import is_set_aside
 from rollstream.tools.readback import filter_decisions, read_values
 from rollstream.tools.stats import pass_at_k
 
@@ -83,8 +84,8 @@ def summarize_agentic(config: AgenticConfig, bootstrap: str, topics: Topics, bat
     metrics = [m for m in read_values(bootstrap, topics.metrics) if m["name"].startswith(("group_queue/", "scheduler/"))]
     dead = read_values(bootstrap, topics.dead_letter)
     # single trajectories set aside (unit "trajectory") are not group decisions
-    aside = [g for g in rejected_all if g["unit"] == "trajectory"]
-    rejected = [g for g in rejected_all if g["unit"] != "trajectory"]
+    aside = [g for g in rejected_all if is_set_aside(g)]
+    rejected = [g for g in rejected_all if not is_set_aside(g)]
     by_reason = _counts(g["reason"] for g in rejected)
     tags = {t: {"accepted": 0, "rejected": 0} for t in config.custom_envs}
     for g in accepted:

@@ -3,8 +3,13 @@
 Pure torch (no Kafka): ``batch`` (``build_batch``: decoded groups -> padded ``RolloutBatch`` with
 GRPO advantages), ``logprobs`` (old_log_probs under the training model), ``corrections`` (the
 train-inference correction masks), ``grpo`` (clipped policy loss and step), ``policy`` (one step
-per batch, tying them together). ``consumer`` is the thin Kafka shell: ``BatchBuilder`` consumes
-``groups.accepted`` and commits offsets only after the caller confirms a batch was trained.
+per batch, tying them together), ``checkpoint`` (durable policy versions).
+
+The Kafka side: ``consumer`` (``BatchBuilder`` consumes ``groups.accepted`` and commits offsets
+only after the caller confirms a batch was trained; what enters its buffer is checked in
+``intake``, committed batches are recorded in ``manifest``), ``verdicts`` (underfilled steps, read
+from their event topics) and ``driver`` (the one trainer loop of `rollstream run` and
+`rollstream worker trainer`).
 """
 
 from rollstream.trainer.batch import RolloutBatch, build_batch, check_group, grpo_advantages

@@ -170,15 +170,9 @@ def check_group(group: dict) -> None:
         return
     key = group.get("group_key", "?")
     responses = group.get("responses") or []
-    if not responses:
-        raise ValueError(f"group {key!r} has no responses")
-    seen: set[int] = set()
-    for rr in responses:
+    for rr, idx in _unique_members(key, responses, "responses", lambda rr: rr["response"]["sample_index"],
+                                   "sample_index"):
         resp = rr["response"]
-        idx = resp["sample_index"]
-        if idx in seen:
-            raise ValueError(f"group {key!r}: sample_index {idx} appears twice")
-        seen.add(idx)
         n_tok, n_lp = len(resp["response_token_ids"]), len(resp["infer_logprobs"])
         if n_tok != n_lp:
             raise ValueError(
@@ -197,15 +191,21 @@ def check_group(group: dict) -> None:
 def _check_trajectory_group(group: dict) -> None:
     key = group.get("group_key", "?")
     trajectories = group.get("trajectories") or []
-    if not trajectories:
-        raise ValueError(f"group {key!r} has no trajectories")
-    seen: set[int] = set()
-    for traj in trajectories:
-        idx = traj["traj_index"]
-        if idx in seen:
-            raise ValueError(f"group {key!r}: traj_index {idx} appears twice")
-        seen.add(idx)
+    for traj, idx in _unique_members(key, trajectories, "trajectories", lambda t: t["traj_index"], "traj_index"):
         check_trajectory(traj, where=f"group {key!r} trajectory {idx}")
+
+
+def _unique_members(key: str, members: list, kind: str, index_of, index_name: str):
+    """Yield ``(member, index)``; ValueError for a group without members or with an index twice."""
+    if not members:
+        raise ValueError(f"group {key!r} has no {kind}")
+    seen: set[int] = set()
+    for member in members:
+        idx = index_of(member)
+        if idx in seen:
+            raise ValueError(f"group {key!r}: {index_name} {idx} appears twice")
+        seen.add(idx)
+        yield member, idx
 
 
 def _rows(group: dict) -> list[_Row]:

@@ -1,1 +1,3 @@
-"""Plain Kafka workers (kafka-python): generation, reward, and the shared consume/produce shell."""
+"""Plain Kafka workers (kafka-python, rollstream.kafka.worker): generation (engines in
+``engines``), reward (functions in ``rewards``, answer parsing in ``answers``) and env workers
+(``env_worker`` over the Kafka-free ``episodes`` player, ``envs`` and ``env_calls``)."""

@@ -11,7 +11,6 @@ identity.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -20,14 +19,13 @@ from typing import Any, Callable, Sequence
 from kafka.errors import CommitFailedError
 
 from rollstream.exceptions import EncodeError
-from rollstream.kafka.clients import assigned_consumer, commit_offsets, make_producer
+from rollstream.kafka.clients import commit_offsets
 from rollstream.kafka.events import Output, SourceRecord, dead_letter, decode_expected
 from rollstream.kafka.offsets import OffsetTracker
 from rollstream.kafka.topics import Topics
-from rollstream.kafka.worker import StoppableLoop
+from rollstream.kafka.worker import PartitionWorker
 from rollstream.observability.metrics import process_metrics
 from rollstream.policy.versions import PolicyFollower, PolicyVersionWatcher
-from rollstream.runtime import worker_id
 from rollstream.schemas import encode
 from rollstream.workers.engines import GenerationBackend, make_backend
 from rollstream.workers.envs import TextEnv, make_env, resolve_env
@@ -50,7 +48,7 @@ class _Source:
     value: bytes
 
 
-class EnvWorker(StoppableLoop):
+class EnvWorker(PartitionWorker):
     """Consume ``episodes.requests``, play them with an EpisodePlayer, produce ``trajectories``.
 
     Partitions are assigned statically (instance ``i`` of ``n`` owns ``p % n == i``; see
@@ -82,13 +80,9 @@ class EnvWorker(StoppableLoop):
         env_factory: Callable[[str, dict], TextEnv] = make_env,
         follow_policy: bool = True,
     ) -> None:
-        if not 0 <= instance < instances:
-            raise ValueError(f"instance must be in [0, {instances}), got {instance}")
-        self.topics = topics
-        self.input_topic = topics.episodes_requests
-        self.worker = worker_id("env")
-        self.poll_timeout_ms = poll_timeout_ms
-        self.stop_event = threading.Event()
+        super().__init__(bootstrap=bootstrap, topics=topics, input_topic=topics.episodes_requests, group_id=group_id,
+                         stage="env", max_poll_records=max_concurrent_episodes, poll_timeout_ms=poll_timeout_ms,
+                         instance=instance, instances=instances)
         self.player = EpisodePlayer(
             backend, tokenizer=tokenizer, temperature=temperature, top_p=top_p,
             max_concurrent=max_concurrent_episodes, max_context_tokens=max_context_tokens,
@@ -99,9 +93,6 @@ class EnvWorker(StoppableLoop):
         self.duplicates_skipped = 0
         self.stop_reasons: Counter[str] = Counter()
         self.offsets = OffsetTracker()  # pending: requests whose trajectory is not out yet
-        self.consumer, self.partitions = assigned_consumer(
-            bootstrap, group_id, self.input_topic, self.worker, max_concurrent_episodes, instance, instances)
-        self.producer = make_producer(bootstrap, client_id=self.worker)
         self.policy = PolicyFollower(PolicyVersionWatcher(bootstrap, topics), backend) if follow_policy else None
 
     def _dead_letter(self, source: SourceRecord, reason: str, error: str) -> Output:
@@ -178,8 +169,7 @@ class EnvWorker(StoppableLoop):
                             outputs.append(dl)
                 finished = self.player.step(wait_s=self.poll_timeout_ms / 1000.0)
                 outputs.extend(self._emit(finished))
-                for out in outputs:
-                    self.producer.send(out.topic, key=out.key.encode(), value=encode(out.record, out.schema))
+                self.send(outputs)
                 if outputs or finished:
                     self.producer.flush()  # acknowledged before the offsets move past them
                 for done in finished:
@@ -195,10 +185,8 @@ class EnvWorker(StoppableLoop):
     def close(self) -> None:
         self.player.abandon_all()
         try:
-            self.producer.flush()
-            self.producer.close()
+            super().close()
         finally:
-            self.consumer.close()
             if self.policy is not None:
                 self.policy.close()
 

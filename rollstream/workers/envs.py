@@ -102,6 +102,8 @@ class GymFrozenLake:
     ACTIONS = ("left", "down", "right", "up")  # gymnasium's action ids 0..3
 
     def __init__(self, **env_config: Any) -> None:
+        # Each environment library is imported when an environment of it is built: an env worker
+        # loads only the library its requests name (resolve_env warms it up at start).
         import gymnasium as gym
 
         self._env = gym.make("FrozenLake-v1", render_mode="ansi", **env_config)
@@ -187,7 +189,7 @@ class TextArenaEnv:
     MOVES = ("up", "down", "left", "right")
 
     def __init__(self, game_id: str, **env_config: Any) -> None:
-        import textarena as ta
+        import textarena as ta  # imported when used, like gymnasium above
         from textarena.core import Wrapper
 
         self._ta = ta

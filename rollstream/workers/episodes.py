@@ -47,6 +47,7 @@ from typing import Any, Callable, Iterable
 from rollstream.policy.model import EOS_TOKEN, chat_prompt_ids, load_tokenizer
 from rollstream.runtime import now_ms
 from rollstream.workers.engines import FINISH_ERROR, GenerationBackend, SamplingParams
+from rollstream.workers.env_calls import EnvCall, close_quietly
 from rollstream.workers.envs import StepResult, TextEnv, make_env
 
 log = logging.getLogger(__name__)
@@ -91,77 +92,6 @@ def validate_request(request: dict) -> None:
         raise ValueError(f"env_step_timeout_s must be > 0, got {request['env_step_timeout_s']}")
 
 
-# -- environment calls in helper threads ----------------------------------------------------------
-
-class _EnvCall:
-    """One environment call running in its own daemon thread.
-
-    A thread per call (not a shared pool): a stuck call keeps its thread forever, and a pool
-    would either shrink with every stuck call or have to be joined at exit. Daemon threads are
-    never joined, so abandoned calls cannot block shutdown.
-    """
-
-    def __init__(self, fn: Callable[[], Any], timeout_s: float, wakeup: threading.Event) -> None:
-        self.timeout_s = timeout_s
-        self.started = time.monotonic()
-        self.elapsed: float | None = None  # set when the call returns or raises
-        self.result: Any = None
-        self.exc: BaseException | None = None
-        self._wakeup = wakeup
-        self._lock = threading.Lock()
-        self._finished = False
-        self._cleanup: Callable[[], None] | None = None
-        threading.Thread(target=self._run, args=(fn,), daemon=True, name="env-call").start()
-
-    def _run(self, fn: Callable[[], Any]) -> None:
-        try:
-            self.result = fn()
-        except BaseException as exc:  # reported to the player, never raised in this thread
-            self.exc = exc
-        self.elapsed = time.monotonic() - self.started
-        with self._lock:
-            self._finished = True
-            cleanup = self._cleanup
-        self._wakeup.set()
-        if cleanup is not None:
-            cleanup()
-
-    @property
-    def finished(self) -> bool:
-        return self._finished
-
-    def timed_out(self, now: float) -> bool:
-        """Finished too slowly, or still running past the deadline."""
-        if self._finished:
-            return self.elapsed > self.timeout_s
-        return now - self.started > self.timeout_s
-
-    def deadline(self) -> float:
-        return self.started + self.timeout_s
-
-    def abandon(self, cleanup: Callable[[], None]) -> None:
-        """Run ``cleanup`` once the call has returned (now, if it already has)."""
-        with self._lock:
-            if not self._finished:
-                self._cleanup = cleanup
-                return
-        cleanup()
-
-
-def _close_quietly(env: TextEnv | None) -> None:
-    """Close ``env`` in a daemon thread: a hanging close must not block the loop either."""
-    if env is None:
-        return
-
-    def close() -> None:
-        try:
-            env.close()
-        except Exception:
-            log.debug("environment close failed", exc_info=True)
-
-    threading.Thread(target=close, daemon=True, name="env-close").start()
-
-
 # -- one trajectory -------------------------------------------------------------------------------
 
 _MAKING, _RESETTING, _WAIT_MODEL, _STEPPING = "making", "resetting", "wait_model", "stepping"
@@ -174,7 +104,7 @@ class _Trajectory:
     started_ms: int
     phase: str = _MAKING
     env: TextEnv | None = None
-    call: _EnvCall | None = None
+    call: EnvCall | None = None
     turns: list[dict] = field(default_factory=list)
     context: list[int] = field(default_factory=list)  # prompt0 + response0 + prompt1 + ... so far
     next_prompt: list[int] | None = None  # prompt tokens of the turn about to be generated
@@ -276,7 +206,7 @@ class EpisodePlayer:
             return self.env_factory(env_type, config)
 
         timeout = max(float(request["env_step_timeout_s"]), ENV_MAKE_TIMEOUT_S)
-        traj.call = _EnvCall(build, timeout, self._wakeup)
+        traj.call = EnvCall(build, timeout, self._wakeup)
         return True
 
     def abandon_all(self) -> list[Any]:
@@ -312,7 +242,7 @@ class EpisodePlayer:
             finished.extend(self._generate(waiting))
         return finished
 
-    def _wait_calls(self, calls: list[_EnvCall], first_s: float) -> bool:
+    def _wait_calls(self, calls: list[EnvCall], first_s: float) -> bool:
         """Wait up to ``first_s`` for one of ``calls`` to return (0: do not wait for a first
         one), then up to ``gather_s`` for the rest; never past a call's deadline (it is then
         due for a timeout). Returns whether any call returned."""
@@ -388,7 +318,7 @@ class EpisodePlayer:
             traj.env = result
             traj.phase = _RESETTING
             env, seed = result, int(request["seed"])
-            traj.call = _EnvCall(lambda: env.reset(seed), float(request["env_step_timeout_s"]), self._wakeup)
+            traj.call = EnvCall(lambda: env.reset(seed), float(request["env_step_timeout_s"]), self._wakeup)
             return None
         if traj.phase == _RESETTING:
             if not isinstance(result, str):
@@ -473,7 +403,7 @@ class EpisodePlayer:
             traj.needs_im_end = not tokens or tokens[-1] != self.im_end_id
             traj.phase = _STEPPING
             env, text = traj.env, sample.text
-            traj.call = _EnvCall(lambda env=env, text=text: env.step(text),
+            traj.call = EnvCall(lambda env=env, text=text: env.step(text),
                                  float(traj.request["env_step_timeout_s"]), self._wakeup)
         return finished
 
@@ -485,13 +415,13 @@ class EpisodePlayer:
         if call is not None and not call.finished:
             if traj.phase == _MAKING:
                 # The env is still being built: close whatever the stuck constructor returns.
-                call.abandon(lambda: _close_quietly(call.result if call.exc is None else None))
+                call.abandon(lambda: close_quietly(call.result if call.exc is None else None))
             else:
-                call.abandon(lambda: _close_quietly(env))
+                call.abandon(lambda: close_quietly(env))
         else:
             if call is not None and traj.phase == _MAKING and call.exc is None:
                 env = call.result  # built, but too slowly to be used
-            _close_quietly(env)
+            close_quietly(env)
 
     def _end_timeout(self, key: Identity, traj: _Trajectory) -> Finished:
         call = traj.call

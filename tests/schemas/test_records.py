@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rollstream.schemas import decode, encode
-from rollstream.schemas.records import batch_event, group_rows, group_schema, is_trajectory_group
+from rollstream.schemas.records import batch_event, group_rows, group_schema, is_set_aside, is_trajectory_group
 
 RLVR = {"group_key": "p1", "responses": [{"r": 0}, {"r": 1}]}
 AGENTIC = {"group_key": "g1/0", "trajectories": [{"t": 0}, {"t": 1}, {"t": 2}]}
@@ -42,3 +42,8 @@ def test_trainer_batch_event_encodes_like_a_record_without_admission_fields():
     assert encode(event, "Batch") == encode(without, "Batch")
     keys.append("c")  # the event holds copies
     assert event["group_keys"] == ["a", "b"]
+
+
+def test_only_a_trajectory_unit_is_a_set_aside():
+    assert [is_set_aside(g) for g in (RLVR, {**AGENTIC, "unit": "episode"}, {**AGENTIC, "unit": "trajectory"})] == [
+        False, False, True]
