@@ -27,7 +27,7 @@ $(UV):
 
 # Kafka jars and the dequantised model are cached under ~/.cache/rollstream.
 env: .venv/.installed
-	$(PY) -c "from rollstream.kafka.broker import ensure_kafka_libs; ensure_kafka_libs()"
+	$(PY) -c "from rollstream.kafka.jars import ensure_kafka_libs; ensure_kafka_libs()"
 	$(PY) -c "from rollstream.policy.model import ensure_model_cache; ensure_model_cache()"
 
 demo: env

@@ -1,10 +1,13 @@
-"""The wall clock and the process identity every layer stamps on its events."""
+"""What every layer shares at run time: the wall clock and process identity it stamps on its
+events, and the default topic prefix (a deployment's topics and its config default agree)."""
 
 from __future__ import annotations
 
 import os
 import socket
 import time
+
+DEFAULT_TOPIC_PREFIX = "rollstream."
 
 
 def now_ms() -> int:

@@ -20,9 +20,9 @@ from rich.live import Live
 from rollstream.app.render import print_whatif, replay_row, replay_table, stats_table
 from rollstream.exceptions import RollstreamError
 from rollstream.kafka.admin import check_copartitioned, create_topics, wait_for_broker
-from rollstream.kafka.broker import daemon_status, start_daemon, stop_daemon
+from rollstream.kafka.broker import DEFAULT_DATA_DIR, daemon_status, start_daemon, stop_daemon
 from rollstream.kafka.clients import make_producer
-from rollstream.kafka.topics import TOPICS, Topics
+from rollstream.kafka.topics import DEFAULT_PREFIX, TOPICS, Topics
 from rollstream.tools.replay import Predicate, Selection, parse_time_ms
 from rollstream.tools.replay import replay as replay_topic
 from rollstream.tools.stats import figures, latest
@@ -38,7 +38,7 @@ app.add_typer(broker_app, name="broker")
 console = Console()
 err = Console(stderr=True)
 
-DATA_DIR_OPT = typer.Option(Path(".rollstream/broker"), "--data-dir", help="Broker data dir (log, kraft data, broker.json).")
+DATA_DIR_OPT = typer.Option(DEFAULT_DATA_DIR, "--data-dir", help="Broker data dir (log, kraft data, broker.json).")
 
 
 def _fail(exc: Exception) -> None:
@@ -124,7 +124,7 @@ def create_topics_cmd(config: Path = typer.Option(..., "--config", "-c"), bootst
     _reach(bootstrap)
     topics = Topics(cfg.kafka.topic_prefix)
     create_topics(bootstrap, topics.all(cfg.kafka.partitions))
-    check_copartitioned(bootstrap, [topics.name(t) for t, (cls, _) in TOPICS.items() if cls == "rlvr"])
+    check_copartitioned(bootstrap, topics.keyed())
     console.print(f"topics ready under prefix {topics.prefix!r}")
 
 
@@ -175,7 +175,7 @@ def run(
 def replay(
     topic: str = typer.Argument(..., help="Topic: a full name, or a logical one (groups.rejected) under --prefix."),
     bootstrap: str = typer.Option(..., "--bootstrap", "-b"),
-    prefix: str = typer.Option("rollstream.", "--prefix", help="Prefix of logical topic names."),
+    prefix: str = typer.Option(DEFAULT_PREFIX, "--prefix", help="Prefix of logical topic names."),
     where: list[str] = typer.Option([], "--where", "-w", help="FIELD=VALUE (or != >= <= > <); dotted paths; repeat to AND."),
     key: Optional[str] = typer.Option(None, "--key", help="Only records with this key."),
     partition: list[int] = typer.Option([], "--partition", "-p", help="Only these partitions (repeat)."),
@@ -290,7 +290,7 @@ def report(
 @app.command()
 def stats(
     bootstrap: str = typer.Option(..., "--bootstrap", "-b"),
-    prefix: str = typer.Option("rollstream.", "--prefix"),
+    prefix: str = typer.Option(DEFAULT_PREFIX, "--prefix"),
     follow: bool = typer.Option(False, "--follow", help="Refresh live until interrupted."),
     interval_s: float = typer.Option(2.0, "--interval", help="Refresh period with --follow."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON instead of a table."),

@@ -31,7 +31,7 @@ from rollstream.kafka.admin import create_topics, wait_for_broker
 from rollstream.kafka.broker import EmbeddedBroker
 from rollstream.kafka.topics import Topics
 from rollstream.tools.summary import summarize_agentic, summarize_rlvr
-from rollstream.trainer.driver import LoopResult, groups_per_batch, run_trainer
+from rollstream.trainer.driver import LoopResult, run_trainer
 
 
 def run_pipeline(config: Config, summary_json: Path | None = None, console: Console | None = None,
@@ -89,7 +89,7 @@ def _build(config: Config, bootstrap: str, topics: Topics, stages: StageProcesse
     else:
         n_prompts = produce_prompts(config, bootstrap)
         console.print(f"published {n_prompts} prompts to {topics.prompts}")
-    target = config.max_steps * groups_per_batch(config)
+    target = config.max_steps * config.groups_per_batch
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                   TextColumn("{task.completed}/{task.total} groups"), TimeElapsedColumn(),
                   console=console) as progress:

@@ -14,9 +14,9 @@ import torch
 from rollstream.config import AgenticConfig, Config
 from rollstream.exceptions import ConfigError
 from rollstream.filtering.group_filters import load_group_filter
+from rollstream.kafka import names
 from rollstream.kafka.admin import create_topics
 from rollstream.kafka.clients import make_producer
-from rollstream.kafka.names import changelog_topics
 from rollstream.kafka.topics import Topics
 from rollstream.observability.metrics import process_metrics
 from rollstream.runtime import worker_id
@@ -100,10 +100,10 @@ def run_stage(stage: Stage, config: Config, bootstrap: str, max_idle_s: float | 
 
 def _run(stage: Stage, config: Config, bootstrap: str, topics: Topics, max_idle_s: float | None,
          instance: int, instances: int) -> None:
-    # Each stage process imports only its own stack (torch, transformers, faust, environments,
-    # reward libraries): one stage takes ~4 s to import on 2 cores, all of them ~11 s.
+    # Each stage process imports only its own stage module and what that pulls in (model code,
+    # environments, reward libraries): one stage takes ~4 s to import on 2 cores, all ~11 s.
     if stage in (Stage.admission, Stage.aggregator, Stage.group_queue):
-        create_topics(bootstrap, changelog_topics(topics, config.kafka.partitions))
+        create_topics(bootstrap, names.changelog_topics(topics, config.kafka.partitions))
     if stage is Stage.admission:
         from rollstream.streams.admission import build_admission_app
 
@@ -119,14 +119,14 @@ def _run(stage: Stage, config: Config, bootstrap: str, topics: Topics, max_idle_
         args = config.actor_infer.generating_args
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens)
         run_generation_worker(bootstrap, topics, params, backend=config.actor_infer.backend,
-                              group_id=f"{topics.prefix}generation", max_batch=config.actor_infer.max_batch,
+                              group_id=names.consumer_group(topics, "generation"), max_batch=config.actor_infer.max_batch,
                               max_idle_s=max_idle_s, instance=instance, instances=instances,
                               backend_kwargs=backend_kwargs(config.actor_infer))
     elif stage is Stage.reward:
         from rollstream.workers.rewards import run_reward_worker
 
         run_reward_worker(bootstrap, topics, {d: r.reward_type for d, r in config.rewards.items()},
-                          group_id=f"{topics.prefix}reward", max_idle_s=max_idle_s,
+                          group_id=names.consumer_group(topics, "reward"), max_idle_s=max_idle_s,
                           instance=instance, instances=instances)
     elif stage is Stage.group_queue:
         from rollstream.streams.group_queue import build_group_queue_app
@@ -135,7 +135,7 @@ def _run(stage: Stage, config: Config, bootstrap: str, topics: Topics, max_idle_
     elif stage is Stage.env:
         from rollstream.workers.env_worker import run_env_worker
 
-        run_env_worker(bootstrap, topics, config, group_id=f"{topics.prefix}env", max_idle_s=max_idle_s,
+        run_env_worker(bootstrap, topics, config, group_id=names.consumer_group(topics, "env"), max_idle_s=max_idle_s,
                        instance=instance, instances=instances, backend_kwargs=backend_kwargs(config.actor_infer))
     elif stage is Stage.trainer:
         from rollstream.trainer.driver import run_trainer

@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 
 from rollstream.config.base import FrozenModel
 from rollstream.config.pipeline import PipelineConfig
+from rollstream.filtering.decision import config_hash
 
 DEFAULT_GROUP_FILTER = "rollstream.filtering.group_filters:GroupFilter"
 
@@ -126,7 +127,7 @@ class AgenticConfig(PipelineConfig):
 
     def filter_config_hash(self, mode: str) -> str:
         """sha256[:16] of ``filter_config_json(mode)``."""
-        return hashlib.sha256(self.filter_config_json(mode).encode()).hexdigest()[:16]
+        return config_hash(self.filter_config_json(mode))
 
     @property
     def groups_per_batch(self) -> int:

@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollstream.runtime import DEFAULT_TOPIC_PREFIX
+
 
 class FrozenModel(BaseModel):
     """Immutable and strict: an unknown (e.g. misspelt) key is an error, never ignored."""
@@ -16,7 +18,7 @@ class FrozenModel(BaseModel):
 
 class KafkaConfig(FrozenModel):
     bootstrap_servers: str | None = Field(None, description="null starts the embedded local broker.")
-    topic_prefix: str = "rollstream."
+    topic_prefix: str = DEFAULT_TOPIC_PREFIX
     partitions: int = Field(4, gt=0, le=1024, description="Partitions of the prompt_id-keyed topics.")
 
 

@@ -1,7 +1,7 @@
 """The ``train_infer_correction`` mapping, validated: the IS weight, the token filters and the
 collapse threshold (reference defaults, reference-behaviour.md (h)).
 
-Only the configuration lives here, so reading a config never imports torch; the correction
+Only the configuration lives here, so it loads without the trainer; the correction
 itself (formulas, metrics) is rollstream.trainer.corrections.
 """
 

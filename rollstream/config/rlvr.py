@@ -8,7 +8,6 @@ Filter types are resolved here, so an unknown type fails at start-up, never mid-
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any, Literal
 
@@ -17,6 +16,7 @@ from pydantic import Field, model_validator
 from rollstream.config.base import FrozenModel
 from rollstream.config.pipeline import PipelineConfig
 from rollstream.exceptions import ConfigError
+from rollstream.filtering.decision import config_hash
 from rollstream.filtering.prompt_state import REWARD_METRIC, DomainFilters
 from rollstream.filtering.query_filters import check_query_filter_args, resolve_query_filter
 from rollstream.filtering.response_filters import resolve_response_filter
@@ -79,6 +79,11 @@ class RLVRConfig(PipelineConfig):
     datasets: list[DatasetConfig]
     domain_interleave_probs: dict[str, float] = Field(default_factory=dict)
 
+    @property
+    def groups_per_batch(self) -> int:
+        """Groups per trainer batch: one per prompt, ``rollout_batch_size``."""
+        return self.rollout_batch_size
+
     @model_validator(mode="after")
     def _consistent(self) -> "RLVRConfig":
         domains = set(self.rewards)
@@ -118,4 +123,4 @@ class RLVRConfig(PipelineConfig):
 
     def filter_config_hash(self, domain: str) -> str:
         """sha256[:16] of ``filter_config_json(domain)``."""
-        return hashlib.sha256(self.filter_config_json(domain).encode()).hexdigest()[:16]
+        return config_hash(self.filter_config_json(domain))

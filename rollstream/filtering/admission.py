@@ -24,12 +24,11 @@ gc). Validation prompts take a slot but never count towards a batch.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Union
 
-from rollstream.filtering.decision import Decision
+from rollstream.filtering.decision import Decision, config_hash
 from rollstream.filtering.reasons import RejectReason
 from rollstream.filtering.staleness import may_start_step
 
@@ -120,7 +119,7 @@ def prompt_filter_config(prompt_length: int) -> tuple[str, str]:
     """``(filter_config, filter_config_hash)`` a ``prompt_too_long`` Group carries: the JSON of
     what decided it (so it can be re-decided) and its sha256[:16]."""
     text = json.dumps({"prompt_length": prompt_length})
-    return text, hashlib.sha256(text.encode()).hexdigest()[:16]
+    return text, config_hash(text)
 
 
 def can_admit(state: AdmissionState, limits: AdmissionLimits, mode: str = "train",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -21,3 +22,9 @@ class Decision:
     @classmethod
     def reject(cls, reason: RejectReason | str, **values: float) -> "Decision":
         return cls(False, str(reason), dict(values))
+
+
+def config_hash(config_json: str) -> str:
+    """The short id a filter config is recorded under beside a decision (``filter_config_hash``):
+    the first 16 hex digits of the SHA-256 of its canonical JSON text."""
+    return hashlib.sha256(config_json.encode()).hexdigest()[:16]

@@ -27,6 +27,7 @@ from rollstream.exceptions import ConfigError
 from rollstream.filtering.decision import Decision
 from rollstream.filtering.reasons import RejectReason
 from rollstream.filtering.registry import RESPONSE_FILTERS
+from rollstream.schemas.records import FINISH_ERROR, FINISH_LENGTH
 
 ResponseFilterFn = Callable[[Mapping[str, Any], Mapping[str, Any]], Decision]
 
@@ -49,13 +50,13 @@ def default_response_filter(rewarded: Mapping[str, Any], filter_args: Mapping[st
     rules = {**DEFAULT_RULES, **filter_args}
     response = rewarded["response"]
     finish = response.get("finish_reason", "")
-    if rules["reject_engine_error"] and finish in ("error", "abort"):
+    if rules["reject_engine_error"] and finish in (FINISH_ERROR, "abort"):
         return Decision.reject(RejectReason.ENGINE_ERROR)
     if rules["reject_empty"] and (
         not response.get("response_token_ids") or not response.get("response_text", "x").strip()
     ):
         return Decision.reject(RejectReason.EMPTY_RESPONSE)
-    if rules["reject_truncated"] and finish == "length":
+    if rules["reject_truncated"] and finish == FINISH_LENGTH:
         return Decision.reject(RejectReason.TRUNCATED, response_tokens=float(len(response["response_token_ids"])))
     reward = rewarded.get("response_level_reward")
     if rules["reject_invalid_reward"] and (reward is None or not math.isfinite(reward)):

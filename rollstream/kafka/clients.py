@@ -52,8 +52,9 @@ def commit_offsets(consumer: KafkaConsumer, topic: str, offsets: dict[int, int])
         consumer.commit({TopicPartition(topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()})
 
 
-def tail_consumer(bootstrap: str, topic: str) -> KafkaConsumer:
-    """A consumer of ``topic`` from its start without a consumer group (nothing committed), for
-    readers that must see every event, e.g. verdicts."""
-    return KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
+def reader_consumer(bootstrap: str, *topics: str) -> KafkaConsumer:
+    """A consumer without a consumer group (nothing committed) that reads from the start: of
+    ``topics`` when given (subscribed), else of whatever the caller assigns. For readers that must
+    see every event: verdicts, policy versions, replay."""
+    return KafkaConsumer(*topics, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
                          enable_auto_commit=False)

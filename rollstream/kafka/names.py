@@ -16,7 +16,15 @@ GROUP_QUEUE_TABLE = "group-queues"  # see rollstream.streams.group_queue_process
 
 
 def app_id(topics: Topics, app: str) -> str:
+    """The faust app id (= its consumer group) of a stream processor."""
     return f"{topics.prefix}{app}"
+
+
+def consumer_group(topics: Topics, stage: str) -> str:
+    """The consumer group that stores a plain worker's or the trainer's committed offsets
+    (``generation``, ``reward``, ``env``, ``trainer``): renaming it restarts the stage from its
+    topics' beginning."""
+    return f"{topics.prefix}{stage}"
 
 
 def changelog_topics(topics: Topics, partitions: int) -> dict[str, tuple[int, bool]]:

@@ -7,24 +7,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_PREFIX = "rollstream."
+from rollstream.runtime import DEFAULT_TOPIC_PREFIX as DEFAULT_PREFIX
 
-# logical name -> (partition class, compacted). RLVR topics keyed by prompt_id share one
-# partition count so one prompt's events meet in one partition (co-partitioning); so do the
-# agentic topics keyed by group_id.
+# logical name -> (partition class, compacted). "keyed" topics share one partition count: the RLVR
+# topics keyed by prompt_id, so one prompt's events meet in one partition (co-partitioning), and
+# the agentic topics keyed by group_id; "single" topics have one partition.
 TOPICS: dict[str, tuple[str, bool]] = {
     "prompts": ("single", False),
-    "generation.requests": ("rlvr", False),
-    "responses": ("rlvr", False),
-    "responses.rewarded": ("rlvr", False),
-    "groups.accepted": ("rlvr", False),
-    "groups.rejected": ("rlvr", False),
-    "groups.validation": ("rlvr", False),
+    "generation.requests": ("keyed", False),
+    "responses": ("keyed", False),
+    "responses.rewarded": ("keyed", False),
+    "groups.accepted": ("keyed", False),
+    "groups.rejected": ("keyed", False),
+    "groups.validation": ("keyed", False),
     "prompt.outcomes": ("single", False),
     # agentic topics, keyed by group_id (tick commands: by partition)
-    "episodes.control": ("rlvr", False),
-    "episodes.requests": ("rlvr", False),
-    "trajectories": ("rlvr", False),
+    "episodes.control": ("keyed", False),
+    "episodes.requests": ("keyed", False),
+    "trajectories": ("keyed", False),
     # a group id's GroupQueueOutcome, keyed by group_id; one partition: its one reader (the
     # trainer) sees every group id's verdict in order
     "episodes.outcomes": ("single", False),
@@ -50,9 +50,13 @@ class Topics:
     def all(self, partitions: int) -> dict[str, tuple[int, bool]]:
         """Full name -> (partition count, compacted) for topic creation."""
         return {
-            self.name(t): (partitions if cls == "rlvr" else 1, compacted)
+            self.name(t): (partitions if cls == "keyed" else 1, compacted)
             for t, (cls, compacted) in TOPICS.items()
         }
+
+    def keyed(self) -> list[str]:
+        """Full names of the topics that must be co-partitioned (one partition count)."""
+        return [self.name(t) for t, (cls, _) in TOPICS.items() if cls == "keyed"]
 
     def decision_topic(self, mode: str, accepted: bool) -> str:
         """Where a decided group goes: validation groups to ``groups.validation`` whatever the

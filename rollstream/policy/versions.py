@@ -1,7 +1,7 @@
 """Policy versions on the compacted ``policy.versions`` topic (key ``"policy"``).
 
 The trainer publishes one ``PolicyVersion`` per consumed batch once that step's checkpoint is
-durable. Generation and env workers follow it (``PolicyFollower``: load the newest weights before
+durable (rollstream.trainer.publisher). Generation and env workers follow it (``PolicyFollower``: load the newest weights before
 serving new requests); the admission and the filter stages read the newest version number to
 bound staleness (``max_staleness``).
 """
@@ -13,14 +13,12 @@ import math
 import time
 from typing import Protocol
 
-from kafka import KafkaConsumer, TopicPartition
+from kafka import TopicPartition
 
 from rollstream.exceptions import RollstreamError
-from rollstream.kafka.clients import make_producer
+from rollstream.kafka.clients import reader_consumer
 from rollstream.kafka.topics import Topics
-from rollstream.observability.metrics import step_metrics
-from rollstream.runtime import now_ms, worker_id
-from rollstream.schemas import decode, encode
+from rollstream.schemas import decode
 
 log = logging.getLogger(__name__)
 
@@ -28,40 +26,6 @@ POLICY_KEY = b"policy"
 STALENESS_VERSION_MAX_AGE_S = 0.2
 """A stream processor's staleness check may use a policy version this old: one broker round-trip
 per 0.2 s instead of one per event."""
-
-
-class PolicyPublisher:
-    """The trainer's side: publishes a PolicyVersion and waits for the broker's acknowledgement."""
-
-    def __init__(self, bootstrap: str, topics: Topics) -> None:
-        self.topics = topics
-        self.worker = worker_id("trainer")
-        self.producer = make_producer(bootstrap, client_id=self.worker)
-
-    def publish(self, version: int, step: int, checkpoint: str, trained: bool) -> dict:
-        record = {"version": int(version), "step": int(step), "checkpoint": checkpoint, "trained": trained,
-                  "worker": self.worker, "created_ms": now_ms()}
-        self.producer.send(self.topics.policy_versions, key=POLICY_KEY, value=encode(record, "PolicyVersion"))
-        self.producer.flush()
-        return record
-
-    def publish_batch(self, entry: dict) -> dict:
-        """What a committed manifest ``entry`` made: its step's Metric events on ``metrics``
-        (``step_metrics``), then its policy version: the trainer report's, or (training off) one
-        per batch with the initial weights. Raises ValueError for trained weights without a
-        checkpoint (workers would stamp a version they do not have)."""
-        for record in step_metrics(entry, self.worker):
-            self.producer.send(self.topics.metrics, key=self.worker.encode(), value=encode(record, "Metric"))
-        if "policy_version" in entry:
-            if entry["policy_version"] > 0 and not entry.get("checkpoint"):
-                raise ValueError(f"step {entry['step']}: policy version {entry['policy_version']} has no checkpoint "
-                                 "to publish (give the PolicyTrainer a CheckpointStore)")
-            return self.publish(entry["policy_version"], entry["step"], entry.get("checkpoint", ""),
-                                not entry.get("skipped", False))
-        return self.publish(entry["step"] + 1, entry["step"], "", False)
-
-    def close(self) -> None:
-        self.producer.close()
 
 
 class PolicyVersionWatcher:
@@ -78,8 +42,7 @@ class PolicyVersionWatcher:
 
     def __init__(self, bootstrap: str, topics: Topics, sync_timeout_s: float = 5.0) -> None:
         self.topic = topics.policy_versions
-        self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                      auto_offset_reset="earliest")
+        self.consumer = reader_consumer(bootstrap)
         self.sync_timeout_s = sync_timeout_s
         self._partitions: list[TopicPartition] = []
         self._latest: dict | None = None

@@ -20,7 +20,6 @@ from rollstream.exceptions import (
 MAGIC = b"\xc3\x01"
 HEADER_LEN = 10  # 2 magic bytes + 8-byte fingerprint
 SCHEMA_DIR = Path(__file__).parent
-NAMESPACE = "rollstream.events"
 
 
 def fingerprint_of(schema: Any) -> bytes:

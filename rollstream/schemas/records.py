@@ -12,6 +12,14 @@ from typing import Mapping, Sequence
 
 from rollstream.runtime import now_ms
 
+# Response.finish_reason: eos sampled, max_new_tokens hit, or the engine failed.
+FINISH_STOP, FINISH_LENGTH, FINISH_ERROR = "stop", "length", "error"
+
+# Trajectory.stop_reason: the game ended, a bound was hit, or an infrastructure failure (the last
+# three are never the policy's doing: set aside, never reward 0).
+STOP_DONE, STOP_MAX_ACTIONS, STOP_MAX_LENGTH = "done", "max_actions", "max_length"
+STOP_ENV_TIMEOUT, STOP_ENV_FAILED, STOP_ENGINE_ERROR = "env_timeout", "env_failed", "engine_error"
+
 
 def is_trajectory_group(group: Mapping) -> bool:
     """True for an agentic ``TrajectoryGroup`` record, False for an RLVR ``Group``."""

@@ -25,8 +25,8 @@ from rollstream.observability.metrics import process_metrics
 from rollstream.policy.model import chat_prompt_ids, load_tokenizer
 from rollstream.policy.versions import PolicyVersionWatcher
 from rollstream.schemas.records import batch_event
-from rollstream.streams.common import Emitter, derive_seed, make_app, raw_topic
-from rollstream.streams.events import generation_request, group_record
+from rollstream.streams.common import Emitter, make_app, raw_topic
+from rollstream.streams.events import derive_seed, generation_request, group_record
 
 log = logging.getLogger(__name__)
 

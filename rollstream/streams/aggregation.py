@@ -25,8 +25,7 @@ from rollstream.filtering.prompt_state import (
 from rollstream.kafka.events import Send
 from rollstream.kafka.topics import Topics
 from rollstream.schemas import REGISTRY, encode
-from rollstream.streams.common import derive_seed
-from rollstream.streams.events import decided_group, prompt_outcome, replacement_request
+from rollstream.streams.events import decided_group, derive_seed, prompt_outcome, replacement_request
 
 _U32 = struct.Struct("<I")
 

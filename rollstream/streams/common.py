@@ -1,11 +1,10 @@
-"""What both faust apps share: app construction, raw topics, dead-lettering, seeds."""
+"""What the faust apps share: app construction, raw topics, the Emitter (sends and dead letters)."""
 
 from __future__ import annotations
 
 import logging
 import os
 import tempfile
-import zlib
 from pathlib import Path
 
 import faust
@@ -57,11 +56,6 @@ class StageApp(faust.App):
 def raw_topic(app: faust.App, name: str, partitions: int | None = None) -> faust.TopicT:
     return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
                      value_serializer="raw", partitions=partitions)
-
-
-def derive_seed(run_seed: int, prompt_id: str, round_: int) -> int:
-    """Deterministic sampling seed of one generation request."""
-    return zlib.crc32(f"{run_seed}/{prompt_id}/{round_}".encode())
 
 
 class Emitter:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from typing import Mapping, Sequence
 
 from rollstream.filtering.prompt_state import Decided, Replacement
@@ -63,3 +64,7 @@ def prompt_outcome(prompt: Mapping, *, committed: bool, reason: str, rounds: int
         "rounds": rounds, "responses_generated": responses_generated, "created_ms": now_ms(),
     }
 
+
+def derive_seed(run_seed: int, prompt_id: str, round_: int) -> int:
+    """Deterministic sampling seed of one generation request."""
+    return zlib.crc32(f"{run_seed}/{prompt_id}/{round_}".encode())

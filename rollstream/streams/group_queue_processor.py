@@ -35,6 +35,7 @@ from rollstream.kafka.topics import Topics
 from rollstream.observability.metrics import metric_record, process_metrics
 from rollstream.runtime import now_ms, worker_id
 from rollstream.schemas import REGISTRY, decode, encode
+from rollstream.schemas.records import STOP_ENGINE_ERROR
 from rollstream.schemas.validation import check_trajectory
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ def is_infra_failure(trajectory: dict) -> bool:
     """An environment timeout or crash, an engine error, or no turn at all: the run says nothing
     about the policy (ARCHITECTURE.md 6: infra failures are reasons of their own, never reward 0)."""
     return bool(trajectory.get("env_timeout") or trajectory.get("env_failed")
-                or trajectory.get("stop_reason") == "engine_error" or not trajectory.get("turns"))
+                or trajectory.get("stop_reason") == STOP_ENGINE_ERROR or not trajectory.get("turns"))
 
 
 class GroupQueueProcessor:
@@ -233,7 +234,7 @@ class GroupQueueProcessor:
                 out.sends.append(self._metric("group_queue/groups", 1.0, {**labels, "reason": effect.reason}, now))
                 out.log.append(f"{mode}/{gid}/{effect.episode_id}: {effect.reason} with runs {list(effect.members)}"
                                + (f", replaced by episode {effect.replaced_by}" if effect.replaced_by is not None else ""))
-                if not effect.accepted and effect.reason not in ("refill_exhausted", "episode_timeout"):
+                if not effect.accepted and effect.reason not in (RejectReason.REFILL_EXHAUSTED, RejectReason.EPISODE_TIMEOUT):
                     out.sends.append(self._metric("scheduler/group_filter_count", 1.0,
                                                   {**labels, "reason": effect.reason}, now))
                 if effect.replaced_by is not None:

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator
 from kafka import KafkaConsumer, TopicPartition
 
 from rollstream.exceptions import DecodeError, TopicNotFound
+from rollstream.kafka.clients import reader_consumer
 from rollstream.schemas import decode
 
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
@@ -219,7 +220,7 @@ def replay(bootstrap: str, topic: str, selection: Selection, *, follow: bool = F
     rollstream.tools.readback.read_topic is this with an empty selection."""
     if limit is not None and limit < 1:
         raise ValueError(f"--limit must be >= 1, got {limit}")
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    consumer = reader_consumer(bootstrap)
     try:
         partitions = consumer.partitions_for_topic(topic)
         if not partitions:

@@ -36,7 +36,9 @@ GROUP_FILTER_REASONS = {RejectReason.ZERO_STD.value, RejectReason.DROP_FLAG.valu
 
 
 @dataclass(frozen=True)
-class Decision:
+class GroupOutcome:
+    """One group's decision, as recorded or as the alternative config re-decides it."""
+
     accepted: bool
     reason: str
     responses_generated: int = 0  # responses (or trajectories) this decision consumed
@@ -54,7 +56,7 @@ class Side:
     responses_in_accepted: int = 0
     rounds: int = 0
 
-    def add(self, decision: Decision, group_size: int) -> None:
+    def add(self, decision: GroupOutcome, group_size: int) -> None:
         self.decided += 1
         self.reasons[decision.reason] += 1
         self.responses_generated += decision.responses_generated
@@ -88,7 +90,7 @@ class WhatIf:
                 "changed": self.changed, "needs_generation": self.needs_generation,
                 "saved_generations": self.saved_generations}
 
-    def compare(self, key: str, actual: Decision, alternative: Decision | None, group_size: int) -> None:
+    def compare(self, key: str, actual: GroupOutcome, alternative: GroupOutcome | None, group_size: int) -> None:
         self.actual.add(actual, group_size)
         if alternative is None:
             self.needs_generation.append(key)
@@ -115,7 +117,7 @@ def whatif_rlvr(config: RLVRConfig, rewarded: Iterable[dict], decided_groups: It
             by_prompt.setdefault(response["prompt_id"], []).append(record)
     out = WhatIf()
     for pid, group in actual.items():
-        recorded = Decision(group["accepted"], group["reason"], group.get("responses_generated", 0),
+        recorded = GroupOutcome(group["accepted"], group["reason"], group.get("responses_generated", 0),
                             group.get("rounds", 0))
         if group["domain"] not in filters:
             continue
@@ -130,11 +132,11 @@ def whatif_rlvr(config: RLVRConfig, rewarded: Iterable[dict], decided_groups: It
     return out
 
 
-def _admission(group: Mapping, config: RLVRConfig) -> Decision | None:
+def _admission(group: Mapping, config: RLVRConfig) -> GroupOutcome | None:
     """A prompt decided before generation: only ``prompt_length`` applies; None when the
     alternative would admit it (its responses were never generated)."""
     verdict = prompt_length_decision(len(group.get("prompt_token_ids") or ()), config.prompt_length)
-    return None if verdict is None else Decision(verdict.keep, verdict.reason)
+    return None if verdict is None else GroupOutcome(verdict.keep, verdict.reason)
 
 
 def _recorded_version(group: Mapping) -> int | None:
@@ -146,7 +148,7 @@ def _recorded_version(group: Mapping) -> int | None:
 
 
 def _replay_prompt(records: list[dict], filters: DomainFilters, current_version: int | None
-                   ) -> tuple[Decision | None, int]:
+                   ) -> tuple[GroupOutcome | None, int]:
     """(decision, recorded responses consumed); decision None when a replacement it asks for
     was never generated."""
     state, used = None, 0
@@ -156,7 +158,7 @@ def _replay_prompt(records: list[dict], filters: DomainFilters, current_version:
             used += 1
         for effect in effects:
             if isinstance(effect, Decided):
-                return Decision(effect.accepted, effect.reason, effect.responses_generated, effect.rounds), used
+                return GroupOutcome(effect.accepted, effect.reason, effect.responses_generated, effect.rounds), used
     return None, used
 
 
@@ -171,9 +173,9 @@ def whatif_agentic(config: AgenticConfig, decided_groups: Iterable[dict]) -> Wha
         if group.get("mode", "train") != "train" or group["reason"] not in GROUP_FILTER_REASONS:
             continue
         members = group["trajectories"]
-        recorded = Decision(group["accepted"], group["reason"], group.get("trajectories_arrived", len(members)))
+        recorded = GroupOutcome(group["accepted"], group["reason"], group.get("trajectories_arrived", len(members)))
         drop, reason, _ = filter_group(group_filter, group["group_id"], group["episode_id"], members)
-        alternative = Decision(not drop, reason if drop else ACCEPTED, recorded.responses_generated)
+        alternative = GroupOutcome(not drop, reason if drop else ACCEPTED, recorded.responses_generated)
         out.compare(group["group_key"], recorded, alternative, len(members))
     return out
 

@@ -4,9 +4,9 @@
 and agentic ``TrajectoryGroup`` records may be mixed, and hands out batches of exactly
 ``rollout_batch_size`` complete groups (either kind, in consumption order; see
 ``rollstream.trainer.batch`` for how each becomes rows); the caller trains on a batch and then
-confirms it with ``commit(batch)``. Only then are offsets committed, the manifest line appended and
-a ``Batch`` event published, so a restarted trainer neither trains a group twice nor skips one
-(ARCHITECTURE.md section 7).
+confirms it with ``commit(batch)``. Only then are the manifest line appended, the ``Batch`` event
+published and the offsets committed, in that order, so a restarted trainer neither trains a group
+twice nor skips one (README "Guarantees").
 
 One trainer per group id: it owns every partition of ``groups.accepted`` (manual assignment; the
 group id only stores committed offsets).

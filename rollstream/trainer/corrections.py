@@ -15,7 +15,7 @@ Entry points:
 - ``segment_mean(values, mask)``: per-segment masked mean, the segment granularity's helper.
 - ``TrainInferCorrectionConfig`` (pydantic) and ``parse_correction_config``: the
   ``train_infer_correction`` YAML mapping, validated; defined in rollstream.config.corrections
-  (the config layer reads it without torch) and re-exported here.
+  (the config layer reads it without the trainer) and re-exported here.
 
 Notation (reference-behaviour.md (h)), per row b and position t of ``[B, T]`` tensors:
 ``o`` = old logprob, ``i`` = infer logprob, ``m`` = mask, ``l = o - i``, ``n_b = sum_t m``.
@@ -108,7 +108,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-# The validated config lives in the config layer (no torch there); re-exported for callers here.
+# The validated config lives in the config layer (below the trainer); re-exported for callers here.
 from rollstream.config.corrections import (
     AGG_TYPES,
     CorrectionFilterConfig,

@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Callable
 
 from rollstream.config import AgenticConfig, Config
+from rollstream.kafka import names
 from rollstream.kafka.topics import Topics
 from rollstream.observability.metrics import process_metrics
-from rollstream.policy.versions import PolicyPublisher
 from rollstream.trainer.checkpoint import CheckpointStore
 from rollstream.trainer.consumer import BatchBuilder
 from rollstream.trainer.policy import PolicyTrainer, TrainSettings
+from rollstream.trainer.publisher import PolicyPublisher
 from rollstream.trainer.verdicts import AgenticBatchEvents, BatchEvents, underfill_action
 
 
@@ -98,11 +99,6 @@ def build_batches(builder: BatchBuilder, events: BatchEvents | AgenticBatchEvent
     return result
 
 
-def groups_per_batch(config: Config) -> int:
-    """Groups in one trainer batch: RLVR counts prompts, the agentic rollout_batch_size trajectories."""
-    return config.groups_per_batch if isinstance(config, AgenticConfig) else config.rollout_batch_size
-
-
 def policy_trainer(config: Config, checkpoint_dir: Path) -> PolicyTrainer | None:
     """The PolicyTrainer of ``config`` (loads the model; resumes from the newest checkpoint in
     ``checkpoint_dir``), or None when ``actor_train.enabled`` is off."""
@@ -140,7 +136,7 @@ def run_trainer(config: Config, bootstrap: str, run_dir: Path, *, deadline: floa
     live under ``run_dir``; a restarted trainer resumes from them. Every client is closed on
     return."""
     topics = Topics(config.kafka.topic_prefix)
-    builder = BatchBuilder(bootstrap, topics, groups_per_batch(config), group_id=f"{topics.prefix}trainer",
+    builder = BatchBuilder(bootstrap, topics, config.groups_per_batch, group_id=names.consumer_group(topics, "trainer"),
                            manifest_path=run_dir / "batches.jsonl", max_staleness=config.max_staleness)
     events = (AgenticBatchEvents(bootstrap, topics, config, builder) if isinstance(config, AgenticConfig)
               else BatchEvents(bootstrap, topics))

@@ -10,7 +10,7 @@ admission's ``Batch`` event; ``underfill_action`` applies ``min_fill_ratio`` (pe
 from __future__ import annotations
 
 from rollstream.exceptions import RollstreamError
-from rollstream.kafka.clients import tail_consumer
+from rollstream.kafka.clients import reader_consumer
 from rollstream.kafka.topics import Topics
 from rollstream.schemas import decode
 
@@ -25,7 +25,7 @@ class _Tail:
     events that arrived since the last call, without waiting."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
-        self.consumer = tail_consumer(bootstrap, topic)
+        self.consumer = reader_consumer(bootstrap, topic)
 
     def new(self) -> list[tuple[str, dict]]:
         out = []

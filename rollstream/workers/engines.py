@@ -21,12 +21,10 @@ from transformers import GenerationConfig, LogitsProcessorList
 
 from rollstream.exceptions import ConfigError, RollstreamError
 from rollstream.policy.model import ensure_model_cache, load_model, load_weights_into
+from rollstream.schemas.records import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
 
 log = logging.getLogger(__name__)
 
-FINISH_STOP = "stop"
-FINISH_LENGTH = "length"
-FINISH_ERROR = "error"
 
 
 @dataclass(frozen=True)

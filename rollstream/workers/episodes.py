@@ -46,18 +46,21 @@ from typing import Any, Callable, Iterable
 
 from rollstream.policy.model import EOS_TOKEN, chat_prompt_ids, load_tokenizer
 from rollstream.runtime import now_ms
-from rollstream.workers.engines import FINISH_ERROR, GenerationBackend, SamplingParams
+from rollstream.schemas.records import (
+    FINISH_ERROR,
+    STOP_DONE,
+    STOP_ENGINE_ERROR,
+    STOP_ENV_FAILED,
+    STOP_ENV_TIMEOUT,
+    STOP_MAX_ACTIONS,
+    STOP_MAX_LENGTH,
+)
+from rollstream.workers.engines import GenerationBackend, SamplingParams
 from rollstream.workers.env_calls import EnvCall, close_quietly
 from rollstream.workers.envs import StepResult, TextEnv, make_env
 
 log = logging.getLogger(__name__)
 
-STOP_DONE = "done"
-STOP_MAX_ACTIONS = "max_actions"
-STOP_MAX_LENGTH = "max_length"
-STOP_ENV_TIMEOUT = "env_timeout"
-STOP_ENV_FAILED = "env_failed"
-STOP_ENGINE_ERROR = "engine_error"
 
 DEFAULT_MAX_CONTEXT_TOKENS = 2048
 # Building an environment is not a reset/step, but may import a library or load data: it gets
@@ -176,9 +179,6 @@ class EpisodePlayer:
     @property
     def free_slots(self) -> int:
         return self.max_concurrent - len(self._live)
-
-    def is_playing(self, request: dict) -> bool:
-        return identity_of(request) in self._live
 
     def submit(self, request: dict, tag: Any = None) -> bool:
         """Start playing EpisodeRequest ``request``; ``tag`` comes back with its result.

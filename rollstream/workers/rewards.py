@@ -36,6 +36,7 @@ from typing import Callable, Iterable, Sequence
 from rollstream.kafka.events import Input, Output
 from rollstream.kafka.topics import Topics
 from rollstream.kafka.worker import EventWorker
+from rollstream.schemas.records import FINISH_ERROR
 from rollstream.workers.answers import last_boxed
 
 NAN = float("nan")
@@ -299,7 +300,7 @@ class RewardWorker:
 
     def reward(self, response: dict) -> RewardResult:
         """Score one Response record (never raises)."""
-        if response.get("finish_reason") == "error":
+        if response.get("finish_reason") == FINISH_ERROR:
             return failed("engine_error")
         fn = self.fns.get(response.get("domain"))
         if fn is None:

@@ -26,7 +26,7 @@ MAX_TOKENS_PER_STEP = 8
 MAX_REPLACED = 6
 FORMAT_PENALTY = -0.1
 
-# every key of the RLVR summary (rollstream.app.run.summarize_rlvr) ...
+# every key of the RLVR summary (rollstream.tools.summary.summarize_rlvr) ...
 RLVR_KEYS = {
     "outcome", "detail", "elapsed_seconds", "prompts_admitted", "responses_generated", "replacement_requests",
     "replacement_responses_requested", "groups_accepted", "groups_rejected", "domains", "batches",

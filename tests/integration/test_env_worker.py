@@ -179,8 +179,8 @@ def test_the_env_worker_loads_the_published_policy_before_new_requests_and_stamp
     """A checkpoint published as version 1 (weights visibly moved) is loaded before the request
     that follows it is played; the trajectory says version 1."""
     from rollstream.policy.model import load_model
-    from rollstream.policy.versions import PolicyPublisher
     from rollstream.trainer.checkpoint import CheckpointStore
+    from rollstream.trainer.publisher import PolicyPublisher
 
     topics = topic_factory(["episodes.requests", "trajectories", "dead-letter", "policy.versions"])
     _, trained = load_model()

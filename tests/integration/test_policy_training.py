@@ -12,13 +12,14 @@ import torch
 
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.worker import EventWorker
-from rollstream.policy.versions import PolicyFollower, PolicyPublisher, PolicyVersionWatcher
+from rollstream.policy.versions import PolicyFollower, PolicyVersionWatcher
 from rollstream.schemas import encode
 from rollstream.tools.readback import read_values
 from rollstream.trainer.checkpoint import CheckpointStore
 from rollstream.trainer.consumer import BatchBuilder
 from rollstream.trainer.corrections import parse_correction_config
 from rollstream.trainer.policy import PolicyTrainer, TrainSettings
+from rollstream.trainer.publisher import PolicyPublisher
 from rollstream.workers.engines import SamplingParams, TransformersBackend
 from rollstream.workers.generation import GenerationWorker
 

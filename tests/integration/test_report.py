@@ -14,8 +14,8 @@ import matplotlib.image as mpimg
 import pytest
 
 from rollstream.kafka.clients import make_producer
-from rollstream.policy.versions import PolicyPublisher
 from rollstream.schemas import encode
+from rollstream.trainer.publisher import PolicyPublisher
 
 from .harness import write_config
 from .test_trainer_consumer import group_record

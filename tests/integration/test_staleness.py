@@ -9,8 +9,8 @@ import pytest
 
 from rollstream.app.stages import Stage
 from rollstream.kafka.topics import Topics
-from rollstream.policy.versions import PolicyPublisher
 from rollstream.tools.readback import read_values
+from rollstream.trainer.publisher import PolicyPublisher
 
 from .harness import Responder, produce, prompt, response, start_stages, wait_for, write_config
 
