@@ -48,7 +48,7 @@ test: env browser
 
 test-unit: env
 	.venv/bin/lint-imports
-	$(PY) -m pytest -ra -m "not integration and not e2e"
+	$(PY) -m pytest -ra -m "not integration and not e2e and not interop"
 
 bench: env
 	mkdir -p runs/bench

@@ -33,35 +33,46 @@ def java() -> str:
 
 def kafka_lib_dir(kafka_version: str = KAFKA_VERSION) -> Path:
     """Where the Maven-resolved jars for ``kafka_version`` live (whether or not resolved yet)."""
-    return Path.home() / ".cache" / "rollstream" / "kafka" / kafka_version / "lib"
+    return jar_cache(f"kafka/{kafka_version}")
+
+
+def jar_cache(name: str) -> Path:
+    """``~/.cache/rollstream/<name>/lib``: where resolve_jars puts one pom's jars."""
+    return Path.home() / ".cache" / "rollstream" / name / "lib"
 
 
 def ensure_kafka_libs(kafka_version: str = KAFKA_VERSION, timeout: float = 600) -> Path:
-    """Return the directory holding the broker's jars, resolving them with Maven if needed.
+    """Return the directory holding the broker's jars, resolving them with Maven if needed."""
+    return resolve_jars(BROKER_FILES / "pom.xml", f"kafka/{kafka_version}", {"kafka.version": kafka_version},
+                        marker="kafka_2.13-*.jar", timeout=timeout)
+
+
+def resolve_jars(pom: Path, name: str, properties: dict[str, str], *, marker: str, timeout: float = 600) -> Path:
+    """The runtime jars of ``pom`` (with ``-D`` ``properties``) in ``jar_cache(name)``, resolved
+    with Maven once; ``marker`` is a glob that only a complete resolution contains.
 
     Tries Maven offline first (fast when ~/.m2 is warm), then online. Jars go to a temporary
     directory that is renamed into place, so a half-finished resolution is never used and two
-    processes resolving at once do not corrupt each other.
+    processes resolving at once do not corrupt each other. Raises BrokerStartError when Maven is
+    missing or fails.
     """
-    lib = kafka_lib_dir(kafka_version)
-    if lib.is_dir() and any(lib.glob("kafka_2.13-*.jar")):
+    lib = jar_cache(name)
+    if lib.is_dir() and any(lib.glob(marker)):
         return lib
     mvn = require_tool("mvn", "install Maven 3.8+ (e.g. `apt-get install maven`) or set KAFKA_HOME")
     lib.parent.mkdir(parents=True, exist_ok=True)
     tmp = lib.parent / f"lib.tmp-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    base = [mvn, "-q", "-B", "-f", str(BROKER_FILES / "pom.xml"),
-            f"-Dkafka.version={kafka_version}", "dependency:copy-dependencies",
-            "-DincludeScope=runtime", f"-DoutputDirectory={tmp}"]
+    base = [mvn, "-q", "-B", "-f", str(pom), *(f"-D{k}={v}" for k, v in properties.items()),
+            "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={tmp}"]
     errors = []
     try:
         for extra in (["-o"], []):
             try:
-                res = subprocess.run(base + extra, capture_output=True, text=True,
-                                     timeout=timeout)
+                res = subprocess.run(base + extra, capture_output=True, text=True, timeout=timeout)
             except subprocess.TimeoutExpired:
                 errors.append(f"mvn {' '.join(extra)} timed out after {timeout} s")
                 continue
-            if res.returncode == 0 and any(tmp.glob("kafka_2.13-*.jar")):
+            if res.returncode == 0 and any(tmp.glob(marker)):
                 try:
                     tmp.rename(lib)
                 except OSError:  # another process won the race; its copy is as good
@@ -72,10 +83,8 @@ def ensure_kafka_libs(kafka_version: str = KAFKA_VERSION, timeout: float = 600) 
             shutil.rmtree(tmp, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    raise BrokerStartError(
-        f"could not resolve Kafka {kafka_version} jars with Maven (offline, then online):\n"
-        + "\n---\n".join(errors)
-    )
+    raise BrokerStartError(f"could not resolve the jars of {pom} with Maven (offline, then online):\n"
+                           + "\n---\n".join(errors))
 
 
 def kafka_classpath(kafka_version: str = KAFKA_VERSION) -> str:

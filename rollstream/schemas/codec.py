@@ -1,4 +1,15 @@
-"""Single-object encoding codec and the fingerprint -> schema registry."""
+"""Single-object encoding codec and the fingerprint -> schema registry.
+
+Every event is ``C3 01`` + the 8-byte little-endian CRC-64-AVRO fingerprint of its writer
+schema's Parsing Canonical Form + the Avro binary body (the Avro specification's single-object
+encoding), so any Avro client that knows the ``*.avsc`` files of this package can read it. The
+schemas name each other's types across files; a fingerprint is always taken over the
+self-contained schema in which every named type is defined in full at its first use, as the
+specification's canonical form (and Java's ``SchemaNormalization``) requires.
+
+``history/*.avsc`` holds older writer versions (decode only); ``history/legacy_fingerprints.json``
+maps fingerprints rollstream once wrote by mistake to the schema file they stand for.
+"""
 
 from __future__ import annotations
 
@@ -22,13 +33,51 @@ HEADER_LEN = 10  # 2 magic bytes + 8-byte fingerprint
 SCHEMA_DIR = Path(__file__).parent
 
 
+LEGACY_FINGERPRINTS = "legacy_fingerprints.json"
+PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
+
+
 def fingerprint_of(schema: Any) -> bytes:
     """CRC-64-AVRO fingerprint (8 bytes, little-endian) of a schema's Parsing Canonical Form.
 
-    ``schema`` must be self-contained (named types expanded).
+    ``schema`` must be self-contained (see ``self_contained``).
     """
     # fastavro returns the hex of the little-endian byte sequence, i.e. the wire bytes.
     return bytes.fromhex(fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO"))
+
+
+def self_contained(schema: Any, named: dict[str, Any] | None = None, defined: set[str] | None = None) -> Any:
+    """``schema`` with every named type it uses, at any depth, defined in full at its first
+    occurrence (depth first, in field order) and referred to by full name after that: the form
+    the Parsing Canonical Form is defined on (Avro specification, "Parsing Canonical Form for
+    Schemas"). ``named``: full name -> schema of the types defined elsewhere (fastavro's
+    ``named_schemas``). Raises SchemaNotFoundError for a name nobody defines."""
+    named = named or {}
+    defined = set() if defined is None else defined
+    if isinstance(schema, str):
+        if schema in defined or schema in PRIMITIVES:
+            return schema
+        if schema not in named:
+            raise SchemaNotFoundError(f"named type {schema!r} is defined nowhere")
+        return self_contained(named[schema], named, defined)
+    if isinstance(schema, list):
+        return [self_contained(branch, named, defined) for branch in schema]
+    schema = {k: v for k, v in schema.items() if not k.startswith("__")}  # fastavro's parse bookkeeping
+    kind = schema["type"]
+    if kind in ("record", "error", "enum", "fixed"):
+        if schema["name"] in defined:
+            return schema["name"]
+        defined.add(schema["name"])
+        if kind in ("record", "error"):
+            return {**schema, "fields": [{**f, "type": self_contained(f["type"], named, defined)}
+                                         for f in schema["fields"]]}
+        return schema
+    if kind == "array":
+        return {**schema, "items": self_contained(schema["items"], named, defined)}
+    if kind == "map":
+        return {**schema, "values": self_contained(schema["values"], named, defined)}
+    return schema
+
 
 
 class SchemaRegistry:
@@ -43,6 +92,8 @@ class SchemaRegistry:
         self._reader: dict[str, Any] = {}  # short name -> parsed reader schema
         self._by_fp: dict[bytes, tuple[str, Any]] = {}  # fingerprint -> (name, parsed writer)
         self._fp_of: dict[str, bytes] = {}  # short name -> fingerprint of the current schema
+        self._by_file: dict[str, tuple[str, Any]] = {}  # file under the directory -> (name, parsed)
+        self._contained: dict[str, Any] = {}  # file -> its self-contained schema
 
     @classmethod
     def from_directory(cls, directory: Path = SCHEMA_DIR) -> "SchemaRegistry":
@@ -55,36 +106,68 @@ class SchemaRegistry:
             progressed = False
             for fname, raw in list(pending.items()):
                 try:
-                    registry.add(raw)
+                    registry.add(raw, file=fname)
                 except fastavro.schema.UnknownType:
                     continue
                 del pending[fname]
                 progressed = True
             if not progressed:
                 raise SchemaNotFoundError(f"unresolvable named types in {sorted(pending)}")
-        for path in sorted((directory / "history").glob("*.avsc")):
-            registry.add(json.loads(path.read_text()), current=False)
+        history = directory / "history"
+        for path in sorted(history.glob("*.avsc")):
+            registry.add(json.loads(path.read_text()), current=False, file=f"history/{path.name}")
+        legacy = history / LEGACY_FINGERPRINTS
+        if legacy.exists():
+            for fp, entry in json.loads(legacy.read_text()).items():
+                registry.add_legacy_fingerprint(int(fp), entry["file"])
         return registry
 
-    def add(self, raw: dict, *, current: bool = True) -> str:
+    def add(self, raw: dict, *, current: bool = True, file: str | None = None) -> str:
         """Register a schema (JSON mapping); returns its short name.
 
         ``current=False`` registers an older writer version: it decodes, but never encodes.
+        ``file``: the schema's file under the schema directory, for ``self_contained_file``.
         """
         named = self._named if current else dict(self._named)
         parsed = parse_schema(raw, named_schemas=named)
         expanded = parse_schema(raw, named_schemas=dict(named), expand=True, _force=True)
         name = parsed["name"].rsplit(".", 1)[-1]
-        fp = fingerprint_of(expanded)
+        contained = self_contained(parsed, named)
+        fp = fingerprint_of(contained)
         self._by_fp[fp] = (name, expanded)
         if current:
             self._reader[name] = expanded
             self._fp_of[name] = fp
+        if file is not None:
+            self._by_file[file] = (name, expanded)
+            self._contained[file] = contained
         return name
+
+    def add_legacy_fingerprint(self, fp: int, file: str) -> None:
+        """Decode events whose header carries ``fp`` (a signed 64-bit int, as Java prints it) with
+        the schema of ``file``: fingerprints written before they followed the specification.
+        Raises SchemaNotFoundError for an unknown file."""
+        if file not in self._by_file:
+            raise SchemaNotFoundError(f"legacy fingerprint {fp} names unknown schema file {file!r}")
+        self._by_fp[fp.to_bytes(8, "little", signed=True)] = self._by_file[file]
+
+    def self_contained_file(self, file: str) -> dict:
+        """The self-contained schema of ``file`` (e.g. ``"group.avsc"``,
+        ``"history/trajectory_group.v1.avsc"``): what its fingerprint is taken over, and what any
+        Avro library can parse without the other files. Raises SchemaNotFoundError."""
+        try:
+            return self._contained[file]
+        except KeyError:
+            raise SchemaNotFoundError(f"no schema file {file!r}; known: {sorted(self._contained)}") from None
 
     @property
     def names(self) -> list[str]:
         return sorted(self._reader)
+
+    @property
+    def files(self) -> list[str]:
+        """Every schema file registered from a directory, history versions included."""
+        return sorted(self._contained)
 
     def schema(self, name: str) -> Any:
         try:
