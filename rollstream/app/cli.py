@@ -224,7 +224,7 @@ def _print_replay(bootstrap: str, name: str, selection, output: str, follow: boo
                 table.add_row(*replay_row(item))
             else:
                 print(json.dumps(item.to_json(), sort_keys=True), flush=True)
-    except ValueError as exc:
+    except (RollstreamError, ValueError) as exc:  # a missing topic, or a selection the topic cannot meet
         _fail(exc)
     except KeyboardInterrupt:
         pass
@@ -300,7 +300,7 @@ def stats(
     topic = Topics(prefix).metrics
     try:
         records = [r.record.value for r in replay_topic(bootstrap, topic, Selection()) if r.record.value]
-    except ValueError as exc:
+    except (RollstreamError, ValueError) as exc:
         _fail(ValueError(f"{exc} (is --prefix the run's topic prefix?)"))
     if not follow:
         view = figures(latest(records))
