@@ -87,3 +87,14 @@ def test_stage_of_the_other_pipeline_is_a_config_error_before_kafka(config, stag
     with pytest.raises(ConfigError) as info:
         run_stage(stage, load_config(config), "127.0.0.1:1")
     assert str(info.value) == expected
+
+
+@pytest.mark.parametrize("args", [
+    ["replay", "groups.rejected", "-b", "127.0.0.1:1", "-w", "bogus"],
+    ["worker", "nonsense", "-c", EXAMPLE, "-b", "127.0.0.1:1"],
+])
+def test_an_error_is_one_line_even_when_longer_than_the_terminal(args):
+    result = runner.invoke(app, args, terminal_width=60)
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and len(lines[0]) > 60

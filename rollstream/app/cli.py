@@ -35,8 +35,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Rollout filtering and dynamic resampling for LLM RL on Kafka.")
 broker_app = typer.Typer(no_args_is_help=True, help="The embedded single-node Apache Kafka (KRaft, 127.0.0.1).")
 app.add_typer(broker_app, name="broker")
-console = Console()
-err = Console(stderr=True)
+console = Console(soft_wrap=True)  # a message is one line, whatever the width (logs, grep)
+err = Console(stderr=True, soft_wrap=True)
 
 DATA_DIR_OPT = typer.Option(DEFAULT_DATA_DIR, "--data-dir", help="Broker data dir (log, kraft data, broker.json).")
 

@@ -3,10 +3,12 @@ import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.File;
 import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.Paths;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.Base64;
 import java.util.LinkedHashMap;
 import java.util.List;
@@ -19,15 +21,17 @@ import org.apache.avro.generic.GenericData;
 import org.apache.avro.generic.GenericRecord;
 import org.apache.avro.message.BinaryMessageDecoder;
 import org.apache.avro.message.BinaryMessageEncoder;
+import org.apache.avro.message.RawMessageDecoder;
 import org.apache.avro.message.SchemaStore;
 
 /**
  * Reads rollstream events with the Avro reference implementation, knowing only the schema files.
  *
  * <p>Usage: {@code java -cp 'avro-jars/*' AvroDecode.java SCHEMA_DIR CASES_JSONL}. The schema
- * directory holds rollstream's {@code *.avsc} (which name each other's types) and {@code
- * history/*.avsc} (older writer versions). Each case line is {@code {"file": ..., "message":
- * base64}}: a single-object encoded event. For each case one JSON line goes to stdout: the full
+ * directory holds rollstream's {@code *.avsc} (which name each other's types), {@code
+ * history/*.avsc} (older writer versions) and {@code history/legacy_fingerprints.json}
+ * (fingerprints rollstream once wrote by mistake -> the schema file they stand for). Each case line
+ * is {@code {"file": ..., "message": base64}}: a single-object encoded event. For each case one JSON line goes to stdout: the full
  * name of the decoded record, the parsing fingerprint Java computes for the case's schema file, and
  * the event encoded again by Java from what it decoded (equal bytes mean equal field values), or
  * the error.
@@ -47,6 +51,14 @@ public class AvroDecode {
       store.addSchema(old);
     }
     ObjectMapper json = new ObjectMapper();
+    // Legacy fingerprints: the header names no schema's real fingerprint, so such an event's body
+    // is read with a RawMessageDecoder for the schema the table names.
+    Map<Long, Schema> legacy = new LinkedHashMap<>();
+    Path legacyFile = dir.resolve("history").resolve("legacy_fingerprints.json");
+    if (Files.exists(legacyFile)) {
+      json.readTree(legacyFile.toFile()).fields().forEachRemaining(
+          e -> legacy.put(Long.parseLong(e.getKey()), byFile.get(e.getValue().get("file").asText())));
+    }
     for (String line : Files.readAllLines(Paths.get(args[1]))) {
       JsonNode item = json.readTree(line);
       String file = item.get("file").asText();
@@ -56,8 +68,11 @@ public class AvroDecode {
         byte[] message = Base64.getDecoder().decode(item.get("message").asText());
         // The decoder finds the writer schema by the message's fingerprint in the store, exactly
         // as a consumer of a rollstream topic would.
-        GenericRecord record = new BinaryMessageDecoder<GenericRecord>(GenericData.get(), writer, store)
-            .decode(message);
+        long fp = ByteBuffer.wrap(message, 2, 8).order(ByteOrder.LITTLE_ENDIAN).getLong();
+        GenericRecord record = legacy.containsKey(fp)
+            ? new RawMessageDecoder<GenericRecord>(GenericData.get(), legacy.get(fp), writer)
+                .decode(Arrays.copyOfRange(message, 10, message.length))
+            : new BinaryMessageDecoder<GenericRecord>(GenericData.get(), writer, store).decode(message);
         ByteBuffer again = new BinaryMessageEncoder<GenericRecord>(GenericData.get(), writer).encode(record);
         byte[] bytes = new byte[again.remaining()];
         again.get(bytes);
