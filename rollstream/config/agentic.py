@@ -11,7 +11,6 @@ from pydantic import Field, model_validator
 
 from rollstream.config.base import FrozenModel
 from rollstream.config.pipeline import PipelineConfig
-from rollstream.filtering.decision import config_hash
 
 DEFAULT_GROUP_FILTER = "rollstream.filtering.group_filters:GroupFilter"
 
@@ -124,10 +123,6 @@ class AgenticConfig(PipelineConfig):
             "group_size": m.group_size, "group_size_redundancy": m.group_size_redundancy,
             "refill": m.refill.model_dump(), "max_replaced_episodes": m.max_replaced_episodes,
             "max_staleness": self.max_staleness}, sort_keys=True)
-
-    def filter_config_hash(self, mode: str) -> str:
-        """sha256[:16] of ``filter_config_json(mode)``."""
-        return config_hash(self.filter_config_json(mode))
 
     @property
     def groups_per_batch(self) -> int:

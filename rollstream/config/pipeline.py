@@ -6,6 +6,7 @@ from pydantic import Field
 
 from rollstream.config.base import ActorInferConfig, ActorTrainConfig, FrozenModel, KafkaConfig
 from rollstream.config.corrections import TrainInferCorrectionConfig
+from rollstream.filtering.decision import config_hash
 
 
 class PipelineConfig(FrozenModel):
@@ -33,3 +34,11 @@ class PipelineConfig(FrozenModel):
     actor_infer: ActorInferConfig = Field(default_factory=ActorInferConfig)
     actor_train: ActorTrainConfig = Field(default_factory=ActorTrainConfig)
     train_infer_correction: TrainInferCorrectionConfig = Field(default_factory=TrainInferCorrectionConfig)
+
+    def filter_config_json(self, key: str) -> str:
+        """What decides a group of ``key`` (an RLVR domain, an agentic mode): each pipeline's own."""
+        raise NotImplementedError
+
+    def filter_config_hash(self, key: str) -> str:
+        """The ``filter_config_hash`` of ``key``'s groups: config_hash of ``filter_config_json(key)``."""
+        return config_hash(self.filter_config_json(key))

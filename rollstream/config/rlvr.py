@@ -16,7 +16,6 @@ from pydantic import Field, model_validator
 from rollstream.config.base import FrozenModel
 from rollstream.config.pipeline import PipelineConfig
 from rollstream.exceptions import ConfigError
-from rollstream.filtering.decision import config_hash
 from rollstream.filtering.prompt_state import REWARD_METRIC, DomainFilters
 from rollstream.filtering.query_filters import check_query_filter_args, resolve_query_filter
 from rollstream.filtering.response_filters import resolve_response_filter
@@ -120,7 +119,3 @@ class RLVRConfig(PipelineConfig):
              "max_response_rounds": self.max_response_rounds, "max_staleness": self.max_staleness},
             sort_keys=True,
         )
-
-    def filter_config_hash(self, domain: str) -> str:
-        """sha256[:16] of ``filter_config_json(domain)``."""
-        return config_hash(self.filter_config_json(domain))
