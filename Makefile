@@ -56,6 +56,7 @@ bench: env
 	$(PY) benchmarks/agentic.py --out runs/bench/agentic.json
 	$(PY) benchmarks/corrections.py --out runs/bench/corrections.json
 	$(PY) benchmarks/cpu_sharing.py --out runs/bench/cpu_sharing.json
+	$(PY) benchmarks/real_sizes.py --out runs/bench/real_sizes.json
 
 clean:
 	rm -rf .venv runs .rollstream

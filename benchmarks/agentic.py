@@ -1,7 +1,8 @@
 """Throughput of the agentic path (group queue + env player), three ways in one run.
 
-1. ``group_queue_inprocess_trajectories_per_s_{default,std}``: pre-encoded Trajectory events
-   through ``GroupQueueProcessor.handle`` over a plain dict table (no Kafka), once with the
+1. ``group_queue_inprocess_trajectories_per_s_{default,std}``: pre-encoded Trajectory events (the
+   payload events, packed arrays; each event's offset is its index) through
+   ``GroupQueueProcessor.handle`` over a plain dict table (no Kafka), once with the
    default group filter (keeps every group) and once with ``EnvFailureStdGroupFilter`` (drops
    zero-std groups; each drop starts a replacement episode). Same events both times.
 2. ``group_queue_kafka_trajectories_per_s``: the same events (std filter) produced to
@@ -31,7 +32,10 @@ the redundant run of each episode only after its group was decided (late); group
 interleaved at random. A trajectory has 3 turns: ``--prompt-tokens`` (300) first-turn prompt,
 ``--response-tokens`` (32) per turn, ``--env-tokens`` (60) per later environment answer.
 What each filter must decide (accepted, rejected, late) follows from the workload and is checked
-(``*correct``). Never asserts on time: it prints JSON and writes it to ``--out``.
+(``*correct``). The group queue keeps and emits TrajectorySummaries (decision plane) that name the
+Trajectory by reference: ``trajectory_event_bytes`` is one payload event, ``summary_bytes`` what
+the table holds per member, ``group_event_bytes_mean`` an emitted TrajectoryGroup (in process).
+Never asserts on time: it prints JSON and writes it to ``--out``.
 
     .venv/bin/python benchmarks/agentic.py --out runs/bench/agentic.json
 """
@@ -234,20 +238,25 @@ def bench_inprocess(config, workload: dict, expected: dict) -> dict:
     table: dict[bytes, bytes] = {}
     proc = GroupQueueProcessor(config, table)
     errors = 0
-    for _, value in workload["starts"]:
-        errors += proc.handle(topics.episodes_control, 0, value).error is not None
+    for offset, (_, value) in enumerate(workload["starts"]):
+        errors += proc.handle(topics.episodes_control, 0, value, offset=offset).error is not None
     events = workload["events"]
     sends = {topics.groups_accepted: 0, topics.groups_rejected: 0}
     decided_at: list[int] = []  # index of each event that decided a group
+    group_bytes = 0
+    summary_bytes: list[int] = []
     t0, c0 = time.perf_counter(), time.process_time()
     for i, (_, value) in enumerate(events):
-        handled = proc.handle(topics.trajectories, 0, value)
+        handled = proc.handle(topics.trajectories, 0, value, offset=i)
         if handled.error is not None:
             errors += 1
         for s in handled.sends:
             if s.topic in sends:
                 sends[s.topic] += 1
                 decided_at.append(i)
+                group_bytes += len(s.value)
+        if not summary_bytes and i >= 1:  # one stored member, outside the hot loop's cost
+            summary_bytes = [len(v) for k, v in table.items() if k.startswith(b"t:")][:1]
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     # the outcome, from the group queues' own counters
     got = {"accepted": 0, "rejected": 0, "late": 0}
@@ -270,6 +279,8 @@ def bench_inprocess(config, workload: dict, expected: dict) -> dict:
             "groups_decided_per_s": round((got["accepted"] + got["rejected"]) / elapsed, 1),
             "accepted": got["accepted"], "rejected": got["rejected"], "late": got["late"],
             "groups_complete": complete, "errors": errors, "correct": correct,
+            "summary_bytes": summary_bytes[0] if summary_bytes else None,
+            "group_event_bytes_mean": round(group_bytes / max(len(decided_at), 1), 1),
             "first_decided_at": decided_at[0] if decided_at else None,
             "last_decided_at": decided_at[-1] if decided_at else None}
 
@@ -348,6 +359,36 @@ def _end_offsets_by_partition(bootstrap: str, topic: str) -> dict[int, int]:
         consumer.close()
 
 
+def _wait_committed(bootstrap: str, topics: Topics, proc: subprocess.Popen) -> str | None:
+    """Wait until the group-queue worker has committed every trajectory (its commits follow its
+    sends); the error, or None."""
+    from rollstream.kafka import names
+
+    ends = _end_offsets_by_partition(bootstrap, topics.trajectories)
+    deadline = time.monotonic() + STALL_TIMEOUT_S
+    while time.monotonic() < deadline:
+        committed = _committed(bootstrap, names.app_id(topics, names.GROUP_QUEUE_APP), topics.trajectories,
+                               list(ends))
+        if all(committed.get(p, -1) >= end for p, end in ends.items()):
+            return None
+        if proc.poll() is not None:
+            return f"group-queue worker exited with {proc.returncode} before committing every trajectory"
+        time.sleep(0.5)
+    return f"trajectories not all committed {STALL_TIMEOUT_S:.0f} s after the last decided group"
+
+
+def _produce(bootstrap: str, topic: str, events, compression_type: str) -> float:
+    from rollstream.kafka.clients import make_producer
+
+    t0 = time.perf_counter()
+    producer = make_producer(bootstrap, batch_size=1 << 20, compression_type=compression_type)
+    for key, value in events:
+        producer.send(topic, key=key, value=value)
+    producer.flush()
+    producer.close()
+    return time.perf_counter() - t0
+
+
 def bench_kafka(bootstrap: str, config_dict_: dict, workload: dict, expected: dict, timed: int,
                 workdir: Path) -> dict:
     """``timed``: trajectories handled after the event that decides the first group up to the one
@@ -359,16 +400,19 @@ def bench_kafka(bootstrap: str, config_dict_: dict, workload: dict, expected: di
     from rollstream.tools.readback import read_values
 
     topics = Topics(f"bench-{uuid.uuid4().hex[:8]}.")
-    create_topics(bootstrap, topics.all(PARTITIONS))
+    raw = {**config_dict_, "kafka": {"topic_prefix": topics.prefix, "partitions": PARTITIONS}}
+    # the payload topics (trajectories) as a run creates them: max.message.bytes, compression
+    create_topics(bootstrap, topics.all(PARTITIONS), configs=topics.topic_configs(parse_config(raw).kafka))
     config_path = workdir / "config.yaml"
-    config_path.write_text(yaml.safe_dump({**config_dict_, "kafka": {"topic_prefix": topics.prefix,
-                                                                     "partitions": PARTITIONS}}))
+    config_path.write_text(yaml.safe_dump(raw))
     manager = config_dict_["train_env_manager"]
     runs_opened = manager["num_env_groups"] * OPEN_EPISODES * (manager["group_size"] + REDUNDANCY)
     result: dict = {"kafka_topic_prefix": topics.prefix}
     result.update(prepare_queues(bootstrap, topics, config_path, workdir, workload["starts"], runs_opened))
     events = workload["events"]
-    result["kafka_produce_s"] = round(produce_events(bootstrap, topics.trajectories, events), 3)
+    # compressed as the env workers' payload producers do (kafka.compression_type)
+    result["kafka_produce_s"] = round(_produce(bootstrap, topics.trajectories, events,
+                                               parse_config(raw).kafka.compression_type), 3)
 
     want = expected["accepted"] + expected["rejected"]
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
@@ -412,6 +456,10 @@ def bench_kafka(bootstrap: str, config_dict_: dict, workload: dict, expected: di
                     last_at, last_ts = now, m.timestamp
             if last_at is not None and len(seen) >= want:
                 last_cpu = process_cpu_s(proc.pid)
+        if error is None:
+            # outside the timing: the late runs that follow the last decision in the log must be
+            # handled (and their late metrics sent) before the worker stops
+            error = _wait_committed(bootstrap, topics, proc)
     finally:
         consumer.close()
         _stop(proc)
@@ -430,9 +478,12 @@ def bench_kafka(bootstrap: str, config_dict_: dict, workload: dict, expected: di
         elapsed = last_at - first_at
         result["kafka_seconds"] = round(elapsed, 3)
         result["group_queue_kafka_trajectories_per_s"] = round(timed / elapsed, 1)
-        if first_cpu is not None and last_cpu is not None and last_cpu > first_cpu:
-            result["kafka_worker_cpu_s"] = round(last_cpu - first_cpu, 2)
-            result["group_queue_kafka_trajectories_per_cpu_s"] = round(timed / (last_cpu - first_cpu), 1)
+        if first_cpu is not None and last_cpu is not None and sum(last_cpu) > sum(first_cpu):
+            cpu = sum(last_cpu) - sum(first_cpu)  # process_cpu_s: (user, system) seconds
+            result["kafka_worker_cpu_s"] = round(cpu, 2)
+            result["kafka_worker_user_s"] = round(last_cpu[0] - first_cpu[0], 2)
+            result["kafka_worker_sys_s"] = round(last_cpu[1] - first_cpu[1], 2)
+            result["group_queue_kafka_trajectories_per_cpu_s"] = round(timed / cpu, 1)
         if first_ts and last_ts and last_ts > first_ts:
             result["group_queue_kafka_trajectories_per_s_by_record_time"] = round(
                 timed / ((last_ts - first_ts) / 1000), 1)

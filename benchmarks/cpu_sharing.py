@@ -60,10 +60,11 @@ def train_steps(steps: int) -> list[float]:
     groups = []
     for g in range(4):
         prompt = torch.randint(100, 20000, (40,)).tolist()
-        groups.append({"group_key": f"g{g}", "prompt_token_ids": prompt, "responses": [
-            {"response": {"prompt_id": f"g{g}", "sample_index": i, "prompt_token_ids": prompt,
-                          "response_token_ids": torch.randint(100, 20000, (32,)).tolist(),
-                          "infer_logprobs": [-5.0] * 32, "policy_version": 0},
+        groups.append({"group_key": f"g{g}", "responses": [
+            {"response": {"prompt_id": f"g{g}", "sample_index": i, "policy_version": 0},
+             "payload": {"prompt_id": f"g{g}", "sample_index": i, "prompt_token_ids": prompt,
+                         "response_token_ids": torch.randint(100, 20000, (32,)).tolist(),
+                         "infer_logprobs": [-5.0] * 32},  # resolved: the trainer fetched it
              "response_level_reward": float(i % 2), "scores": {}} for i in range(4)]})
     batch = build_batch(groups, step=0, pad_token_id=0)
     times = []

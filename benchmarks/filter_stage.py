@@ -1,10 +1,14 @@
 """Throughput of the filter stage (response aggregation + filters), three ways in one run.
 
-1. ``avro_*_per_s``: single-object encode/decode of one RewardedResponse (``--tokens`` response
-   tokens and logprobs, a 64-token prompt); best of 3 repeats.
+1. ``avro_*_per_s``: single-object encode/decode of one RewardedResponse, the decision-plane
+   event the aggregator reads (the response's summary and a PayloadRef: its size does not depend
+   on ``--tokens``); ``avro_payload_*`` the same for the Response payload it names (``--tokens``
+   response tokens and logprobs, a 64-token prompt, packed arrays), which the aggregator never
+   reads. Best of 3 repeats.
 2. ``inprocess_responses_per_s``: the pure core the aggregator agent runs, minus Kafka: decode,
-   PromptState JSON round trip, ``prompt_state.step``, and for decided prompts the decode of the
-   accepted bytes plus the encode of the Group and PromptOutcome records.
+   ``prompt_state.step``, for decided prompts the Group (the accepted RewardedResponse bytes
+   spliced in) and PromptOutcome records, and per batch of ``--batch`` events one table value per
+   changed prompt (as the agent writes them); best of 3 runs.
 3. ``kafka_responses_per_s``: the same pre-encoded events, produced to ``responses.rewarded``
    before ONE aggregator worker subprocess starts; timed from the first prompt outcome to the
    last one. Startup (subprocess start -> first outcome) is reported as ``kafka_startup_s``.
@@ -38,11 +42,13 @@ import yaml
 from rollstream.config import parse_config
 from rollstream.kafka.topics import Topics
 from rollstream.schemas import decode, encode
+from rollstream.schemas.records import payload_ref, response_summary
 from rollstream.streams.aggregation import Aggregation
 
 DOMAIN = "bench"
 PARTITIONS = 4
 PROMPT_TOKENS = 64
+PAYLOAD_TOPIC = "bench.responses"  # where the referenced payloads would be (the aggregator never reads them)
 INTERLEAVE = 8  # prompts whose responses are interleaved on the topic, as concurrent generation does
 SAFETY_TIMEOUT_S = 300.0
 
@@ -63,24 +69,33 @@ def config_dict(prefix: str, group_size: int) -> dict:
     }
 
 
-def make_response(rng: random.Random, prompt_id: str, sample_index: int, reward: float, tokens: int) -> dict:
-    """A RewardedResponse record with realistic payload sizes."""
+def make_payload(rng: random.Random, prompt_id: str, sample_index: int, tokens: int) -> dict:
+    """A Response record (the payload on ``responses``) with realistic sizes."""
     return {
-        "response": {
-            "prompt_id": prompt_id, "domain": DOMAIN, "mode": "train",
-            "prompt": f"Question {prompt_id}: " + "a natural language word problem " * 8,
-            "ground_truth": "42", "round": 0, "sample_index": sample_index,
-            "prompt_token_ids": [rng.randrange(150_000) for _ in range(PROMPT_TOKENS)],
-            "response_token_ids": [rng.randrange(150_000) for _ in range(tokens)],
-            "infer_logprobs": [-rng.random() * 4.0 for _ in range(tokens)],
-            "response_text": "step " * tokens,  # ~5 characters a token
-            "finish_reason": "stop", "policy_version": 3, "generation_ms": 1234.5,
-            "created_ms": 1_700_000_000_000,
-        },
+        "prompt_id": prompt_id, "domain": DOMAIN, "mode": "train",
+        "prompt": f"Question {prompt_id}: " + "a natural language word problem " * 8,
+        "ground_truth": "42", "round": 0, "sample_index": sample_index,
+        "prompt_token_ids": [rng.randrange(150_000) for _ in range(PROMPT_TOKENS)],
+        "response_token_ids": [rng.randrange(150_000) for _ in range(tokens)],
+        "infer_logprobs": [-rng.random() * 4.0 for _ in range(tokens)],
+        "response_text": "step " * tokens,  # ~5 characters a token
+        "finish_reason": "stop", "error": None, "policy_version": 3, "generation_ms": 1234.5,
+        "created_ms": 1_700_000_000_000, "extras": {},
+    }
+
+
+def make_response(rng: random.Random, prompt_id: str, sample_index: int, reward: float, tokens: int,
+                  offset: int = 0) -> dict:
+    """A RewardedResponse record as the reward worker writes it: the summary of a ``tokens``-token
+    Response and a PayloadRef to it (at ``offset`` of ``responses``), never the arrays."""
+    payload = make_payload(rng, prompt_id, sample_index, tokens)
+    return {
+        "response": response_summary(payload),
         "response_level_reward": reward,
         "scores": {"acc": float(reward >= 1.0), "format": 1.0},
-        "meta": {"extracted_answer": "42"},
+        "meta": {"extracted_answer": "42", "invalid_format": "false", "blank_text": "false"},
         "reward_ms": 1.5,
+        "payload": payload_ref(PAYLOAD_TOPIC, offset % PARTITIONS, offset, len(encode(payload, "Response"))),
     }
 
 
@@ -104,6 +119,8 @@ def make_workload(n_prompts: int, group_size: int, tokens: int, seed: int = 0) -
                                    "prompt": f"Question {pid}: " + "a natural language word problem " * 8}
                 rec["response_level_reward"] = 1.0 if (p % 2 == 0 and i == p % group_size) else 0.0
                 rec["scores"] = {"acc": rec["response_level_reward"], "format": 1.0}
+                offset = len(events)
+                rec["payload"] = {**templates[i]["payload"], "partition": offset % PARTITIONS, "offset": offset}
                 events.append((pid.encode(), encode(rec, "RewardedResponse")))
     accepted = (n_prompts + 1) // 2 if group_size > 1 else n_prompts
     return events, accepted, n_prompts - accepted
@@ -112,60 +129,87 @@ def make_workload(n_prompts: int, group_size: int, tokens: int, seed: int = 0) -
 # ---- 1. Avro ----------------------------------------------------------------------------------
 
 
-def bench_avro(tokens: int, iterations: int, repeats: int = 3) -> dict:
-    record = make_response(random.Random(1), "p-avro", 0, 1.0, tokens)
-    data = encode(record, "RewardedResponse")
-    assert decode(data)[1]["response"]["response_token_ids"] == record["response"]["response_token_ids"]
+def _best_of(record: dict, schema: str, iterations: int, repeats: int) -> tuple[dict, int]:
+    data = encode(record, schema)
     best = {"encode": [float("inf")] * 2, "decode": [float("inf")] * 2}  # [wall, cpu]
     for _ in range(repeats):
-        for name, fn in (("encode", lambda: encode(record, "RewardedResponse")), ("decode", lambda: decode(data))):
+        for name, fn in (("encode", lambda: encode(record, schema)), ("decode", lambda: decode(data))):
             w0, c0 = time.perf_counter(), time.process_time()
             for _ in range(iterations):
                 fn()
             best[name] = [min(best[name][0], time.perf_counter() - w0), min(best[name][1], time.process_time() - c0)]
+    return best, len(data)
+
+
+def bench_avro(tokens: int, iterations: int, repeats: int = 3) -> dict:
+    rng = random.Random(1)
+    record = make_response(rng, "p-avro", 0, 1.0, tokens)
+    assert decode(encode(record, "RewardedResponse"))[1]["response"]["response_length"] == tokens
+    payload = make_payload(rng, "p-avro", 0, tokens)
+    assert decode(encode(payload, "Response"))[1]["response_token_ids"].tolist() == payload["response_token_ids"]
+    best, size = _best_of(record, "RewardedResponse", iterations, repeats)
+    best_payload, payload_size = _best_of(payload, "Response", iterations, repeats)
     return {"avro_encode_per_s": round(iterations / best["encode"][0], 1),
             "avro_decode_per_s": round(iterations / best["decode"][0], 1),
             "avro_encode_per_cpu_s": round(iterations / best["encode"][1], 1),
             "avro_decode_per_cpu_s": round(iterations / best["decode"][1], 1),
-            "avro_event_bytes": len(data), "avro_iterations": iterations}
+            "avro_event_bytes": size,
+            "avro_payload_encode_per_s": round(iterations / best_payload["encode"][0], 1),
+            "avro_payload_decode_per_s": round(iterations / best_payload["decode"][0], 1),
+            "avro_payload_event_bytes": payload_size,
+            "avro_iterations": iterations}
 
 
 # ---- 2. in-process core -----------------------------------------------------------------------
 
 
-def run_core(events: list[tuple[bytes, bytes]], config, timings: dict | None = None) -> tuple[int, int]:
-    """What the aggregator agent does per event, minus Kafka (the same Aggregation.apply); returns
-    (accepted, rejected). With ``timings`` (a dict), decode and apply times are accumulated."""
+def run_core(events: list[tuple[bytes, bytes]], config, timings: dict | None = None,
+             batch: int = 100) -> tuple[int, int]:
+    """What the aggregator agent does, minus Kafka (the same Aggregation): events in batches of
+    ``batch``, each applied in order, then each changed prompt's table value packed and written
+    once per batch. Returns (accepted, rejected). With ``timings`` (a dict), decode, apply and
+    pack (table value) times are accumulated."""
     aggregation = Aggregation(config)
     table: dict[bytes, bytes] = {}
     accepted = rejected = 0
     clock = time.perf_counter
-    for key, value in events:
-        t0 = clock()
-        _, record = decode(value)
-        t1 = clock()
-        applied = aggregation.apply(table.get(key), value, record)
-        if applied.value is not None:
-            table[key] = applied.value
-        if applied.decided is not None:
-            accepted += applied.decided.accepted
-            rejected += not applied.decided.accepted
+    for start in range(0, len(events), batch):
+        changed: set[bytes] = set()
+        for key, value in events[start:start + batch]:
+            t0 = clock()
+            _, record = decode(value)
+            t1 = clock()
+            applied = aggregation.apply(table.get(key), value, record)
+            if applied.changed:
+                changed.add(key)
+            if applied.decided is not None:
+                accepted += applied.decided.accepted
+                rejected += not applied.decided.accepted
+            if timings is not None:
+                timings["decode"] += t1 - t0
+                timings["apply"] += clock() - t1
+        t2 = clock()
+        for key in changed:
+            table[key] = aggregation.table_value(key.decode())
         if timings is not None:
-            timings["decode"] += t1 - t0
-            timings["apply"] += clock() - t1
+            timings["pack"] += clock() - t2
     return accepted, rejected
 
 
-def bench_inprocess(events, config) -> dict:
-    t0, c0 = time.perf_counter(), time.process_time()
-    accepted, rejected = run_core(events, config)
-    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
-    timings = {"decode": 0.0, "apply": 0.0}
-    run_core(events, config, timings)
+def bench_inprocess(events, config, batch: int = 100, repeats: int = 3) -> dict:
+    best = [float("inf"), float("inf")]  # [wall, cpu]
+    for _ in range(repeats):
+        t0, c0 = time.perf_counter(), time.process_time()
+        accepted, rejected = run_core(events, config, batch=batch)
+        best = [min(best[0], time.perf_counter() - t0), min(best[1], time.process_time() - c0)]
+    elapsed, cpu = best
+    timings = {"decode": 0.0, "apply": 0.0, "pack": 0.0}
+    run_core(events, config, timings, batch=batch)
     n = len(events)
     return {
         "inprocess_responses_per_s": round(n / elapsed, 1),
         "inprocess_responses_per_cpu_s": round(n / cpu, 1),
+        "inprocess_batch": batch,
         "inprocess_seconds": round(elapsed, 3),
         "inprocess_accepted": accepted, "inprocess_rejected": rejected,
         "inprocess_us_per_response": {k: round(v / n * 1e6, 2) for k, v in timings.items()},
@@ -187,18 +231,21 @@ def produce_events(bootstrap: str, topic: str, events) -> float:
     return time.perf_counter() - t0
 
 
-def process_cpu_s(pid: int) -> float | None:
-    """utime + stime of a live process, from /proc (Linux); None elsewhere or once it is gone."""
+def process_cpu_s(pid: int) -> tuple[float, float] | None:
+    """(utime, stime) of a live process in seconds, from /proc (Linux); None elsewhere or once it
+    is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def bench_kafka(bootstrap: str, events, group_size: int, expected: tuple[int, int], workdir: Path) -> dict:
     from kafka import KafkaConsumer, TopicPartition
 
+    from rollstream.kafka import names
     from rollstream.kafka.admin import create_topics
 
     topics = Topics(f"bench-{uuid.uuid4().hex[:8]}.")
@@ -260,7 +307,8 @@ def bench_kafka(bootstrap: str, events, group_size: int, expected: tuple[int, in
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-    groups = _end_offsets(bootstrap, [topics.groups_accepted, topics.groups_rejected])
+    changelog = f"{names.app_id(topics, names.AGGREGATOR_APP)}-{names.PROMPT_STATE_TABLE}-changelog"
+    groups = _end_offsets(bootstrap, [topics.groups_accepted, topics.groups_rejected, changelog])
     result = {
         "kafka_topic_prefix": topics.prefix,
         "kafka_produce_s": round(produce_s, 3),
@@ -271,15 +319,18 @@ def bench_kafka(bootstrap: str, events, group_size: int, expected: tuple[int, in
         "kafka_rejected": counts["abort"],
         "kafka_groups_accepted_records": groups[topics.groups_accepted],
         "kafka_groups_rejected_records": groups[topics.groups_rejected],
+        "kafka_changelog_records": groups[changelog],  # table writes: one per prompt and batch
         "kafka_error": error,
     }
     if first_at is not None and last_at is not None and len(seen) == want and last_at > first_at:
         elapsed = last_at - first_at
         result["kafka_seconds"] = round(elapsed, 3)
         result["kafka_responses_per_s"] = round(len(events) / elapsed, 1)
-        if first_cpu is not None and last_cpu is not None and last_cpu > first_cpu:
-            result["kafka_aggregator_cpu_s"] = round(last_cpu - first_cpu, 2)
-            result["kafka_responses_per_cpu_s"] = round(len(events) / (last_cpu - first_cpu), 1)
+        if first_cpu is not None and last_cpu is not None and sum(last_cpu) > sum(first_cpu):
+            user, system = last_cpu[0] - first_cpu[0], last_cpu[1] - first_cpu[1]
+            result["kafka_aggregator_cpu_s"] = round(user + system, 2)
+            result["kafka_aggregator_user_s"], result["kafka_aggregator_sys_s"] = round(user, 2), round(system, 2)
+            result["kafka_responses_per_cpu_s"] = round(len(events) / (user + system), 1)
         # same span by the outcomes' broker timestamps (insensitive to this poller's latency)
         if last_ts and first_ts and last_ts > first_ts:
             result["kafka_responses_per_s_by_record_time"] = round(len(events) / ((last_ts - first_ts) / 1000), 1)
@@ -356,6 +407,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--avro-iterations", type=int, default=3000)
+    parser.add_argument("--batch", type=int, default=100,
+                        help="in-process: events per batch (the aggregator writes each changed prompt once per batch)")
     parser.add_argument("--bootstrap", default=None, help="existing broker; default: start an embedded one")
     parser.add_argument("--skip-kafka", action="store_true", help="only the Avro and in-process figures")
     args = parser.parse_args(argv)
@@ -375,7 +428,7 @@ def main(argv: list[str] | None = None) -> dict:
     result["expected_accepted"], result["expected_rejected"] = exp_acc, exp_rej
 
     result.update(bench_avro(args.tokens, args.avro_iterations))
-    result.update(bench_inprocess(events, config))
+    result.update(bench_inprocess(events, config, args.batch))
     inprocess_ok = (result["inprocess_accepted"], result["inprocess_rejected"]) == (exp_acc, exp_rej)
 
     kafka_ok = True

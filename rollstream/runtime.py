@@ -1,5 +1,6 @@
 """What every layer shares at run time: the wall clock and process identity it stamps on its
-events, and the default topic prefix (a deployment's topics and its config default agree)."""
+events, the default topic prefix and payload size limit (a deployment's clients and its config
+defaults agree)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ import socket
 import time
 
 DEFAULT_TOPIC_PREFIX = "rollstream."
+
+PAYLOAD_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+"""Default ``kafka.max_message_bytes``: a 64k-token response is ~0.5 MiB of int32 ids and float32
+logprobs, plus prompt tokens and text; 16 MiB leaves room for long agentic trajectories."""
 
 
 def now_ms() -> int:

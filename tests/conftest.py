@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
+from rollstream.config import KafkaConfig
 from rollstream.kafka.admin import create_topics
 from rollstream.kafka.broker import EmbeddedBroker
 from rollstream.kafka.topics import TOPICS, Topics
@@ -39,7 +40,7 @@ def topic_factory(kafka_broker) -> Callable[..., Topics]:
         topics = Topics(f"t-{uuid.uuid4().hex[:8]}.")
         wanted = {topics.name(n) for n in (logical_names or TOPICS)}
         specs = {k: v for k, v in topics.all(partitions).items() if k in wanted}
-        create_topics(kafka_broker, specs)
+        create_topics(kafka_broker, specs, configs=topics.topic_configs(KafkaConfig()))
         return topics
 
     return make

@@ -91,6 +91,7 @@ def test_stage_of_the_other_pipeline_is_a_config_error_before_kafka(config, stag
 
 @pytest.mark.parametrize("args", [
     ["replay", "groups.rejected", "-b", "127.0.0.1:1", "-w", "bogus"],
+    ["replay", "groups.rejected", "-b", "127.0.0.1:1", "--payloads", "-w", "bogus"],
     ["worker", "nonsense", "-c", EXAMPLE, "-b", "127.0.0.1:1"],
 ])
 def test_an_error_is_one_line_even_when_longer_than_the_terminal(args):

@@ -10,8 +10,7 @@ from rollstream.tools.stats import figures, latest
 
 def rewarded(pid: str, index: int, reward: float, finish: str = "stop", mode: str = "train") -> dict:
     return {"response": {"prompt_id": pid, "domain": "synth", "mode": mode, "sample_index": index,
-                         "finish_reason": finish, "response_token_ids": [1], "response_text": "x",
-                         "policy_version": 0},
+                         "finish_reason": finish, "response_length": 1, "policy_version": 0},
             "response_level_reward": reward, "scores": {}}
 
 

@@ -25,9 +25,11 @@ def play(cfg, groups: dict[str, list[float]], mode: str, metrics: WorkerMetrics)
     for pid, rewards in groups.items():
         state = None
         for i, reward in enumerate(rewards):
+            # a RewardedResponse: its ResponseSummary (one response token) and the payload's reference
             record = {"response": {"prompt_id": pid, "domain": "synth", "mode": mode, "sample_index": i,
-                                   "finish_reason": "stop", "response_token_ids": [1], "response_text": "x"},
-                      "response_level_reward": reward, "scores": {}}
+                                   "finish_reason": "stop", "prompt_length": 3, "response_length": 1},
+                      "response_level_reward": reward, "scores": {},
+                      "payload": {"topic": "responses", "partition": 0, "offset": i, "size_bytes": 64}}
             state, effects = step(state, record, filters)
             metrics.prompt_effects(effects, mode)
             out.update({pid: e for e in effects if isinstance(e, Decided)})

@@ -7,6 +7,7 @@ import numpy as np
 
 from rollstream.config import parse_config
 from rollstream.filtering.prompt_state import Decided, Replacement, step
+from rollstream.schemas.records import payload_ref, response_summary, trajectory_summary
 from rollstream.streams.events import decided_group
 from rollstream.tools.whatif import whatif_rlvr
 
@@ -24,11 +25,14 @@ def config(std_threshold: float = 0.0, reject_truncated: bool = True, **extra):
 
 
 def rewarded(pid: str, index: int, reward: float, finish: str = "stop") -> dict:
-    return {"response": {"prompt_id": pid, "domain": DOMAIN, "mode": "train", "prompt": "q", "sample_index": index,
-                         "round": 0, "prompt_token_ids": [1, 2], "response_token_ids": [5, 6],
-                         "infer_logprobs": [-0.1, -0.2], "response_text": "x", "finish_reason": finish,
-                         "policy_version": 0},
-            "response_level_reward": reward, "scores": {}}
+    """A RewardedResponse as the reward worker writes it: the Response's summary (2 prompt and
+    2 response tokens) and a reference to the Response on ``responses`` (never fetched here)."""
+    response = {"prompt_id": pid, "domain": DOMAIN, "mode": "train", "prompt": "q", "sample_index": index,
+                "round": 0, "prompt_token_ids": [1, 2], "response_token_ids": [5, 6],
+                "infer_logprobs": [-0.1, -0.2], "response_text": "x", "finish_reason": finish,
+                "policy_version": 0}
+    return {"response": response_summary(response), "response_level_reward": reward, "scores": {},
+            "meta": {"blank_text": "false"}, "payload": payload_ref("responses", 0, index, 64)}
 
 
 def record_run(cfg, scripts: dict[str, list[tuple[float, str]]]):
@@ -105,8 +109,11 @@ def test_agentic_group_filter_what_if():
     from rollstream.tools.whatif import whatif_agentic
 
     def group(key: str, rewards: list[float], accepted: bool, reason: str) -> dict:
-        trajs = [{"group_id": 0, "episode_id": 0, "traj_index": i, "response_level_rewards": r, "drop_flag": False,
-                  "env_failed": False, "env_timeout": False, "stop_reason": "done"} for i, r in enumerate(rewards)]
+        # the group events' members: TrajectorySummary records naming their Trajectory by reference
+        trajs = [trajectory_summary({"group_id": 0, "episode_id": 0, "traj_index": i, "response_level_rewards": r,
+                                     "drop_flag": False, "env_failed": False, "env_timeout": False,
+                                     "stop_reason": "done", "turns": [], "response_mask": []},
+                                    payload_ref("trajectories", 0, i, 64)) for i, r in enumerate(rewards)]
         return {"group_key": key, "mode": "train", "group_id": 0, "episode_id": int(key[-1]), "accepted": accepted,
                 "reason": reason, "trajectories": trajs, "trajectories_arrived": len(trajs)}
 
@@ -121,3 +128,27 @@ def test_agentic_group_filter_what_if():
     assert result["changed"] == [{"group_key": "g/1", "actual": "accepted", "alternative": "zero_std"},
                                  {"group_key": "g/2", "actual": "accepted", "alternative": "zero_std"}]
     assert result["actual"]["groups_decided"] == 3  # infra_abort never reached the group filter
+
+
+def test_prompt_too_long_is_re_decided_from_the_recorded_prompt_tokens():
+    # admission's Group carries no tokens: the prompt's length is its decision value
+    too_long = {"group_key": "long", "prompt_id": "long", "domain": DOMAIN, "mode": "train", "accepted": False,
+                "reason": "prompt_too_long", "decision_values": {"prompt_tokens": 40.0, "prompt_length": 32.0},
+                "responses": [], "rounds": 0, "responses_generated": 0}
+    same = whatif_rlvr(config(prompt_length=32), [], [too_long]).report(2)
+    assert same["changed"] == [] and same["needs_generation"] == [] and same["actual"] == same["alternative"]
+    assert same["alternative"]["reasons"] == {"prompt_too_long": 1}
+    shorter = whatif_rlvr(config(prompt_length=39), [], [too_long]).report(2)
+    assert shorter["changed"] == [] and shorter["alternative"]["reasons"] == {"prompt_too_long": 1}
+    # a longer limit admits it: its responses were never generated, so it cannot be decided offline
+    longer = whatif_rlvr(config(prompt_length=40), [], [too_long]).report(2)
+    assert longer["needs_generation"] == ["long"] and longer["alternative"]["groups_decided"] == 0
+
+
+def test_a_group_without_recorded_responses_takes_its_prompt_length_from_the_response_summaries():
+    stream, groups = record_run(config(), {"spread": SCRIPTS["spread"]})
+    (group,) = groups
+    group = {**group, "responses": stream[:4]}  # summaries with prompt_length 2, but no rewarded stream
+    result = whatif_rlvr(config(prompt_length=1), [], [group]).report(2)
+    assert result["changed"] == [{"group_key": "spread", "actual": "accepted", "alternative": "prompt_too_long"}]
+    assert whatif_rlvr(config(prompt_length=2), [], [group]).report(2)["needs_generation"] == ["spread"]

@@ -123,7 +123,7 @@ def create_topics_cmd(config: Path = typer.Option(..., "--config", "-c"), bootst
     cfg = _config(config)
     _reach(bootstrap)
     topics = Topics(cfg.kafka.topic_prefix)
-    create_topics(bootstrap, topics.all(cfg.kafka.partitions))
+    create_topics(bootstrap, topics.all(cfg.kafka.partitions), configs=topics.topic_configs(cfg.kafka))
     check_copartitioned(bootstrap, topics.keyed())
     console.print(f"topics ready under prefix {topics.prefix!r}")
 
@@ -187,6 +187,7 @@ def replay(
     follow: bool = typer.Option(False, "--follow", help="Keep reading new records until interrupted."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Stop after this many selected records."),
     to_topic: Optional[str] = typer.Option(None, "--to-topic", help="Re-inject the selected records (same key and bytes) into this topic (a full name: --prefix does not apply)."),
+    payloads: bool = typer.Option(False, "--payloads", help="Fetch the token payloads the shown records reference (one fetch per page) and show each member's token counts and text; JSON lines carry the payload record under `payload`, the reference under `payload_ref`. Without it only references are shown and no payload topic is read."),
 ) -> None:
     """Decode a rollstream topic: what was filtered and why (e.g. `replay groups.rejected -w reason=zero_std`)."""
     try:
@@ -206,17 +207,18 @@ def replay(
     if to_topic is not None and to_topic == name:
         _fail(ValueError("--to-topic must differ from the topic read"))
     _reach(bootstrap)
-    _print_replay(bootstrap, name, selection, output, follow, limit, to_topic)
+    _print_replay(bootstrap, name, selection, output, follow, limit, to_topic, payloads)
 
 
 def _print_replay(bootstrap: str, name: str, selection, output: str, follow: bool, limit: Optional[int],
-                  to_topic: Optional[str]) -> None:
-    """Stream the selection as JSON lines (or collect a rich table), re-injecting on request."""
+                  to_topic: Optional[str], payloads: bool = False) -> None:
+    """Stream the selection as JSON lines (or collect a rich table), re-injecting on request;
+    ``payloads``: with the referenced token payloads resolved (rollstream.tools.replay.replay)."""
     producer = make_producer(bootstrap) if to_topic else None
     table = replay_table() if output == "table" else None
     count = 0
     try:
-        for item in replay_topic(bootstrap, name, selection, follow=follow, limit=limit):
+        for item in replay_topic(bootstrap, name, selection, follow=follow, limit=limit, payloads=payloads):
             count += 1
             if producer is not None:
                 producer.send(to_topic, key=item.record.key, value=item.record.raw)

@@ -6,9 +6,10 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from rollstream.tools.replay import Replayed, summary
+from rollstream.tools.replay import Replayed, payload_digest, summary
 
 
 def print_summary(summary: dict, console: Console) -> None:
@@ -100,8 +101,15 @@ def replay_table() -> Table:
 
 
 def replay_row(item: Replayed) -> tuple[str, ...]:
-    """One replayed record as a table row: where, when, key, schema and a one-line summary."""
+    """One replayed record as a table row: where, when, key, schema and a one-line summary; with
+    resolved payloads (`replay --payloads`) one more line per member: its token counts and the
+    start of its text (``payload_digest``). Keys and texts are escaped: a ``[down]`` in a response
+    is text, not rich markup."""
     when = datetime.fromtimestamp(item.timestamp_ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
     key = "" if item.record.key is None else item.record.key.decode("utf-8", "replace")
-    return (str(item.record.partition), str(item.record.offset), when, key, item.record.schema or "-",
-            summary(item.record.value))
+    event = summary(item.record.value)
+    if item.payloads is not None:
+        digest = payload_digest(item.shown_value(full=False))
+        event = f"{event}\n{digest}" if digest else event
+    return (str(item.record.partition), str(item.record.offset), when, escape(key), item.record.schema or "-",
+            escape(event))

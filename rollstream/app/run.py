@@ -80,7 +80,7 @@ def run_pipeline(config: Config, summary_json: Path | None = None, console: Cons
 
 def _build(config: Config, bootstrap: str, topics: Topics, stages: StageProcesses, run_dir: Path,
            console: Console, started: float) -> LoopResult:
-    create_topics(bootstrap, topics.all(config.kafka.partitions))
+    create_topics(bootstrap, topics.all(config.kafka.partitions), configs=topics.topic_configs(config.kafka))
     for stage in pipeline_stages(config):
         stages.start(stage)
     if isinstance(config, AgenticConfig):

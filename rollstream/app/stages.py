@@ -121,13 +121,15 @@ def _run(stage: Stage, config: Config, bootstrap: str, topics: Topics, max_idle_
         run_generation_worker(bootstrap, topics, params, backend=config.actor_infer.backend,
                               group_id=names.consumer_group(topics, "generation"), max_batch=config.actor_infer.max_batch,
                               max_idle_s=max_idle_s, instance=instance, instances=instances,
-                              backend_kwargs=backend_kwargs(config.actor_infer))
+                              backend_kwargs=backend_kwargs(config.actor_infer),
+                              max_message_bytes=config.kafka.max_message_bytes,
+                              compression_type=config.kafka.compression_type)
     elif stage is Stage.reward:
         from rollstream.workers.rewards import run_reward_worker
 
         run_reward_worker(bootstrap, topics, {d: r.reward_type for d, r in config.rewards.items()},
                           group_id=names.consumer_group(topics, "reward"), max_idle_s=max_idle_s,
-                          instance=instance, instances=instances)
+                          instance=instance, instances=instances, max_message_bytes=config.kafka.max_message_bytes)
     elif stage is Stage.group_queue:
         from rollstream.streams.group_queue import build_group_queue_app
 

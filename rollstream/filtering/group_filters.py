@@ -6,8 +6,14 @@ Contract (reference-behaviour.md (f); config field ``EnvManagerConfig.group_filt
   AgenticConfig (None in tests), ``env_manager_config`` the EnvManagerConfig of that mode, ``mode``
   ``"train"`` or ``"val"``. The instance lives as long as the group queue and is never reset.
 * ``filter(group_id, episode_id, group) -> bool`` is called once per complete group, where
-  ``group`` is the list of trajectory dicts (``schemas/trajectory.avsc``), a missing trajectory
-  being None.
+  ``group`` is the list of trajectory summary dicts (``schemas/trajectory_summary.avsc``), a
+  missing trajectory being None. A summary has every Trajectory field that decides (identity,
+  ``step_rewards``, ``response_level_rewards``, ``success``, ``stop_reason``, the
+  ``env_timeout`` / ``env_failed`` / ``drop_flag`` flags, ``error``, ``policy_version``) and the
+  lengths (``num_turns``, ``prompt_length``, ``response_length``, ``model_tokens``), but not the
+  turns' token arrays or text: those stay on the payload topic (``payload`` is a PayloadRef), so
+  deciding never costs in proportion to trajectory length. A filter that needs the tokens is a
+  trainer-side concern, not a group filter.
 
   **True means DROP the group** (a replacement episode is started); **False means KEEP it.** This is
   what the reference's code does; the reference's help text for ``group_filter_cls`` ("Return
@@ -57,6 +63,7 @@ GROUP_FILTER_MODES: tuple[str, ...] = ("train", "val")
 _REASONS = frozenset(r.value for r in RejectReason)
 
 Trajectory = Mapping[str, Any]
+"""A TrajectorySummary record (see the module doc)."""
 
 
 def _group_filter_config(env_manager_config: Any) -> dict[str, Any]:

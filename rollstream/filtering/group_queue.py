@@ -32,7 +32,7 @@ with ``on_verdict`` before it persists the state or handles another event.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from rollstream.filtering.reasons import ACCEPTED, RejectReason
 
@@ -125,7 +125,15 @@ class QueueState:
     rejected_by_reason: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """A JSON-able copy (what ``dataclasses.asdict`` gives, built by hand: this runs for every
+        trajectory the group queue handles, and ``asdict``'s recursive deep copy was its largest
+        cost)."""
+        d = dict(vars(self))
+        d["open"] = {eid: {**vars(ep), "issued": list(ep.issued), "arrived": list(ep.arrived),
+                           "aborted": list(ep.aborted)} for eid, ep in self.open.items()}
+        d["closed"] = {eid: dict(vars(c)) for eid, c in self.closed.items()}
+        d["rejected_by_reason"] = dict(self.rejected_by_reason)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "QueueState":

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Union
+from functools import cached_property
+from typing import Any, Callable, Mapping, Union
 
 from rollstream.filtering.decision import Decision
 from rollstream.filtering.query_filters import decide_query
 from rollstream.filtering.reasons import RejectReason
-from rollstream.filtering.response_filters import decide_response
+from rollstream.filtering.response_filters import response_decider
 from rollstream.filtering.staleness import stale_decision
 
 REWARD_METRIC = "response_level_reward"
@@ -49,6 +50,11 @@ class DomainFilters:
     def metric(self) -> str:
         """Field the query filter reads: response_level_reward or a key of the reward's scores."""
         return self.query_filter_config.get("metric", REWARD_METRIC)
+
+    @cached_property
+    def decide_response(self) -> Callable[[Mapping[str, Any]], Decision]:
+        """The response filter, resolved once (``rewarded -> Decision``)."""
+        return response_decider(self.response_filter_config)
 
 
 @dataclass
@@ -169,7 +175,7 @@ def step(
     state.responses_generated += 1
     effects: list[Effect] = []
     validation = state.mode == "val"
-    decision = Decision.accept() if validation else decide_response(rewarded, filters.response_filter_config)
+    decision = Decision.accept() if validation else filters.decide_response(rewarded)
     if decision.keep:
         state.accepted[str(index)] = _metric_value(rewarded, filters.metric)
         reward = rewarded.get(REWARD_METRIC)
@@ -189,13 +195,14 @@ def _round_complete(
     state: PromptState, filters: DomainFilters, effects: list[Effect], current_version: int | None
 ) -> tuple[PromptState, list[Effect]]:
     missing = state.num_return_sequences - len(state.accepted)
+    if missing > 0 and state.rounds < filters.max_response_rounds:
+        replacement = Replacement(state.rounds, missing, state.next_sample_index)
+        state.expected = list(range(state.next_sample_index, state.next_sample_index + missing))
+        state.next_sample_index += missing
+        state.rounds += 1
+        return state, [*effects, replacement]
+    indices = state.accepted_indices
     if missing > 0:
-        if state.rounds < filters.max_response_rounds:
-            replacement = Replacement(state.rounds, missing, state.next_sample_index)
-            state.expected = list(range(state.next_sample_index, state.next_sample_index + missing))
-            state.next_sample_index += missing
-            state.rounds += 1
-            return state, [*effects, replacement]
         decision = Decision.reject(
             RejectReason.RESPONSE_RETRIES_EXHAUSTED,
             accepted=float(len(state.accepted)), needed=float(state.num_return_sequences),
@@ -204,13 +211,13 @@ def _round_complete(
     elif state.mode == "val":
         decision = Decision.accept()
     else:
-        metrics = [state.accepted[str(i)] for i in state.accepted_indices]
+        metrics = [state.accepted[str(i)] for i in indices]
         decision = (stale_decision(max(state.policy_version, 0), current_version, filters.max_staleness)
                     or decide_query(metrics, filters.query_filter_config))
     return closed(state, decision.reason), [*effects, Decided(
         accepted=decision.keep, reason=decision.reason, values=dict(decision.values),
-        sample_indices=state.accepted_indices, rounds=state.rounds,
+        sample_indices=indices, rounds=state.rounds,
         responses_generated=state.responses_generated,
         rejected_responses=dict(state.rejected_by_reason), policy_version=max(state.policy_version, 0),
-        rewards=tuple(state.rewards[str(i)] for i in state.accepted_indices),
+        rewards=tuple(state.rewards[str(i)] for i in indices),
     )]

@@ -23,9 +23,11 @@ Where we differ on purpose (ARCHITECTURE.md section 6):
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from rollstream.exceptions import ConfigError
@@ -45,8 +47,19 @@ QUERY_FILTER_ARGS: dict[str, frozenset[str]] = {
 to a default that keeps every group, so it is an error; custom filters take anything."""
 
 
+F32_ROUNDS_TO_INF = 2.0**128 - 2.0**103
+"""Doubles of at least this magnitude round to +-inf in float32 (round to nearest even)."""
+
+
+@functools.lru_cache(maxsize=1024)
+def _f32_of(x: float) -> float:
+    with np.errstate(over="ignore"):
+        return float(np.float32(x))
+
+
 def _f32(x: float) -> float:
-    return float(torch.tensor(float(x), dtype=torch.float32))
+    """``x`` rounded to float32 (round to nearest, overflow to inf), as torch converts it."""
+    return _f32_of(float(x))
 
 
 @QUERY_FILTERS.register("no_filter")
@@ -120,12 +133,15 @@ def decide_query(rewards: Sequence[float], config: Mapping[str, Any]) -> Decisio
     if len(rewards) == 0:
         raise ValueError("query filter needs at least one reward (empty group)")
     fn = resolve_query_filter(config)
-    values = torch.as_tensor([float(r) for r in rewards], dtype=torch.float32)
-    if not bool(torch.isfinite(values).all()):
-        bad = int((~torch.isfinite(values)).sum())
+    floats = [float(r) for r in rewards]
+    # non-finite in float32: NaN, +-inf, or beyond float32's range (rounds to inf)
+    bad = sum(1 for v in floats if not -F32_ROUNDS_TO_INF < v < F32_ROUNDS_TO_INF)
+    if bad:
         return Decision.reject(RejectReason.INVALID_REWARD, non_finite=float(bad), n=float(len(rewards)))
+    array = np.array(floats, dtype=np.float32)
     if len(rewards) == 1:
-        return Decision.accept(mean=float(values[0]), n=1.0)
+        return Decision.accept(mean=float(array[0]), n=1.0)
+    values = torch.from_numpy(array)
     filter_args = config.get("filter_args") or {}
     if not isinstance(filter_args, Mapping):
         raise ConfigError(f"query_filter_config.filter_args must be a mapping, got {filter_args!r}")

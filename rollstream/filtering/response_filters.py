@@ -9,6 +9,7 @@ rule                   rejects when                                    reason
 =====================  ==============================================  ====================
 reject_engine_error    finish_reason is ``error`` or ``abort``         engine_error
 reject_empty           no response tokens, or only whitespace text     empty_response
+                       (reward meta ``blank_text`` is ``true``)
 reject_truncated       finish_reason is ``length`` (hit max tokens)    truncated
 reject_invalid_reward  response_level_reward is NaN or +-inf           invalid_reward
 reject_invalid_format  reward meta ``invalid_format`` is ``true``       invalid_format
@@ -16,6 +17,11 @@ reject_invalid_format  reward meta ``invalid_format`` is ``true``       invalid_
 
 ``type: no_filter`` keeps everything. Any other type is an import path to a callable
 ``(rewarded_response: dict, filter_args) -> bool | Decision`` (True keeps).
+
+A RewardedResponse carries the response's ``ResponseSummary`` (lengths, finish reason; no token
+arrays, no text) and a PayloadRef: filters decide on ``response["response_length"]`` and the
+reward worker's ``meta``, never on the tokens. Events written before references carry the
+Response inline in ``payload`` (its text is read for ``reject_empty`` then).
 """
 
 from __future__ import annotations
@@ -31,6 +37,10 @@ from rollstream.schemas.records import FINISH_ERROR, FINISH_LENGTH
 
 ResponseFilterFn = Callable[[Mapping[str, Any], Mapping[str, Any]], Decision]
 
+BLANK_TEXT = "blank_text"
+"""RewardedResponse ``meta`` key the reward worker sets: ``"true"`` when the response's text is
+empty or whitespace only (the text itself is not in the decision-plane event)."""
+
 DEFAULT_RULES = {
     "reject_engine_error": True,
     "reject_empty": True,
@@ -40,9 +50,12 @@ DEFAULT_RULES = {
 }
 
 
+_KEEP = Decision.accept()  # shared: a Decision is immutable by convention, its values are never changed
+
+
 @RESPONSE_FILTERS.register("no_filter")
 def keep_all(rewarded: Mapping[str, Any], filter_args: Mapping[str, Any]) -> Decision:
-    return Decision.accept()
+    return _KEEP
 
 
 @RESPONSE_FILTERS.register("default")
@@ -52,19 +65,25 @@ def default_response_filter(rewarded: Mapping[str, Any], filter_args: Mapping[st
     finish = response.get("finish_reason", "")
     if rules["reject_engine_error"] and finish in (FINISH_ERROR, "abort"):
         return Decision.reject(RejectReason.ENGINE_ERROR)
-    if rules["reject_empty"] and (
-        not response.get("response_token_ids") or not response.get("response_text", "x").strip()
-    ):
+    if rules["reject_empty"] and (not response.get("response_length") or _blank(rewarded)):
         return Decision.reject(RejectReason.EMPTY_RESPONSE)
     if rules["reject_truncated"] and finish == FINISH_LENGTH:
-        return Decision.reject(RejectReason.TRUNCATED, response_tokens=float(len(response["response_token_ids"])))
+        return Decision.reject(RejectReason.TRUNCATED, response_tokens=float(response.get("response_length") or 0))
     reward = rewarded.get("response_level_reward")
     if rules["reject_invalid_reward"] and (reward is None or not math.isfinite(reward)):
         return Decision.reject(RejectReason.INVALID_REWARD)
     if rules["reject_invalid_format"] and str(rewarded.get("meta", {}).get("invalid_format", "")).lower() == "true":
         return Decision.reject(RejectReason.INVALID_FORMAT)
-    return Decision.accept()
+    return _KEEP
 
+
+def _blank(rewarded: Mapping[str, Any]) -> bool:
+    """The response text is empty or whitespace only: the reward worker's ``blank_text`` check,
+    or the inline Response's text for events written before references."""
+    if str((rewarded.get("meta") or {}).get(BLANK_TEXT, "")).lower() == "true":
+        return True
+    payload = rewarded.get("payload")
+    return isinstance(payload, dict) and "response_text" in payload and not payload["response_text"].strip()
 
 
 def resolve_response_filter(config: Mapping[str, Any]) -> ResponseFilterFn:
@@ -74,6 +93,14 @@ def resolve_response_filter(config: Mapping[str, Any]) -> ResponseFilterFn:
     if name == "default" and unknown:
         raise ConfigError(f"response_filter_config.filter_args: unknown rules {sorted(unknown)}; valid: {sorted(DEFAULT_RULES)}")
     return RESPONSE_FILTERS.resolve(name)
+
+
+def response_decider(config: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], Decision]:
+    """``decide_response`` with ``config`` resolved once: ``rewarded -> Decision`` (the aggregator
+    calls it per response). Raises UnknownFilterError like resolve_response_filter."""
+    fn = resolve_response_filter(config)
+    filter_args = config.get("filter_args") or {}
+    return lambda rewarded: fn(rewarded, filter_args)
 
 
 def decide_response(rewarded: Mapping[str, Any], config: Mapping[str, Any]) -> Decision:

@@ -11,7 +11,7 @@ import struct
 import time
 
 import kafka.errors as Errors
-from kafka.admin import KafkaAdminClient
+from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 
 from rollstream.exceptions import BrokerUnreachableError, TopicPartitionsMismatch
 
@@ -71,22 +71,29 @@ def _admin(bootstrap: str) -> KafkaAdminClient:
     return KafkaAdminClient(bootstrap_servers=bootstrap, client_id="rollstream-admin")
 
 
-def create_topics(bootstrap: str, specs: dict[str, tuple[int, bool]], timeout: float = 30) -> None:
+def create_topics(bootstrap: str, specs: dict[str, tuple[int, bool]], timeout: float = 30,
+                  configs: dict[str, dict[str, str]] | None = None) -> None:
     """Create the missing topics of ``specs`` (full name -> (partitions, compacted)).
 
-    Replication factor 1; ``cleanup.policy=compact`` for compacted topics. Topics that already
-    exist are left as they are (use check_copartitioned to verify counts). Returns once every
-    named topic has a leader for each partition, or raises KafkaTimeoutError after ``timeout`` s.
+    Replication factor 1; ``cleanup.policy=compact`` for compacted topics; ``configs``: more
+    topic configs by full name (e.g. the payload topics' ``max.message.bytes``,
+    ``Topics.topic_configs``), set on creation and also on topics that already exist (an older
+    run's data directory), incrementally. Partition counts of existing topics are left as they
+    are (use check_copartitioned to verify them). Returns once every named topic has a leader for
+    each partition, or raises KafkaTimeoutError after ``timeout`` s.
     """
     if not specs:
         return
+    configs = configs or {}
     admin = _admin(bootstrap)
     try:
-        missing = set(specs) - set(admin.list_topics())
+        existing = set(admin.list_topics())
+        missing = set(specs) - existing
         if missing:
             request = {
                 name: {"num_partitions": specs[name][0], "replication_factor": 1,
-                       "configs": {"cleanup.policy": "compact"} if specs[name][1] else {}}
+                       "configs": {**({"cleanup.policy": "compact"} if specs[name][1] else {}),
+                                   **configs.get(name, {})}}
                 for name in sorted(missing)
             }
             result = admin.create_topics(request, timeout_ms=int(timeout * 1000),
@@ -96,9 +103,29 @@ def create_topics(bootstrap: str, specs: dict[str, tuple[int, bool]], timeout: f
                 # Someone else created it between list and create: fine, that is idempotence.
                 if err not in (Errors.NoError, Errors.TopicAlreadyExistsError):
                     raise err(f"creating topic {t['name']}: {t.get('error_message')}")
+        update = [ConfigResource(ConfigResourceType.TOPIC, name, configs=dict(configs[name]))
+                  for name in sorted(existing & set(specs)) if configs.get(name)]
+        if update:
+            admin.alter_configs(update, raise_on_unknown=False)
+            _wait_for_configs(admin, {r.name: configs[r.name] for r in update}, timeout)
         admin.wait_for_topics(list(specs), timeout_ms=int(timeout * 1000))
     finally:
         admin.close()
+
+
+def _wait_for_configs(admin: KafkaAdminClient, wanted: dict[str, dict[str, str]], timeout: float) -> None:
+    """Until every topic reports ``wanted``'s values (an altered config reaches the brokers
+    asynchronously); KafkaTimeoutError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        described = admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, name) for name in wanted])["topic"]
+        if all(described.get(name, {}).get(key, {}).get("value") == value
+               for name, configs in wanted.items() for key, value in configs.items()):
+            return
+        if time.monotonic() > deadline:
+            raise Errors.KafkaTimeoutError(f"topic configs not applied after {timeout:.0f}s: {wanted}")
+        time.sleep(0.2)
 
 
 def topic_partitions(bootstrap: str, names: list[str]) -> dict[str, int]:

@@ -9,15 +9,22 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka.errors import KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
+from rollstream.runtime import PAYLOAD_MAX_MESSAGE_BYTES
 
-def make_producer(bootstrap: str, **kwargs) -> KafkaProducer:
+
+def make_producer(bootstrap: str, *, max_request_size: int = PAYLOAD_MAX_MESSAGE_BYTES,
+                  compression_type: str = "none", **kwargs) -> KafkaProducer:
     """A producer that waits for every in-sync replica (``acks=all``), batches for 5 ms and sends
-    records up to 16 MiB; ``kwargs`` (e.g. ``client_id``) go to KafkaProducer."""
+    records up to ``max_request_size`` bytes (``kafka.max_message_bytes``),
+    compressed with ``compression_type`` (``lz4``, ``zstd``, ``gzip`` or ``none``: payload
+    producers compress, decision-plane producers need not). ``kwargs`` (e.g. ``client_id``) go to
+    KafkaProducer."""
     return KafkaProducer(
         bootstrap_servers=bootstrap,
         acks="all",
         linger_ms=5,
-        max_request_size=16 * 1024 * 1024,
+        max_request_size=max_request_size,
+        compression_type=None if compression_type == "none" else compression_type,
         **kwargs,
     )
 

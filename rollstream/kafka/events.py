@@ -76,6 +76,22 @@ def decode_expected(value: bytes | None, expected: Sequence[str], where: str = "
     return schema, record, None
 
 
+def too_large(topics: Topics, topic: str, key: str, schema: str, size: int, limit: int, worker: str) -> Output:
+    """The dead-letter event of a ``schema`` event for ``topic`` that is ``size`` bytes, above
+    ``kafka.max_message_bytes`` = ``limit``: reason ``too_large``; the bytes are not kept (they
+    would not fit either), partition and offset are -1 (it was never written)."""
+    return Output(
+        topic=topics.dead_letter, key=topic, schema="DeadLetter",
+        record={
+            "source_topic": topic, "partition": -1, "offset": -1, "key": key.encode(), "payload": b"",
+            "reason": "too_large",
+            "error": f"{schema} for {topic} (key {key!r}) is {size} bytes, above kafka.max_message_bytes = {limit}; "
+                     f"raise kafka.max_message_bytes (the payload topics' max.message.bytes) to carry it",
+            "worker": worker, "created_ms": now_ms(),
+        },
+    )
+
+
 def dead_letter(topics: Topics, source: SourceRecord, reason: str, error: str, worker: str) -> Output:
     """The dead-letter event of ``source``: its original key and bytes, and why (``reason`` one of
     ``undecodable``, ``unknown_schema``, ``invalid_event``, ``handler_error``, ...; ``error`` the

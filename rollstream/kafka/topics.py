@@ -6,8 +6,12 @@ Renaming a topic orphans its data and consumer offsets: treat names as a contrac
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rollstream.runtime import DEFAULT_TOPIC_PREFIX as DEFAULT_PREFIX
+
+if TYPE_CHECKING:  # the config package loads the filters (torch): not needed to name topics
+    from rollstream.config.base import KafkaConfig
 
 # logical name -> (partition class, compacted). "keyed" topics share one partition count: the RLVR
 # topics keyed by prompt_id, so one prompt's events meet in one partition (co-partitioning), and
@@ -35,6 +39,12 @@ TOPICS: dict[str, tuple[str, bool]] = {
 }
 
 
+PAYLOAD_TOPICS = ("responses", "trajectories")
+"""The topics whose events carry token arrays (the payload plane): written once, read back by
+reference (``PayloadRef``) by the trainer and the tools. Every other topic carries small
+decision-plane events."""
+
+
 @dataclass(frozen=True)
 class Topics:
     """Full topic names for one deployment (``prefix`` + logical name)."""
@@ -53,6 +63,20 @@ class Topics:
             self.name(t): (partitions if cls == "keyed" else 1, compacted)
             for t, (cls, compacted) in TOPICS.items()
         }
+
+    def payload(self) -> list[str]:
+        """Full names of the payload topics (``PAYLOAD_TOPICS``)."""
+        return [self.name(t) for t in PAYLOAD_TOPICS]
+
+    def topic_configs(self, kafka: "KafkaConfig") -> dict[str, dict[str, str]]:
+        """Topic configs beyond the broker's defaults, by full name: the payload topics'
+        ``max.message.bytes``, ``compression.type`` (``none`` -> ``uncompressed``) and, when set,
+        ``retention.ms`` (``kafka.payload_retention_ms``)."""
+        configs = {"max.message.bytes": str(kafka.max_message_bytes),
+                   "compression.type": "uncompressed" if kafka.compression_type == "none" else kafka.compression_type}
+        if kafka.payload_retention_ms is not None:
+            configs["retention.ms"] = str(kafka.payload_retention_ms)
+        return {name: dict(configs) for name in self.payload()}
 
     def keyed(self) -> list[str]:
         """Full names of the topics that must be co-partitioned (one partition count)."""

@@ -17,15 +17,15 @@ from typing import Callable, Iterable, Sequence
 from kafka.errors import CommitFailedError
 
 from rollstream.kafka.clients import assigned_consumer, make_producer
-from rollstream.kafka.events import Input, Output, dead_letter, decode_expected
+from rollstream.kafka.events import Input, Output, Send, dead_letter, decode_expected, too_large
 from rollstream.kafka.topics import Topics
 from rollstream.observability.metrics import process_metrics
-from rollstream.runtime import worker_id
+from rollstream.runtime import PAYLOAD_MAX_MESSAGE_BYTES, worker_id
 from rollstream.schemas import encode
 
 log = logging.getLogger(__name__)
 
-BatchHandler = Callable[[Sequence[Input]], Iterable[Output]]
+BatchHandler = Callable[[Sequence[Input]], Iterable[Output | Send]]
 
 
 class PartitionWorker:
@@ -43,7 +43,8 @@ class PartitionWorker:
     """
 
     def __init__(self, *, bootstrap: str, topics: Topics, input_topic: str, group_id: str, stage: str,
-                 max_poll_records: int, poll_timeout_ms: int = 200, instance: int = 0, instances: int = 1) -> None:
+                 max_poll_records: int, poll_timeout_ms: int = 200, instance: int = 0, instances: int = 1,
+                 max_message_bytes: int = PAYLOAD_MAX_MESSAGE_BYTES, compression_type: str = "none") -> None:
         if not 0 <= instance < instances:
             raise ValueError(f"instance must be in [0, {instances}), got {instance}")
         self.topics = topics
@@ -54,7 +55,10 @@ class PartitionWorker:
         self.stop_event = threading.Event()
         self.consumer, self.partitions = assigned_consumer(
             bootstrap, group_id, input_topic, self.worker, max_poll_records, instance, instances)
-        self.producer = make_producer(bootstrap, client_id=self.worker)
+        self.max_message_bytes = max_message_bytes
+        self.producer = make_producer(bootstrap, client_id=self.worker, max_request_size=max_message_bytes,
+                                      compression_type=compression_type)
+        self.too_large = 0  # outputs dead-lettered for their size
 
     def stop(self, *_: object) -> None:
         self.stop_event.set()
@@ -66,10 +70,20 @@ class PartitionWorker:
             signal.signal(signal.SIGTERM, self.stop)
             signal.signal(signal.SIGINT, self.stop)
 
-    def send(self, outputs: Iterable[Output]) -> None:
-        """Encode and send ``outputs`` (not flushed: the caller flushes before it commits)."""
+    def send(self, outputs: Iterable[Output | Send]) -> None:
+        """Encode and send ``outputs`` (not flushed: the caller flushes before it commits). An
+        event above ``max_message_bytes`` is replaced by its ``too_large`` dead letter: no worker
+        dies of a size."""
         for out in outputs:
-            self.producer.send(out.topic, key=out.key.encode(), value=encode(out.record, out.schema))
+            value = out.value if isinstance(out, Send) else encode(out.record, out.schema)
+            if len(value) > self.max_message_bytes:
+                schema = "event" if isinstance(out, Send) else out.schema
+                log.warning("%s for %s is %d bytes, above max_message_bytes %d: dead-lettered too_large",
+                            schema, out.topic, len(value), self.max_message_bytes)
+                dl = too_large(self.topics, out.topic, out.key, schema, len(value), self.max_message_bytes, self.worker)
+                self.too_large += 1
+                out, value = dl, encode(dl.record, dl.schema)
+            self.producer.send(out.topic, key=out.key.encode(), value=value)
 
     def close(self) -> None:
         try:
@@ -89,10 +103,12 @@ class EventWorker(PartitionWorker):
 
     def __init__(self, *, bootstrap: str, topics: Topics, input_topic: str, group_id: str, expected_schema: str,
                  handler: BatchHandler, stage: str, max_batch: int = 16, poll_timeout_ms: int = 200,
-                 instance: int = 0, instances: int = 1) -> None:
+                 instance: int = 0, instances: int = 1, max_message_bytes: int = PAYLOAD_MAX_MESSAGE_BYTES,
+                 compression_type: str = "none") -> None:
         super().__init__(bootstrap=bootstrap, topics=topics, input_topic=input_topic, group_id=group_id, stage=stage,
                          max_poll_records=max_batch, poll_timeout_ms=poll_timeout_ms, instance=instance,
-                         instances=instances)
+                         instances=instances, max_message_bytes=max_message_bytes,
+                         compression_type=compression_type)
         self.expected_schema = expected_schema
         self.handler = handler
         self.max_batch = max_batch
@@ -105,7 +121,7 @@ class EventWorker(PartitionWorker):
             return Input(schema, record, msg.topic, msg.partition, msg.offset, msg.key, msg.value), None
         return None, dead_letter(self.topics, msg, *problem, self.worker)
 
-    def process(self, messages: Sequence) -> list[Output]:
+    def process(self, messages: Sequence) -> list[Output | Send]:
         """Decode and handle one batch of raw messages; returns every output to produce."""
         inputs: list[Input] = []
         outputs: list[Output] = []
@@ -129,8 +145,10 @@ class EventWorker(PartitionWorker):
         self.dead_lettered += sum(1 for o in outputs if o.topic == self.topics.dead_letter)
         return outputs
 
-    def produce(self, outputs: Iterable[Output]) -> None:
+    def produce(self, outputs: Iterable[Output | Send]) -> None:
+        before = self.too_large
         self.send(outputs)
+        self.dead_lettered += self.too_large - before
         self.producer.flush()
 
     def run(self, max_idle_s: float | None = None) -> None:

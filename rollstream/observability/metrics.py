@@ -32,7 +32,8 @@ METRICS: dict[str, str] = {
     # prometheus-client registry of every worker (snapshots every 10 s)
     "rollstream_rejections_total": "{unit, reason} rejections per unit: prompt (admission), response "
                                    "(response filter), query (query filter), group (agentic group queue), "
-                                   "trajectory (set aside), trainer (stale before a step), token (correction masks)",
+                                   "trajectory (set aside), trainer (stale or payload_expired before a step), "
+                                   "token (correction masks)",
     "rollstream_decided_total": "{unit, outcome} decisions taken, accepted or rejected (retention)",
     "rollstream_in_flight": "{kind} prompts or episodes in flight now",
     "rollstream_replacement_rounds_total": "replacement generation rounds requested",

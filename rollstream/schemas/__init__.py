@@ -6,7 +6,9 @@ The fingerprint -> schema map is built from the ``*.avsc`` files beside this mod
 registry server is needed. A reader decodes with its own (newest) schema of the same name, so a
 writer schema that evolved by adding a field with a default still decodes (fastavro resolution).
 When a schema changes, keep its previous version under ``history/`` (e.g.
-``history/prompt.v1.avsc``) so events written by not-yet-upgraded producers keep decoding.
+``history/prompt.v1.avsc``, self-contained) so events written by not-yet-upgraded producers keep
+decoding; a change Avro resolution cannot express also gets an upgrade in ``upgrades.py``.
+Per-token arrays are packed little-endian ``bytes`` read as numpy views (``packed.py``).
 
 Public API::
 

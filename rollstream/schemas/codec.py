@@ -7,26 +7,33 @@ schemas name each other's types across files; a fingerprint is always taken over
 self-contained schema in which every named type is defined in full at its first use, as the
 specification's canonical form (and Java's ``SchemaNormalization``) requires.
 
-``history/*.avsc`` holds older writer versions (decode only); ``history/legacy_fingerprints.json``
-maps fingerprints rollstream once wrote by mistake to the schema file they stand for.
+``history/<name>.v<N>.avsc`` holds older writer versions, each self-contained (decode only). An
+event of an older version is read with the current schema when Avro resolution allows it; for the
+names in ``rollstream.schemas.upgrades.UPGRADES`` (changes resolution cannot express, e.g. arrays
+that became packed bytes) it is read with the newest history version and then upgraded.
+``history/legacy_fingerprints.json`` maps fingerprints rollstream once wrote by mistake to the
+schema file they stand for. Per-token arrays are packed bytes (``rollstream.schemas.packed``).
 """
 
 from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import fastavro
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 
+import rollstream.schemas.packed  # noqa: F401  (registers the packed-<dtype> logical types)
 from rollstream.exceptions import (
     DecodeError,
     EncodeError,
     SchemaNotFoundError,
     UnknownFingerprintError,
 )
+from rollstream.schemas.upgrades import UPGRADES
 
 MAGIC = b"\xc3\x01"
 HEADER_LEN = 10  # 2 magic bytes + 8-byte fingerprint
@@ -34,6 +41,7 @@ SCHEMA_DIR = Path(__file__).parent
 
 
 LEGACY_FINGERPRINTS = "legacy_fingerprints.json"
+_HISTORY_VERSION = re.compile(r"\.v(\d+)\.avsc$")
 PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
 
 
@@ -94,11 +102,18 @@ class SchemaRegistry:
         self._fp_of: dict[str, bytes] = {}  # short name -> fingerprint of the current schema
         self._by_file: dict[str, tuple[str, Any]] = {}  # file under the directory -> (name, parsed)
         self._contained: dict[str, Any] = {}  # file -> its self-contained schema
+        # fingerprint -> (reader schema or None for the writer's own, upgrade or None): how an
+        # older writer version is read (see the module doc)
+        self._read_as: dict[bytes, tuple[Any, Callable[[dict], dict] | None]] = {}
+        self._history: dict[str, list[tuple[int, bytes, Any]]] = {}  # name -> (version, fp, parsed)
 
     @classmethod
-    def from_directory(cls, directory: Path = SCHEMA_DIR) -> "SchemaRegistry":
+    def from_directory(cls, directory: Path = SCHEMA_DIR,
+                       upgrades: dict[str, Callable[[dict], dict]] | None = None) -> "SchemaRegistry":
         """Current schemas from ``directory/*.avsc``; older versions that producers may still
-        write from ``directory/history/*.avsc`` (decode only)."""
+        write from ``directory/history/*.avsc`` (decode only, self-contained). ``upgrades``:
+        schema name -> conversion of a record read with the newest history version of that name
+        to the current shape (default: none)."""
         registry = cls()
         pending = {p.name: json.loads(p.read_text()) for p in sorted(directory.glob("*.avsc"))}
         # Files reference each other's named types: parse until a pass makes no progress.
@@ -116,11 +131,22 @@ class SchemaRegistry:
         history = directory / "history"
         for path in sorted(history.glob("*.avsc")):
             registry.add(json.loads(path.read_text()), current=False, file=f"history/{path.name}")
+        registry._plan_history(upgrades or {})
         legacy = history / LEGACY_FINGERPRINTS
         if legacy.exists():
             for fp, entry in json.loads(legacy.read_text()).items():
                 registry.add_legacy_fingerprint(int(fp), entry["file"])
         return registry
+
+    def _plan_history(self, upgrades: dict[str, Callable[[dict], dict]]) -> None:
+        for name, versions in self._history.items():
+            versions.sort(key=lambda v: v[0])
+            newest = versions[-1][2]
+            for _, fp, writer in versions:
+                if name in upgrades:
+                    self._read_as[fp] = (None if writer is newest else newest, upgrades[name])
+                else:
+                    self._read_as[fp] = (self._reader.get(name), None)
 
     def add(self, raw: dict, *, current: bool = True, file: str | None = None) -> str:
         """Register a schema (JSON mapping); returns its short name.
@@ -128,7 +154,7 @@ class SchemaRegistry:
         ``current=False`` registers an older writer version: it decodes, but never encodes.
         ``file``: the schema's file under the schema directory, for ``self_contained_file``.
         """
-        named = self._named if current else dict(self._named)
+        named = self._named if current else {}  # history files are self-contained
         parsed = parse_schema(raw, named_schemas=named)
         expanded = parse_schema(raw, named_schemas=dict(named), expand=True, _force=True)
         name = parsed["name"].rsplit(".", 1)[-1]
@@ -141,6 +167,9 @@ class SchemaRegistry:
         if file is not None:
             self._by_file[file] = (name, expanded)
             self._contained[file] = contained
+            version = _HISTORY_VERSION.search(file)
+            if not current and version:
+                self._history.setdefault(name, []).append((int(version.group(1)), fp, expanded))
         return name
 
     def add_legacy_fingerprint(self, fp: int, file: str) -> None:
@@ -149,7 +178,9 @@ class SchemaRegistry:
         Raises SchemaNotFoundError for an unknown file."""
         if file not in self._by_file:
             raise SchemaNotFoundError(f"legacy fingerprint {fp} names unknown schema file {file!r}")
-        self._by_fp[fp.to_bytes(8, "little", signed=True)] = self._by_file[file]
+        legacy = fp.to_bytes(8, "little", signed=True)
+        self._by_fp[legacy] = self._by_file[file]
+        self._read_as[legacy] = self._read_as.get(fingerprint_of(self._contained[file]), (None, None))
 
     def self_contained_file(self, file: str) -> dict:
         """The self-contained schema of ``file`` (e.g. ``"group.avsc"``,
@@ -190,7 +221,7 @@ class SchemaRegistry:
         buf.write(self._fp_of[name])
         try:
             fastavro.schemaless_writer(buf, schema, record)
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
             raise EncodeError(f"record does not match schema {name}: {exc}") from exc
         return buf.getvalue()
 
@@ -233,7 +264,7 @@ class SchemaRegistry:
             raise UnknownFingerprintError(
                 f"unknown writer schema fingerprint 0x{int.from_bytes(fp, 'little'):016x}"
             ) from None
-        reader = self._reader[name]
+        reader, upgrade = self._read_as.get(fp, (self._reader[name], None))
         buf = io.BytesIO(data[HEADER_LEN:])
         try:
             record = fastavro.schemaless_reader(
@@ -243,6 +274,11 @@ class SchemaRegistry:
             raise DecodeError(f"corrupt {name} body: {type(exc).__name__}: {exc}") from exc
         if buf.tell() != len(data) - HEADER_LEN:
             raise DecodeError(f"corrupt {name} body: {len(data) - HEADER_LEN - buf.tell()} trailing bytes")
+        if upgrade is not None:
+            try:
+                record = upgrade(record)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise DecodeError(f"{name} of an older schema does not upgrade: {type(exc).__name__}: {exc}") from exc
         return name, record
 
 
@@ -257,7 +293,7 @@ def _zigzag_varint(n: int) -> bytes:
     return bytes(out)
 
 
-REGISTRY = SchemaRegistry.from_directory()
+REGISTRY = SchemaRegistry.from_directory(upgrades=UPGRADES)
 
 
 def encode(record: dict, name: str) -> bytes:

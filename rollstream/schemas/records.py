@@ -67,3 +67,53 @@ def batch_event(*, step: int, status: str, target: int, accepted: int, prompts_c
         "group_keys": list(group_keys), "offsets": dict(offsets or {}), "fill_seconds": fill_seconds,
         "created_ms": now_ms() if created_ms is None else created_ms,
     }
+
+
+# ---- decision plane: summaries and payload references (issue 12) ---------------------------
+
+RESPONSE_SUMMARY_FIELDS = ("prompt_id", "domain", "mode", "prompt", "ground_truth", "round", "sample_index",
+                           "finish_reason", "error", "policy_version", "generation_ms", "created_ms")
+TRAJECTORY_PAYLOAD_FIELDS = ("turns", "response_mask", "extras")
+
+
+def payload_ref(topic: str, partition: int, offset: int, size_bytes: int = 0) -> dict:
+    """A ``PayloadRef`` record: where a payload event was written."""
+    return {"topic": topic, "partition": int(partition), "offset": int(offset), "size_bytes": int(size_bytes)}
+
+
+def is_payload_ref(payload: Mapping) -> bool:
+    """True for a ``PayloadRef`` (the payload still has to be fetched), False for an inline
+    payload (an event written before references, read through schema history)."""
+    return "offset" in payload and "topic" in payload
+
+
+def response_summary(response: Mapping) -> dict:
+    """The ``ResponseSummary`` of a ``Response`` record: its identity, lengths and finish reason,
+    without token arrays or text."""
+    summary = {k: response.get(k) for k in RESPONSE_SUMMARY_FIELDS}
+    summary["mode"] = summary["mode"] or "train"
+    summary["prompt"] = summary["prompt"] or ""
+    summary["ground_truth"] = summary["ground_truth"] or ""
+    summary["policy_version"] = int(summary["policy_version"] or 0)
+    summary["generation_ms"] = float(summary["generation_ms"] or 0.0)
+    summary["created_ms"] = int(summary["created_ms"] or 0)
+    summary["prompt_length"] = len(response.get("prompt_token_ids", ()))
+    summary["response_length"] = len(response.get("response_token_ids", ()))
+    return summary
+
+
+def trajectory_summary(trajectory: Mapping, payload: Mapping) -> dict:
+    """The ``TrajectorySummary`` of a ``Trajectory`` record whose payload is ``payload`` (a
+    ``PayloadRef``, or the trajectory itself for events read through schema history)."""
+    summary = {k: v for k, v in trajectory.items() if k not in TRAJECTORY_PAYLOAD_FIELDS}
+    turns = trajectory.get("turns") or []
+    mask = trajectory.get("response_mask")
+    mask = () if mask is None else mask
+    summary.update(
+        num_turns=len(turns),
+        prompt_length=len(turns[0]["prompt_token_ids"]) if turns else 0,
+        response_length=len(mask),
+        model_tokens=int(sum(int(m) for m in mask)) if not hasattr(mask, "sum") else int(mask.sum()),
+        payload=payload,
+    )
+    return summary

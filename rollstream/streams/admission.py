@@ -54,7 +54,7 @@ def limits_of(config: RLVRConfig) -> core.AdmissionLimits:
 def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize | None = None,
                         store: str = "memory://") -> faust.App:
     topics = Topics(config.kafka.topic_prefix)
-    app = make_app(names.app_id(topics, names.ADMISSION_APP), bootstrap, 1, store)
+    app = make_app(names.app_id(topics, names.ADMISSION_APP), bootstrap, 1, store, config.kafka.max_message_bytes)
     limits = limits_of(config)
     emit = Emitter(app, topics, "admission")
     prompts = raw_topic(app, topics.prompts, 1)
@@ -99,7 +99,7 @@ def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize |
             state, effects = core.check_step(state, limits)
             save(state)
             metrics.decision("prompt", False, verdict.reason)
-            await _reject_prompt(prompt, prompt_ids, verdict)
+            await _reject_prompt(prompt, verdict)
             await _apply(effects)
             return
         save(core.admit(state, prompt["prompt_id"], mode))
@@ -118,11 +118,11 @@ def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize |
         async for event in stream.events():
             await emit.guarded(admit_one, event)
 
-    async def _reject_prompt(prompt: dict, prompt_ids: list[int], verdict: Decision) -> None:
+    async def _reject_prompt(prompt: dict, verdict: Decision) -> None:
         group = group_record(
             prompt=prompt, decided_accepted=False, reason=verdict.reason, values=dict(verdict.values),
-            responses=[], filter_config=prompt_filter, filter_config_hash=prompt_filter_hash, policy_version=0, rounds=0, responses_generated=0,
-            prompt_token_ids=prompt_ids,
+            responses=[], filter_config=prompt_filter, filter_config_hash=prompt_filter_hash, policy_version=0, rounds=0,
+            responses_generated=0,
         )
         await emit.send(topics.groups_rejected, prompt["prompt_id"], group, "Group")
 

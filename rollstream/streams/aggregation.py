@@ -1,9 +1,18 @@
-"""What the aggregator does with one rewarded response, without faust: table value in, table
-value and events out. The faust agent, the benchmark and replay tools call the same code.
+"""What the aggregator does with one rewarded response, without faust: table value in, effects
+and events out, and the prompt's new table value on request. The faust agent, the benchmark and
+replay tools call the same code.
 
 A table value is the PromptState (JSON) followed by the accepted responses' original bytes, so
-one changelog record per response carries everything needed to rebuild the group after a
-restart, and the emitted Group splices those bytes in without decoding them again.
+one changelog record carries everything needed to rebuild the group after a restart, and the
+emitted Group splices those bytes in without decoding them again. Those bytes are
+RewardedResponse events: summaries with a PayloadRef, a few hundred bytes whatever the
+responses' lengths (the tokens stay on ``responses``).
+
+The decoded state of each prompt it changed is kept in memory (``Aggregation``): the caller
+applies any number of events, then asks for each changed prompt's ``table_value`` once and writes
+it (the aggregator does so once per batch of events, not once per response). A table value the
+caller hands back is not decoded again when it is the very object ``table_value`` returned
+(object identity); any other value (a restart, a rebalance) is decoded from its bytes.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ import struct
 from dataclasses import dataclass, field
 
 from rollstream.config import RLVRConfig
+from rollstream.exceptions import RollstreamError
 from rollstream.filtering.prompt_state import (
     Decided,
     DuplicateResponse,
@@ -53,15 +63,37 @@ def unpack_state(value: bytes) -> tuple[PromptState, dict[str, bytes]]:
 
 @dataclass
 class Applied:
-    value: bytes | None  # the new table value; None when the state did not change
+    changed: bool = False  # the prompt's table value changed: write Aggregation.table_value(prompt_id)
     sends: list[Send] = field(default_factory=list)
     decided: Decided | None = None
     duplicates: int = 0
     effects: list = field(default_factory=list)  # the state machine's effects, for metrics
 
 
+@dataclass
+class _Held:
+    """A prompt's decoded state; ``value``: the table value it was packed into, None while it has
+    changes not yet packed."""
+
+    value: bytes | None
+    state: PromptState
+    stored: dict[str, bytes]
+
+
+class UnwrittenStateLost(RollstreamError):
+    """Applying an event failed for a prompt whose earlier changes were held in memory only (not
+    yet written to the table): they cannot be recovered in this process. The caller must not
+    acknowledge those events; the aggregator exits and reprocesses them from the table."""
+
+
 class Aggregation:
-    """The per-prompt transaction of one config, over encoded table values and events."""
+    """The per-prompt transaction of one config, over encoded table values and events.
+
+    Usage: ``apply`` each event with the prompt's current table value (what the table holds; the
+    state held here when it is newer), then, for every prompt whose ``Applied.changed`` was
+    True, write ``table_value(prompt_id)`` to the table. Decided prompts are dropped from memory
+    once their final value was taken.
+    """
 
     def __init__(self, config: RLVRConfig) -> None:
         self.topics = Topics(config.kafka.topic_prefix)
@@ -69,6 +101,8 @@ class Aggregation:
         self.filters = config.domain_filters()
         self.filter_json = {d: config.filter_config_json(d) for d in self.filters}
         self.filter_hash = {d: config.filter_config_hash(d) for d in self.filters}
+        self._held: dict[str, _Held] = {}  # prompt_id -> its decoded state
+        self.state_decodes = 0  # table values decoded from bytes (not held in memory)
 
     def apply(self, table_value: bytes | None, event_value: bytes, record: dict,
               current_version: int | None = None) -> Applied:
@@ -77,27 +111,60 @@ class Aggregation:
         bound. The caller checked that the record's domain is configured."""
         response = record["response"]
         pid = response["prompt_id"]
-        state, stored = unpack_state(table_value) if table_value else (None, {})
-        state, effects = step(state, record, self.filters[response["domain"]], current_version)
-        out = Applied(value=None, effects=effects)
-        changed = False
-        for effect in effects:
-            if isinstance(effect, ResponseAccepted):
-                stored[str(effect.sample_index)] = event_value
-                changed = True
-            elif isinstance(effect, ResponseRejected):
-                changed = True  # its counters live in the state
-            elif isinstance(effect, DuplicateResponse):
-                out.duplicates += 1
-            elif isinstance(effect, Replacement):
-                request = replacement_request(response, effect, derive_seed(self.seed, pid, effect.round))
-                out.sends.append(Send(self.topics.generation_requests, pid, encode(request, "GenerationRequest")))
-            elif isinstance(effect, Decided):
-                out.decided = effect
-                out.sends += self._decision(response, effect, stored)
-        if changed:
-            out.value = pack_state(state, stored)
+        held = self._held.pop(pid, None)  # put back below once this event is applied
+        unwritten = held is not None and held.value is None
+        if held is not None and (unwritten or held.value is table_value):
+            state, stored = held.state, held.stored
+        elif table_value:
+            state, stored = unpack_state(table_value)
+            self.state_decodes += 1
+        else:
+            state, stored = None, {}
+        try:
+            state, effects = step(state, record, self.filters[response["domain"]], current_version)
+            out = Applied(effects=effects)
+            for effect in effects:
+                if isinstance(effect, ResponseAccepted):
+                    stored[str(effect.sample_index)] = event_value
+                    out.changed = True
+                elif isinstance(effect, ResponseRejected):
+                    out.changed = True  # its counters live in the state
+                elif isinstance(effect, DuplicateResponse):
+                    out.duplicates += 1
+                elif isinstance(effect, Replacement):
+                    request = replacement_request(response, effect, derive_seed(self.seed, pid, effect.round))
+                    out.sends.append(Send(self.topics.generation_requests, pid, encode(request, "GenerationRequest")))
+                elif isinstance(effect, Decided):
+                    out.decided = effect
+                    out.sends += self._decision(response, effect, stored)
+        except Exception as exc:
+            if unwritten:  # earlier events' changes were held here only, and step mutates in place
+                raise UnwrittenStateLost(
+                    f"prompt {pid}: applying an event failed ({type(exc).__name__}: {exc}); its changes not yet "
+                    "written to the table are lost") from exc
+            raise  # the table value is intact: the next event decodes it again
+        if out.changed:
+            self._held[pid] = _Held(None, state, stored)
+        elif held is not None and (unwritten or held.value is table_value):
+            self._held[pid] = held  # nothing changed (a redelivery): still valid
+        elif table_value and state.decided is None:
+            self._held[pid] = _Held(table_value, state, stored)  # decoded, unchanged: keep it
         return out
+
+    def unwritten(self, prompt_id: str) -> bool:
+        """True when ``prompt_id`` has changes whose ``table_value`` was not taken yet."""
+        held = self._held.get(prompt_id)
+        return held is not None and held.value is None
+
+    def table_value(self, prompt_id: str) -> bytes:
+        """The table value of ``prompt_id`` after every event applied so far; the caller writes
+        it. Raises KeyError for a prompt no applied event changed."""
+        held = self._held[prompt_id]
+        if held.value is None:
+            held.value = pack_state(held.state, held.stored)
+        if held.state.decided is not None:
+            del self._held[prompt_id]  # closed: its value only answers redeliveries now
+        return held.value
 
     def _decision(self, response: dict, decided: Decided, stored: dict[str, bytes]) -> list[Send]:
         pid, domain = response["prompt_id"], response["domain"]

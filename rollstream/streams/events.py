@@ -31,8 +31,10 @@ def replacement_request(response: Mapping, replacement: Replacement, seed: int) 
 def group_record(
     *, prompt: Mapping, decided_accepted: bool, reason: str, values: Mapping[str, float],
     responses: Sequence[Mapping], filter_config: str, filter_config_hash: str, policy_version: int,
-    rounds: int, responses_generated: int, prompt_token_ids: Sequence[int] = (),
+    rounds: int, responses_generated: int,
 ) -> dict:
+    """A ``Group`` record: a decision-plane event. ``responses`` are RewardedResponse records
+    (summaries naming their Response by a PayloadRef); no token arrays travel with a group."""
     return {
         "group_key": prompt["prompt_id"], "kind": "rlvr", "prompt_id": prompt["prompt_id"],
         "domain": prompt["domain"], "mode": prompt.get("mode", "train"), "accepted": decided_accepted,
@@ -40,20 +42,20 @@ def group_record(
         "filter_config": filter_config, "filter_config_hash": filter_config_hash,
         "policy_version": policy_version, "rounds": rounds, "responses_generated": responses_generated,
         "prompt": prompt["prompt"], "ground_truth": prompt.get("ground_truth", ""),
-        "prompt_token_ids": list(prompt_token_ids), "responses": list(responses), "created_ms": now_ms(),
+        "responses": list(responses), "created_ms": now_ms(),
     }
 
 
 def decided_group(response: Mapping, decided: Decided, responses: Sequence[Mapping],
                   filter_config: str, filter_config_hash: str) -> dict:
-    """The Group record of a decided prompt; ``response`` is any Response of the prompt."""
+    """The Group record of a decided prompt; ``response`` is the ResponseSummary (or any record
+    with the prompt's fields) of one of its responses."""
     return group_record(
         prompt=response, decided_accepted=decided.accepted, reason=decided.reason,
         values={**decided.values, **{f"rejected_responses/{k}": v for k, v in decided.rejected_responses.items()}},
         responses=responses, filter_config=filter_config, filter_config_hash=filter_config_hash,
         policy_version=decided.policy_version, rounds=decided.rounds,
         responses_generated=decided.responses_generated,
-        prompt_token_ids=response.get("prompt_token_ids", ()),
     )
 
 

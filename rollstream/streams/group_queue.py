@@ -1,5 +1,6 @@
-"""The agentic group queue: a faust agent over ``trajectories`` + ``episodes.control`` (both keyed
-by group_id, co-partitioned) with one changelog-backed table. The work is
+"""The agentic group queue: a faust agent over ``trajectories`` (the Trajectory payload events)
++ ``episodes.control`` (both keyed by group_id, co-partitioned) with one changelog-backed table
+of small records (queue states and member TrajectorySummaries). The work is
 rollstream.streams.group_queue_processor.GroupQueueProcessor (no faust); this module feeds it
 events and sends what it returns.
 
@@ -32,7 +33,7 @@ def build_group_queue_app(config: AgenticConfig, bootstrap: str, store: str = "m
                           tick_interval_s: float = TICK_INTERVAL_S) -> faust.App:
     topics = Topics(config.kafka.topic_prefix)
     partitions = config.kafka.partitions
-    app = make_app(names.app_id(topics, names.GROUP_QUEUE_APP), bootstrap, partitions, store)
+    app = make_app(names.app_id(topics, names.GROUP_QUEUE_APP), bootstrap, partitions, store, config.kafka.max_message_bytes)
     emit = Emitter(app, topics, "group-queue")
     source = app.topic(topics.trajectories, topics.episodes_control, key_type=bytes, value_type=bytes,
                        key_serializer="raw", value_serializer="raw", partitions=partitions)
@@ -44,7 +45,8 @@ def build_group_queue_app(config: AgenticConfig, bootstrap: str, store: str = "m
                                     if versions is not None else (lambda: None))
 
     async def handle(event) -> None:
-        handled = processor.handle(event.message.topic, event.message.partition, event.value)
+        msg = event.message  # a trajectory's summary names its payload by (topic, partition, offset)
+        handled = processor.handle(msg.topic, msg.partition, event.value, offset=msg.offset)
         if handled.error is not None:
             await emit.dead_letter(event, *handled.error)
         for send in handled.sends:

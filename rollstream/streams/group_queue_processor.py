@@ -4,11 +4,19 @@ in, sends out. The faust agent (rollstream.streams.group_queue), replay tools an
 Table layout (all keys of one partition are written while handling that partition's events):
 
 - ``g:{mode}/{group_id}`` -> the group queue's ``QueueState`` (JSON);
-- ``t:{mode}/{group_id}/{episode_id}/{traj_index}`` -> a member trajectory's original bytes,
-  deleted when its episode is decided (the emitted group splices them in, not re-encoded);
+- ``t:{mode}/{group_id}/{episode_id}/{traj_index}`` -> a member trajectory's encoded
+  ``TrajectorySummary`` (rewards, flags, stop reason, lengths and a ``PayloadRef`` to the
+  Trajectory on ``trajectories``: never its token arrays), deleted when its episode is decided
+  (the emitted TrajectoryGroup splices these bytes in, not re-encoded);
 - ``f:{mode}/{partition}`` -> the group filter's ``state_dict()`` (JSON), for filters with state.
   A stateful filter such as the drop_flag ratio guard therefore counts the groups of one
   partition; with one partition (the default for agentic runs) it is global, as in the reference.
+
+Payload plane vs decision plane: ``trajectories`` carries the Trajectory payload events. A
+trajectory is decoded and validated (``invalid_reason``) once, where it enters; from then on only
+its summary exists here, so neither the table nor the TrajectoryGroup events grow with trajectory
+length. The group filters decide on summaries; the trainer fetches the payloads of accepted
+groups by reference.
 
 The pure state machine (rollstream.filtering.group_queue) never calls the filter: a
 ``NeedsDecision`` effect asks for it, and this shell runs the staleness check and the group filter
@@ -35,7 +43,8 @@ from rollstream.kafka.topics import Topics
 from rollstream.observability.metrics import metric_record, process_metrics
 from rollstream.runtime import now_ms, worker_id
 from rollstream.schemas import REGISTRY, decode, encode
-from rollstream.schemas.records import STOP_ENGINE_ERROR
+from rollstream.schemas.codec import HEADER_LEN
+from rollstream.schemas.records import STOP_ENGINE_ERROR, payload_ref, trajectory_summary
 from rollstream.schemas.validation import check_trajectory
 
 log = logging.getLogger(__name__)
@@ -59,9 +68,9 @@ def _traj_key(mode: str, group_id: int, episode_id: int, traj_index: int) -> byt
 
 
 def invalid_reason(trajectory: dict) -> str | None:
-    """Why a trajectory cannot be trained (checked where it enters, so the trainer never has to
-    refuse an accepted group): ``invalid_reward`` (NaN/inf return, never passed on silently),
-    ``invalid_trajectory`` (token arrays that disagree), or None."""
+    """Why a ``Trajectory`` (the full payload record) cannot be trained (checked where it enters,
+    so the trainer never has to refuse an accepted group): ``invalid_reward`` (NaN/inf return,
+    never passed on silently), ``invalid_trajectory`` (token arrays that disagree), or None."""
     if not math.isfinite(trajectory["response_level_rewards"]):
         return RejectReason.INVALID_REWARD.value
     try:
@@ -73,9 +82,26 @@ def invalid_reason(trajectory: dict) -> str | None:
 
 def is_infra_failure(trajectory: dict) -> bool:
     """An environment timeout or crash, an engine error, or no turn at all: the run says nothing
-    about the policy (ARCHITECTURE.md 6: infra failures are reasons of their own, never reward 0)."""
+    about the policy (ARCHITECTURE.md 6: infra failures are reasons of their own, never reward 0).
+    ``trajectory``: a ``Trajectory`` or a ``TrajectorySummary`` record (``num_turns``)."""
+    turns = trajectory["num_turns"] if "num_turns" in trajectory else len(trajectory.get("turns") or ())
     return bool(trajectory.get("env_timeout") or trajectory.get("env_failed")
-                or trajectory.get("stop_reason") == STOP_ENGINE_ERROR or not trajectory.get("turns"))
+                or trajectory.get("stop_reason") == STOP_ENGINE_ERROR or not turns)
+
+
+class _Arriving:
+    """The summary of the trajectory being handled, encoded at most once (only when it is stored
+    or emitted: a late or duplicate run is never encoded)."""
+
+    __slots__ = ("key", "summary", "_value")
+
+    def __init__(self, key: bytes, summary: dict) -> None:
+        self.key, self.summary, self._value = key, summary, None
+
+    def encoded(self) -> bytes:
+        if self._value is None:
+            self._value = encode(self.summary, "TrajectorySummary")
+        return self._value
 
 
 class GroupQueueProcessor:
@@ -100,21 +126,33 @@ class GroupQueueProcessor:
         for mode, manager in self.managers.items():  # fail at start-up, not at the first decision
             load_group_filter(manager.group_filter_cls, config, manager, mode)
         self._filters: dict[tuple[str, int], Any] = {}
-        self._arriving: tuple[bytes, bytes] | None = None
-        self._decoded: dict[bytes, dict] = {}  # member records decoded while handling one event
+        self._arriving: _Arriving | None = None
+        self._decoded: dict[bytes, dict] = {}  # member summaries decoded while handling one event
+        self._summary_fp = REGISTRY.fingerprint("TrajectorySummary")
+        # What this processor last wrote under a table key, kept decoded: table key -> (the bytes
+        # written, their decoded form). Used only while the table still holds those very bytes
+        # (identity: a restored or foreign value is parsed again), and dropped whole when handling
+        # an event raises (a half-applied state must never be reused).
+        self._states: dict[bytes, tuple[bytes, gq.QueueState]] = {}
+        self._members: dict[bytes, tuple[bytes, dict]] = {}
 
     # -- inputs -----------------------------------------------------------------------------
 
-    def handle(self, topic: str, partition: int, value: bytes, now: int | None = None) -> Handled:
+    def handle(self, topic: str, partition: int, value: bytes, now: int | None = None, *, offset: int) -> Handled:
         """One event read from ``topic`` (``trajectories`` or ``episodes.control``) at
-        ``partition``. Never raises for bad input: it comes back as ``Handled.error``."""
+        ``partition`` and ``offset``: a Trajectory's summary names it by this (topic, partition,
+        offset) PayloadRef. Never raises for bad input: it comes back as ``Handled.error``."""
         now = now_ms() if now is None else now
         try:
-            return self._handle(topic, partition, value, now)
+            return self._handle(topic, partition, offset, value, now)
+        except BaseException:
+            self._states.clear()
+            self._members.clear()
+            raise
         finally:
             self._decoded = {}  # the cache lives for one event: memory stays flat
 
-    def _handle(self, topic: str, partition: int, value: bytes, now: int) -> Handled:
+    def _handle(self, topic: str, partition: int, offset: int, value: bytes, now: int) -> Handled:
         expected = {self.topics.episodes_control: "GroupCommand", self.topics.trajectories: "Trajectory"}.get(topic)
         if expected is None:
             return Handled(error=("invalid_event", f"{topic} is not an input of the group queue"))
@@ -127,7 +165,7 @@ class GroupQueueProcessor:
             if record["command"] == "start":
                 return self.start(record["mode"], record["group_id"], partition, now)
             return Handled(error=("invalid_event", f"unknown group command {record['command']!r}"))
-        return self.trajectory(record, value, now)
+        return self.trajectory(record, payload_ref(topic, partition, offset, len(value)), now)
 
     def start(self, mode: str, group_id: int, partition: int, now: int) -> Handled:
         manager = self.managers.get(mode)
@@ -149,38 +187,46 @@ class GroupQueueProcessor:
         for key, value in list(self.table.items()):
             if not key.startswith(b"g:"):
                 continue
-            state = gq.QueueState.from_dict(json.loads(value))
+            state = self._load(key, value)
             if state.partition != partition or not state.open:
                 continue
             state, effects = gq.on_tick(state, self.params[state.mode], now)
-            if effects:
+            if effects:  # on_tick changes a state only together with effects: nothing else to save
                 applied = self._apply(state, effects, now)
                 out.sends += applied.sends
                 out.log += applied.log
                 self._save(state)
         return out
 
-    def trajectory(self, record: dict, value: bytes, now: int) -> Handled:
+    def trajectory(self, record: dict, ref: dict, now: int) -> Handled:
+        """A decoded Trajectory (the payload, read at ``ref``) arrives: validated here, then only
+        its summary is kept (see the module doc)."""
         mode, gid = record["mode"], record["group_id"]
-        raw = self.table.get(_state_key(mode, gid))
+        state_key = _state_key(mode, gid)
+        raw = self.table.get(state_key)
         if raw is None:
             return Handled(error=("invalid_event", f"trajectory of {mode} group {gid}, which was never started"))
-        state = gq.QueueState.from_dict(json.loads(raw))
+        state = self._load(state_key, raw)
         params = self.params[mode]
         eid, tix = record["episode_id"], record["traj_index"]
         key = _traj_key(mode, gid, eid, tix)
-        self._arriving = (key, value)  # readable as stored while its own arrival is decided
-        self._decoded[key] = record  # a member is decoded once per event, not per use
+        invalid = invalid_reason(record)
+        summary = trajectory_summary(record, ref)
+        arriving = self._arriving = _Arriving(key, summary)  # readable as stored while its arrival is decided
+        self._decoded[key] = summary  # a member is decoded once per event, not per use
         try:
-            state, effects = gq.on_trajectory(state, params, eid, tix, is_infra_failure(record),
-                                              record.get("finished_ms", 0), now, invalid=invalid_reason(record))
+            state, effects = gq.on_trajectory(state, params, eid, tix, is_infra_failure(summary),
+                                              summary.get("finished_ms", 0), now, invalid=invalid)
             state, effects = self._decide(state, effects, now)
             out = self._apply(state, effects, now)
         finally:
             self._arriving = None
         redelivered = any(isinstance(e, (gq.Duplicate, gq.Late)) for e in effects)
         if not redelivered and eid in state.open and tix in state.open[eid].arrived:
-            self.table[key] = value  # a new member of a still open episode (a duplicate never overwrites)
+            # a new member of a still open episode (a duplicate never overwrites)
+            value = arriving.encoded()
+            self.table[key] = value
+            self._members[key] = (value, summary)
         self._save(state)
         return out
 
@@ -231,6 +277,7 @@ class GroupQueueProcessor:
                                                   list(effect.members), effect=effect))
                 for t in effect.members:
                     self.table.pop(_traj_key(mode, gid, effect.episode_id, t), None)
+                    self._members.pop(_traj_key(mode, gid, effect.episode_id, t), None)
                 out.sends.append(self._metric("group_queue/groups", 1.0, {**labels, "reason": effect.reason}, now))
                 out.log.append(f"{mode}/{gid}/{effect.episode_id}: {effect.reason} with runs {list(effect.members)}"
                                + (f", replaced by episode {effect.replaced_by}" if effect.replaced_by is not None else ""))
@@ -290,7 +337,7 @@ class GroupQueueProcessor:
             "created_ms": now_ms(), "trajectories": [],
         }
         topic = self.topics.decision_topic(mode, accepted)
-        value = REGISTRY.encode_with_tail_array(group, "TrajectoryGroup", members, "Trajectory")
+        value = REGISTRY.encode_with_tail_array(group, "TrajectoryGroup", members, "TrajectorySummary")
         return Send(topic, group["group_key"], value)
 
     def _outcome(self, state: gq.QueueState, done: gq.QueueDone, now: int) -> Send:
@@ -308,19 +355,42 @@ class GroupQueueProcessor:
 
     # -- storage ----------------------------------------------------------------------------
 
+    def _load(self, key: bytes, raw: bytes) -> gq.QueueState:
+        """The QueueState stored as ``raw`` under ``key``: the one this processor saved, while the
+        table still holds exactly what it saved; else parsed from the JSON."""
+        cached = self._states.get(key)
+        if cached is not None and cached[0] is raw:
+            return cached[1]
+        return gq.QueueState.from_dict(json.loads(raw))
+
     def _save(self, state: gq.QueueState) -> None:
-        self.table[_state_key(state.mode, state.group_id)] = json.dumps(state.to_dict()).encode()
+        key = _state_key(state.mode, state.group_id)
+        value = json.dumps(state.to_dict()).encode()
+        self.table[key] = value
+        self._states[key] = (value, state)
 
     def _stored_bytes(self, mode: str, gid: int, eid: int, tix: int) -> bytes:
+        """A member's encoded TrajectorySummary: the arriving one, or the table's. A table value
+        written by a group queue before summaries existed (the Trajectory's own bytes, restored
+        from the changelog) becomes a summary with the Trajectory inline as its payload."""
         key = _traj_key(mode, gid, eid, tix)
-        if self._arriving is not None and self._arriving[0] == key:
-            return self._arriving[1]
-        return self.table[key]
+        if self._arriving is not None and self._arriving.key == key:
+            return self._arriving.encoded()
+        value = self.table[key]
+        if value[2:HEADER_LEN] != self._summary_fp:
+            schema, record = decode(value)
+            if schema == "Trajectory":
+                value = encode(trajectory_summary(record, record), "TrajectorySummary")
+        return value
 
     def _stored(self, mode: str, gid: int, eid: int, tix: int) -> dict:
         key = _traj_key(mode, gid, eid, tix)
         if key not in self._decoded:
-            self._decoded[key] = decode(self._stored_bytes(mode, gid, eid, tix))[1]
+            cached = self._members.get(key)
+            if cached is not None and self.table.get(key) is cached[0]:
+                self._decoded[key] = cached[1]
+            else:
+                self._decoded[key] = decode(self._stored_bytes(mode, gid, eid, tix))[1]
         return self._decoded[key]
 
     def _filter(self, mode: str, partition: int, gid: int, eid: int, group: list[dict]) -> gq.Verdict:

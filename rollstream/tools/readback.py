@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from kafka import TopicPartition
+
 from rollstream.exceptions import TopicNotFound
+from rollstream.kafka.clients import reader_consumer
 from rollstream.tools.replay import Record, Selection, replay
 
 
@@ -18,6 +21,23 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> Iterator[
             yield item.record
     except TopicNotFound:
         return
+
+
+def count_records(bootstrap: str, topic: str) -> int:
+    """How many records ``topic`` holds (end minus log start offset, summed over partitions; 0
+    when it does not exist), from its offsets alone: no record is fetched, so it is how a payload
+    topic is counted. Records deleted by retention are not counted; rollstream writes no
+    transactions, so every offset is a record."""
+    consumer = reader_consumer(bootstrap)
+    try:
+        partitions = consumer.partitions_for_topic(topic)
+        if not partitions:
+            return 0
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        starts, ends = consumer.beginning_offsets(tps), consumer.end_offsets(tps)
+        return sum(ends[tp] - starts[tp] for tp in tps)
+    finally:
+        consumer.close()
 
 
 def read_values(bootstrap: str, topic: str) -> list[dict]:

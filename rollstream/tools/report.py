@@ -4,6 +4,9 @@ Plots (matplotlib, PNG embedded as base64): retention over time, rejection reaso
 prompt (episodes per group id for agentic runs), batch fill times, mask fractions per training
 step, and policy-version lag per step. A plot without data says so in the image (and ``data-has-data="false"`` on its figure). The page counts
 its images that loaded (``data-images-loaded`` on <body>) so a headless browser can check it.
+
+Only decision-plane topics are read (group events, batches, metrics, policy versions): no plot
+needs a token, so the payload topics (``responses``, ``trajectories``) are never fetched.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from rollstream.tools.readback import filter_decisions, read_values  # noqa: E40
 
 @dataclass
 class RunData:
-    """The events a report needs (decoded records)."""
+    """The events a report needs (decoded records), all from decision-plane topics."""
 
     accepted: list[dict] = field(default_factory=list)
     rejected: list[dict] = field(default_factory=list)

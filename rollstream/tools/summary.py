@@ -1,6 +1,12 @@
 """The run summary, derived from the durable events on a run's topics (never from in-process
 counters): what `rollstream run` prints and writes to ``summary.json``. Keys are listed in the
-README ("What the demo does", "Agentic trajectory groups")."""
+README ("What the demo does", "Agentic trajectory groups").
+
+Only decision-plane events are read: the payload topics (``responses``, ``trajectories``) carry
+every response's token arrays (16k-64k tokens each in real runs) and are never fetched. Response
+figures come from ``responses.rewarded`` (one RewardedResponse per generated Response, its
+``ResponseSummary`` has the lengths, finish reason and policy version); trajectory figures from
+the TrajectorySummary members of the group events (see ``summarize_agentic``)."""
 
 from __future__ import annotations
 
@@ -9,15 +15,21 @@ import math
 from rollstream.config import AgenticConfig, RLVRConfig
 from rollstream.kafka.topics import Topics
 from rollstream.schemas.records import is_set_aside
-from rollstream.tools.readback import filter_decisions, read_values
+from rollstream.tools.readback import count_records, filter_decisions, read_values
 from rollstream.tools.stats import pass_at_k
 
 
 def summarize_rlvr(config: RLVRConfig, bootstrap: str, topics: Topics, batches: list[dict], outcome: str,
               detail: str, elapsed: float) -> dict:
-    """The run summary, derived from the durable events on the topics."""
+    """The run summary, derived from the durable events on the topics.
+
+    Response figures (``responses_generated``, ``responses_per_accepted_response``,
+    ``finish_reasons``, ``response_tokens_mean``, ``generated_by_policy_version``) count the
+    RewardedResponse events on ``responses.rewarded``: the reward worker writes one for every
+    Response it reads (NaN reward and ``reward_error`` when it could not score one), so they are
+    the generated responses, bar a Response dead-lettered as undecodable."""
     requests = read_values(bootstrap, topics.generation_requests)
-    responses = read_values(bootstrap, topics.responses)
+    responses = [r["response"] for r in read_values(bootstrap, topics.responses_rewarded)]
     accepted = read_values(bootstrap, topics.groups_accepted)
     rejected, stale_at_trainer = filter_decisions(accepted, read_values(bootstrap, topics.groups_rejected))
     validation = read_values(bootstrap, topics.groups_validation)
@@ -66,7 +78,7 @@ def summarize_rlvr(config: RLVRConfig, bootstrap: str, topics: Topics, batches: 
         },
         "dead_letters": len(dead),
         "finish_reasons": _counts(r["finish_reason"] for r in responses),
-        "response_tokens_mean": round(sum(len(r["response_token_ids"]) for r in responses) / len(responses), 1)
+        "response_tokens_mean": round(sum(r["response_length"] for r in responses) / len(responses), 1)
         if responses else 0.0,
         **_policy(bootstrap, topics, [r["policy_version"] for r in responses]),
     }
@@ -75,9 +87,19 @@ def summarize_rlvr(config: RLVRConfig, bootstrap: str, topics: Topics, batches: 
 def summarize_agentic(config: AgenticConfig, bootstrap: str, topics: Topics, batches: list[dict], outcome: str,
                       detail: str, elapsed: float) -> dict:
     """The agentic run summary: the RLVR summary's keys (a prompt is an episode, a response a
-    trajectory, a domain an env tag) plus the group queue's own figures."""
+    trajectory, a domain an env tag) plus the group queue's own figures.
+
+    Trajectories are known from the decision plane only: every TrajectorySummary in a group event
+    (accepted, rejected, validation, and the single set-aside ones), each trajectory once (a group
+    the trainer rejected as stale is on two topics). ``trajectories_played`` /
+    ``responses_generated`` count the records on ``trajectories`` from its offsets (no record is
+    read; records deleted by ``kafka.payload_retention_ms`` are no longer counted). The
+    per-trajectory figures (``success_rate``, ``finish_reasons``, ``response_tokens_mean`` (model
+    tokens), ``turns_mean``, ``generated_by_policy_version``) cover the trajectories in group
+    events: a late run (arrived after its episode was decided; ``late_trajectories``) and the runs
+    of episodes still open when the run ended are in none. ``responses_per_accepted_response``
+    counts the train trajectories in group events plus the late train runs."""
     requests = read_values(bootstrap, topics.episodes_requests)
-    trajectories = read_values(bootstrap, topics.trajectories)
     accepted = read_values(bootstrap, topics.groups_accepted)
     rejected_all, stale_at_trainer = filter_decisions(accepted, read_values(bootstrap, topics.groups_rejected))
     validation = read_values(bootstrap, topics.groups_validation)
@@ -92,11 +114,15 @@ def summarize_agentic(config: AgenticConfig, bootstrap: str, topics: Topics, bat
         tags[g["tag"]]["accepted"] += 1
     for g in rejected:
         tags[g["tag"]]["rejected"] += 1
-    train_traj = [t for t in trajectories if t["mode"] == "train"]
+    trajectories = _decided_trajectories(accepted + rejected_all + validation)
+    played = count_records(bootstrap, topics.trajectories)
+    late = [m for m in metrics if m["name"] == "group_queue/late_trajectories"]
+    train_traj = [t for t in trajectories if t.get("mode", "train") == "train"]
+    train_played = len(train_traj) + int(sum(m["value"] for m in late if m["labels"].get("mode", "train") == "train"))
     accepted_traj = sum(len(g["trajectories"]) for g in accepted)
     decided = len(accepted) + len(rejected)
     saved = [m["value"] for m in metrics if m["name"] == "group_queue/redundancy_saved_ms"]
-    model_tokens = [sum(t["response_mask"]) for t in trajectories]
+    model_tokens = [t["model_tokens"] for t in trajectories]
     episodes = len({(r["mode"], r["group_id"], r["episode_id"]) for r in requests})
     reruns = sum(1 for r in requests if r["cause"] != "start")  # refills and reissues
     return {
@@ -105,8 +131,8 @@ def summarize_agentic(config: AgenticConfig, bootstrap: str, topics: Topics, bat
         "elapsed_seconds": round(elapsed, 2),
         "prompts_admitted": episodes,
         "episodes_started": episodes,
-        "responses_generated": len(trajectories),
-        "trajectories_played": len(trajectories),
+        "responses_generated": played,
+        "trajectories_played": played,
         "replacement_requests": reruns,
         "replacement_responses_requested": reruns,
         "requests_by_cause": _counts(r["cause"] for r in requests),
@@ -121,9 +147,9 @@ def summarize_agentic(config: AgenticConfig, bootstrap: str, topics: Topics, bat
             for b in batches
         ],
         "retention_rate": round(len(accepted) / decided, 4) if decided else 0.0,
-        "responses_per_accepted_response": round(len(train_traj) / accepted_traj, 3) if accepted_traj else None,
+        "responses_per_accepted_response": round(train_played / accepted_traj, 3) if accepted_traj else None,
         "episodes_replaced": int(sum(m["value"] for m in metrics if m["name"] == "group_queue/episodes_replaced")),
-        "late_trajectories": int(sum(m["value"] for m in metrics if m["name"] == "group_queue/late_trajectories")),
+        "late_trajectories": int(sum(m["value"] for m in late)),
         "group_filter_count": int(sum(m["value"] for m in metrics if m["name"] == "scheduler/group_filter_count")),
         "infra_aborts": sum(g["reason"] == "infra_abort" for g in aside),
         "trajectories_set_aside": _counts(g["reason"] for g in aside),
@@ -144,9 +170,19 @@ def summarize_agentic(config: AgenticConfig, bootstrap: str, topics: Topics, bat
         "dead_letters": len(dead),
         "finish_reasons": _counts(t["stop_reason"] for t in trajectories),
         "response_tokens_mean": round(sum(model_tokens) / len(model_tokens), 1) if model_tokens else 0.0,
-        "turns_mean": round(sum(len(t["turns"]) for t in trajectories) / len(trajectories), 2) if trajectories else 0.0,
+        "turns_mean": round(sum(t["num_turns"] for t in trajectories) / len(trajectories), 2) if trajectories else 0.0,
         **_policy(bootstrap, topics, [t["policy_version"] for t in trajectories]),
     }
+
+
+def _decided_trajectories(groups: list[dict]) -> list[dict]:
+    """The TrajectorySummary members of group events, each trajectory (mode, group id, episode,
+    run) once, first seen first."""
+    seen: dict[tuple, dict] = {}
+    for g in groups:
+        for t in g["trajectories"]:
+            seen.setdefault((t.get("mode", "train"), t["group_id"], t["episode_id"], t["traj_index"]), t)
+    return list(seen.values())
 
 
 def _pass_at_k(groups: list[list[bool]]) -> dict:

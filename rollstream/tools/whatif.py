@@ -9,7 +9,10 @@ recording (the original asked for it too) or it is not: then the prompt ``needs_
 and cannot be decided offline (counted, listed, never guessed). Recorded responses the
 alternative never asks for are generations it would have saved. ``stale`` rejections are
 re-decided with the policy version recorded in their values; admission's ``prompt_too_long``
-with the recorded prompt tokens.
+with the recorded prompt tokens (its ``decision_values["prompt_tokens"]``).
+
+Only decision-plane events are read (``responses.rewarded``, ``groups.*``): rewards, scores,
+finish reasons, lengths and policy versions are all in them; no token payload is fetched.
 
 Agentic: each recorded trajectory group (accepted, or rejected by its group filter) goes
 through the alternative config's group filter (``filtering.group_filters``), as the group queue
@@ -134,9 +137,27 @@ def whatif_rlvr(config: RLVRConfig, rewarded: Iterable[dict], decided_groups: It
 
 def _admission(group: Mapping, config: RLVRConfig) -> GroupOutcome | None:
     """A prompt decided before generation: only ``prompt_length`` applies; None when the
-    alternative would admit it (its responses were never generated)."""
-    verdict = prompt_length_decision(len(group.get("prompt_token_ids") or ()), config.prompt_length)
+    alternative would admit it (its responses were never generated) or when the prompt's length
+    is not recorded. The length is the ``prompt_tokens`` value of admission's
+    ``prompt_too_long`` decision, else the ``prompt_length`` of one of the group's response
+    summaries (no payload is read)."""
+    tokens = _prompt_tokens(group)
+    if tokens is None:
+        return None
+    verdict = prompt_length_decision(tokens, config.prompt_length)
     return None if verdict is None else GroupOutcome(verdict.keep, verdict.reason)
+
+
+def _prompt_tokens(group: Mapping) -> int | None:
+    """The prompt's (chat-templated) token count as recorded in a Group event, or None."""
+    value = (group.get("decision_values") or {}).get("prompt_tokens")
+    if value is not None:
+        return int(value)
+    for member in group.get("responses") or ():
+        length = (member.get("response") or {}).get("prompt_length")
+        if length:
+            return int(length)
+    return None
 
 
 def _recorded_version(group: Mapping) -> int | None:

@@ -1,25 +1,36 @@
-"""Rollout batches and GRPO advantages: pure torch, no Kafka.
+"""Rollout batches and GRPO advantages: pure torch and numpy, no Kafka.
 
 Capabilities and entry points:
 
-- ``check_group(group)``: is one decoded ``Group`` (RLVR) or ``TrajectoryGroup`` (agentic) record
-  trainable? ``ValueError`` says why.
-- ``build_batch(groups, step, pad_token_id)``: decoded ``Group`` / ``TrajectoryGroup`` records, in
-  any mix -> padded ``RolloutBatch`` with per-token advantages.
+- ``check_group(group)``: can one decoded ``Group`` (RLVR) or ``TrajectoryGroup`` (agentic)
+  record be trained, judged on its small decision event alone (members, indices, rewards)?
+  ``ValueError`` says why. Run at intake, before any payload is fetched.
+- ``check_payloads(group)``: the same group once every member's ``payload`` is the decoded
+  ``Response`` / ``Trajectory`` (see ``rollstream.trainer.intake.resolve_payloads``): token
+  arrays that agree, prompt tokens, ``response_mask``, per-token ``extras``.
+- ``build_batch(groups, step, pad_token_id)``: resolved ``Group`` / ``TrajectoryGroup`` records,
+  in any mix -> padded ``RolloutBatch`` with per-token advantages.
 - ``grpo_advantages(rewards)``: group-normalised advantages, for a ``(G, n)`` tensor or for
   groups of unequal size.
 
 The two kinds are told apart by key: a ``TrajectoryGroup`` has ``trajectories``, a ``Group`` has
-``responses``. Each group becomes uniform rows (prompt tokens, response tokens, infer logprobs,
-response mask, reward, sample index, prompt id, policy version), one per response / trajectory:
+``responses``. A member is a small summary (``RewardedResponse`` / ``TrajectorySummary``) whose
+``payload`` names the token arrays; the trainer puts the decoded payload there before building.
+Each group becomes uniform rows (prompt tokens, response tokens, infer logprobs, response mask,
+reward, sample index, prompt id, policy version, extras), one per response / trajectory:
 
-- RLVR response: prompt = its ``prompt_token_ids`` (or the group's), response = its
-  ``response_token_ids``, every response token trained; sample index = ``sample_index``.
+- RLVR response: prompt = its payload's ``prompt_token_ids``, response = ``response_token_ids``,
+  every response token trained; reward = ``response_level_reward``; sample index =
+  ``sample_index``.
 - Agentic trajectory: prompt = ``turns[0].prompt_token_ids``; response = ``turns[0].response
   + turns[1].prompt + turns[1].response + turns[2].prompt + ...``; mask = the trajectory's
   ``response_mask`` (1 = model token); infer logprobs at model-token positions, 0.0 at environment
   tokens; reward = ``response_level_rewards``; sample index = ``traj_index``; prompt id = the
   group's ``group_key``.
+
+Rewards, indices and versions come from the summary (what was decided on), tokens from the
+payload. Token arrays are numpy arrays (decoded packed bytes) or lists; every row is copied into
+the padded arrays with one slice assignment per array, never per token.
 
 Layout (B = sum of rows over the groups, rows ordered by group, then by sample index)::
 
@@ -43,17 +54,23 @@ References:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
-from typing import Sequence, overload
+from dataclasses import dataclass, field, fields
+from typing import Mapping, Sequence, overload
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from rollstream.schemas.records import is_trajectory_group
+from rollstream.schemas.packed import unpack_array
+from rollstream.schemas.records import group_rows, is_payload_ref, is_trajectory_group
 from rollstream.schemas.validation import check_trajectory
 
 GRPO_EPS = 1e-6
 """Added to the group std before dividing, so a near-constant group cannot blow up."""
+
+EXTRAS_TORCH_DTYPE = {"uint16": np.int32}
+"""numpy dtypes of ``extras`` widened for torch (which has few uint16 operations); the others
+(uint8, int32, int64, float16, float32, float64) keep their dtype."""
 
 
 @dataclass
@@ -76,6 +93,10 @@ class RolloutBatch:
     - ``advantages``: ``(B, T) float32``, the row's GRPO advantage broadcast over its trained
       tokens (``response_mask == 1``), 0 at padding and environment tokens.
     - ``group_index``: ``(B,) int64``, index in ``group_keys`` of the row's group.
+    - ``extras``: name -> ``(B, T, *rest)`` tensor for every optional per-token array (payload
+      ``extras``, e.g. ``routed_experts`` of shape ``(B, T, layers, top_k)``) that EVERY row's
+      payload carries; zero at padding. dtype: the arrays' (uint16 widened to int32, see
+      ``EXTRAS_TORCH_DTYPE``). A name some row lacks is left out; empty without extras.
 
     Python lists:
 
@@ -102,6 +123,7 @@ class RolloutBatch:
     sample_index: list[int]
     policy_versions: list[int]
     step: int
+    extras: dict[str, Tensor] = field(default_factory=dict)
 
     @property
     def response_attention_mask(self) -> Tensor:
@@ -127,11 +149,13 @@ class RolloutBatch:
         return torch.bincount(self.group_index, minlength=self.num_groups).tolist()
 
     def to(self, device: torch.device | str) -> "RolloutBatch":
-        """A copy with every tensor moved to ``device``; lists and step are shared."""
+        """A copy with every tensor (``extras`` included) moved to ``device``; lists and step are
+        shared."""
         moved = {
             f.name: (v.to(device) if isinstance(v := getattr(self, f.name), Tensor) else v)
             for f in fields(self)
         }
+        moved["extras"] = {name: t.to(device) for name, t in self.extras.items()}
         return RolloutBatch(**moved)
 
 
@@ -139,60 +163,115 @@ class RolloutBatch:
 class _Row:
     """One batch row before padding, the same for an RLVR response and an agentic trajectory."""
 
-    prompt: list[int]
-    response: list[int]
-    logprobs: list[float]  # len(response); 0.0 at environment tokens
-    mask: list[int] | None  # len(response), 1 = trained; None = every token trained
+    prompt: np.ndarray  # int
+    response: np.ndarray  # int
+    logprobs: np.ndarray  # float, len(response); 0.0 at environment tokens
+    mask: np.ndarray | None  # len(response), 1 = trained; None = every token trained
     reward: float
     sample_index: int
     prompt_id: str
     policy_version: int
+    extras: dict[str, np.ndarray]  # name -> (len(response), *rest)
+
+
+# -- checks ---------------------------------------------------------------------------------------
 
 
 def check_group(group: dict) -> None:
-    """Raise ``ValueError`` unless ``group`` can go into a batch.
+    """Raise ``ValueError`` unless ``group``'s decision event can go into a batch (intake check).
 
     ``group`` is a decoded ``Group`` (RLVR, has ``responses``) or ``TrajectoryGroup`` (agentic,
-    has ``trajectories``) record.
+    has ``trajectories``) record; its members' payloads need not be fetched.
 
-    A trainable ``Group`` has at least one response; every response has prompt tokens (its own or
-    the group's), as many ``infer_logprobs`` as ``response_token_ids``, a finite
-    ``response_level_reward`` and a ``sample_index`` unique within the group.
-
-    A trainable ``TrajectoryGroup`` has at least one trajectory; every trajectory has a
-    ``traj_index`` unique within the group, at least one turn with ``turns[0].prompt_token_ids``
-    non-empty, per turn as many ``infer_logprobs`` as ``response_token_ids``, a ``response_mask``
-    of 0/1 values exactly as long as the flattened response, and a finite
-    ``response_level_rewards``.
+    A trainable ``Group`` has at least one response; every response has a finite
+    ``response_level_reward`` and a ``sample_index`` unique within the group. A trainable
+    ``TrajectoryGroup`` has at least one trajectory; every trajectory has a ``traj_index`` unique
+    within the group and a finite ``response_level_rewards``. What needs the token arrays is
+    ``check_payloads``'s.
     """
-    if is_trajectory_group(group):
-        _check_trajectory_group(group)
-        return
     key = group.get("group_key", "?")
-    responses = group.get("responses") or []
-    for rr, idx in _unique_members(key, responses, "responses", lambda rr: rr["response"]["sample_index"],
-                                   "sample_index"):
-        resp = rr["response"]
+    if is_trajectory_group(group):
+        for traj, idx in _unique_members(key, group.get("trajectories") or [], "trajectories",
+                                         lambda t: t["traj_index"], "traj_index"):
+            _check_reward(traj["response_level_rewards"], f"group {key!r} trajectory {idx}",
+                          "response_level_rewards")
+        return
+    for rr, idx in _unique_members(key, group.get("responses") or [], "responses",
+                                   lambda rr: rr["response"]["sample_index"], "sample_index"):
+        _check_reward(rr["response_level_reward"], f"group {key!r} sample {idx}", "response_level_reward")
+
+
+def check_payloads(group: dict) -> None:
+    """Raise ``ValueError`` unless every member of ``group`` has its payload resolved and the
+    payload can be trained (run after the fetch, before ``build_batch``).
+
+    RLVR: each ``payload`` is a ``Response`` with prompt tokens and as many ``infer_logprobs`` as
+    ``response_token_ids``. Agentic: each ``payload`` is a ``Trajectory`` passing
+    ``rollstream.schemas.validation.check_trajectory`` (turns[0] prompt tokens, per-turn logprob
+    counts, a 0/1 ``response_mask`` as long as the flattened response). Both: every ``extras``
+    entry is a consistent ``PackedArray`` whose first dimension is the response length (RLVR:
+    response tokens; agentic: ``len(response_mask)``).
+    """
+    key = group.get("group_key", "?")
+    if is_trajectory_group(group):
+        for traj in group.get("trajectories") or []:
+            where = f"group {key!r} trajectory {traj['traj_index']}"
+            payload = _resolved(traj, where)
+            check_trajectory(payload, where=where)
+            _check_extras(payload, len(payload["response_mask"]), where)
+        extras_shapes(group)
+        return
+    extras_shapes(group)
+    for rr in group.get("responses") or []:
+        where = f"group {key!r} sample {rr['response']['sample_index']}"
+        resp = _resolved(rr, where)
         n_tok, n_lp = len(resp["response_token_ids"]), len(resp["infer_logprobs"])
         if n_tok != n_lp:
-            raise ValueError(
-                f"group {key!r} sample {idx}: {n_tok} response tokens but {n_lp} infer_logprobs"
-            )
-        if not (resp["prompt_token_ids"] or group.get("prompt_token_ids")):
-            raise ValueError(f"group {key!r} sample {idx}: no prompt tokens")
-        reward = rr["response_level_reward"]
-        if not math.isfinite(reward):
-            raise ValueError(
-                f"group {key!r} sample {idx}: non-finite response_level_reward {reward} "
-                "(such groups must be rejected upstream with reason invalid_reward)"
-            )
+            raise ValueError(f"{where}: {n_tok} response tokens but {n_lp} infer_logprobs")
+        if not len(resp["prompt_token_ids"]):
+            raise ValueError(f"{where}: no prompt tokens")
+        _check_extras(resp, n_tok, where)
 
 
-def _check_trajectory_group(group: dict) -> None:
-    key = group.get("group_key", "?")
-    trajectories = group.get("trajectories") or []
-    for traj, idx in _unique_members(key, trajectories, "trajectories", lambda t: t["traj_index"], "traj_index"):
-        check_trajectory(traj, where=f"group {key!r} trajectory {idx}")
+def extras_shapes(group: Mapping) -> dict[str, tuple[int, ...]]:
+    """Name -> shape beyond the token axis of each ``extras`` array of a resolved group's
+    members (e.g. ``routed_experts`` -> (layers, top_k)). Raises ``ValueError`` when members
+    disagree (one batch tensor needs one shape); the trainer also keeps a batch's groups to one
+    shape per name (``BatchBuilder``)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for member in group_rows(group):
+        for name, packed in ((member.get("payload") or {}).get("extras") or {}).items():
+            rest = tuple(int(d) for d in packed["shape"][1:])
+            if shapes.setdefault(name, rest) != rest:
+                raise ValueError(f"group {group.get('group_key', '?')!r}: extras[{name!r}] shapes beyond the token "
+                                 f"axis differ between members: {shapes[name]} and {rest}")
+    return shapes
+
+
+def _check_reward(reward: float, where: str, name: str) -> None:
+    if not math.isfinite(reward):
+        raise ValueError(f"{where}: non-finite {name} {reward} "
+                         "(such groups must be rejected upstream with reason invalid_reward)")
+
+
+def _resolved(member: Mapping, where: str) -> Mapping:
+    """The decoded payload of a member; ValueError while it is still a ``PayloadRef``."""
+    payload = member.get("payload")
+    if payload is None or is_payload_ref(payload):
+        raise ValueError(f"{where}: payload not resolved (a PayloadRef; fetch it first, "
+                         "see rollstream.trainer.intake.resolve_payloads)")
+    return payload
+
+
+def _check_extras(payload: Mapping, n_tokens: int, where: str) -> None:
+    for name, packed in (payload.get("extras") or {}).items():
+        try:
+            array = unpack_array(packed)
+        except ValueError as exc:
+            raise ValueError(f"{where}: extras[{name!r}]: {exc}") from None
+        if array.ndim < 1 or array.shape[0] != n_tokens:
+            raise ValueError(f"{where}: extras[{name!r}] has shape {tuple(array.shape)}; its first dimension must "
+                             f"be the {n_tokens} response tokens")
 
 
 def _unique_members(key: str, members: list, kind: str, index_of, index_name: str):
@@ -208,58 +287,102 @@ def _unique_members(key: str, members: list, kind: str, index_of, index_name: st
         yield member, idx
 
 
+# -- rows and the batch ---------------------------------------------------------------------------
+
+
+def _ints(values) -> np.ndarray:
+    """A 1-D integer array: a decoded packed array as it is (no copy; the padded int64 array
+    widens it on assignment), a list converted."""
+    return values if isinstance(values, np.ndarray) else np.asarray(values, dtype=np.int64).reshape(-1)
+
+
+def _floats(values) -> np.ndarray:
+    return values if isinstance(values, np.ndarray) else np.asarray(values, dtype=np.float32).reshape(-1)
+
+
+def _extras(payload: Mapping) -> dict[str, np.ndarray]:
+    return {name: unpack_array(packed) for name, packed in (payload.get("extras") or {}).items()}
+
+
 def _rows(group: dict) -> list[_Row]:
-    """A checked group's rows, ordered by sample index (``sample_index`` / ``traj_index``)."""
+    """A checked, resolved group's rows, ordered by sample index (``sample_index`` /
+    ``traj_index``)."""
     if not is_trajectory_group(group):
-        ordered = sorted(group["responses"], key=lambda rr: rr["response"]["sample_index"])
-        return [
-            _Row(prompt=rr["response"]["prompt_token_ids"] or group["prompt_token_ids"],
-                 response=rr["response"]["response_token_ids"],
-                 logprobs=rr["response"]["infer_logprobs"], mask=None,
-                 reward=rr["response_level_reward"], sample_index=rr["response"]["sample_index"],
-                 prompt_id=rr["response"]["prompt_id"],
-                 policy_version=rr["response"]["policy_version"])
-            for rr in ordered
-        ]
+        rows = []
+        for rr in sorted(group["responses"], key=lambda rr: rr["response"]["sample_index"]):
+            resp, summary = rr["payload"], rr["response"]
+            rows.append(_Row(prompt=_ints(resp["prompt_token_ids"]), response=_ints(resp["response_token_ids"]),
+                             logprobs=_floats(resp["infer_logprobs"]), mask=None,
+                             reward=rr["response_level_reward"], sample_index=summary["sample_index"],
+                             prompt_id=summary["prompt_id"], policy_version=summary["policy_version"],
+                             extras=_extras(resp)))
+        return rows
     rows = []
     for traj in sorted(group["trajectories"], key=lambda tr: tr["traj_index"]):
-        turns = traj["turns"]
-        response: list[int] = []
-        logprobs: list[float] = []
+        payload = traj["payload"]
+        turns = payload["turns"]
+        tokens, logprobs = [], []
         for t, turn in enumerate(turns):
             if t > 0:  # the environment's answer to the previous turn: not the model's tokens
-                response += turn["prompt_token_ids"]
-                logprobs += [0.0] * len(turn["prompt_token_ids"])
-            response += turn["response_token_ids"]
-            logprobs += turn["infer_logprobs"]
-        rows.append(_Row(prompt=turns[0]["prompt_token_ids"] if turns else [], response=response,
-                         logprobs=logprobs, mask=traj["response_mask"],
-                         reward=traj["response_level_rewards"], sample_index=traj["traj_index"],
-                         prompt_id=group["group_key"], policy_version=traj["policy_version"]))
+                env = _ints(turn["prompt_token_ids"])
+                tokens.append(env)
+                logprobs.append(np.zeros(len(env), dtype=np.float32))
+            tokens.append(_ints(turn["response_token_ids"]))
+            logprobs.append(_floats(turn["infer_logprobs"]))
+        rows.append(_Row(
+            prompt=_ints(turns[0]["prompt_token_ids"]) if turns else _ints([]),
+            response=np.concatenate(tokens) if tokens else _ints([]),
+            logprobs=np.concatenate(logprobs) if logprobs else _floats([]),
+            mask=np.asarray(payload["response_mask"], dtype=np.float32).reshape(-1),
+            reward=traj["response_level_rewards"], sample_index=traj["traj_index"], prompt_id=group["group_key"],
+            policy_version=traj["policy_version"], extras=_extras(payload)))
     return rows
 
 
+def _extras_tensors(rows: list[_Row], T: int) -> dict[str, Tensor]:
+    """``(B, T, *rest)`` zero-padded tensors of the extras every row has (see RolloutBatch)."""
+    names = set(rows[0].extras)
+    for row in rows[1:]:
+        names &= set(row.extras)
+    out = {}
+    for name in sorted(names):
+        arrays = [row.extras[name] for row in rows]
+        rest = {tuple(a.shape[1:]) for a in arrays}
+        if len(rest) != 1:
+            raise ValueError(f"extras[{name!r}]: rows disagree on the shape beyond the token axis: {sorted(rest)}")
+        dtype = np.result_type(*(a.dtype for a in arrays))
+        dtype = np.dtype(EXTRAS_TORCH_DTYPE.get(dtype.name, dtype))
+        padded = np.zeros((len(rows), T, *rest.pop()), dtype=dtype)
+        for b, array in enumerate(arrays):
+            padded[b, :array.shape[0]] = array
+        out[name] = torch.from_numpy(padded)
+    return out
+
+
 def build_batch(groups: Sequence[dict], step: int, pad_token_id: int) -> RolloutBatch:
-    """Pad decoded ``Group`` / ``TrajectoryGroup`` records into one ``RolloutBatch``.
+    """Pad resolved ``Group`` / ``TrajectoryGroup`` records into one ``RolloutBatch``.
 
     Args:
-        groups: decoded records, RLVR and agentic in any mix: ``Group``
-            (``rollstream.events.Group``, ``responses`` = list of ``RewardedResponse``) gives one
-            row per response;
-            ``TrajectoryGroup`` (``trajectories`` = list of ``Trajectory``) gives one row per
-            trajectory, laid out as in the module doc. Groups may differ in size.
+        groups: decoded records, RLVR and agentic in any mix, with every member's ``payload``
+            resolved (the decoded ``Response`` / ``Trajectory``, not a ``PayloadRef``; see
+            ``rollstream.trainer.intake.resolve_payloads``): a ``Group`` (``responses`` = list of
+            ``RewardedResponse``) gives one row per response; a ``TrajectoryGroup``
+            (``trajectories`` = list of ``TrajectorySummary``) gives one row per trajectory,
+            laid out as in the module doc. Groups may differ in size.
         step: training step recorded on the batch.
         pad_token_id: token id written at padded positions of ``prompt_ids`` / ``response_ids``.
 
     Returns:
         A ``RolloutBatch``; rows are ordered by group (in ``groups`` order), then by
         ``sample_index`` (``traj_index``). ``advantages`` are ``grpo_advantages`` of each group's
-        rewards, broadcast over each row's ``response_mask``.
+        rewards, broadcast over each row's ``response_mask``. ``extras``: see RolloutBatch.
 
     Raises:
-        ValueError: ``groups`` is empty, or a group fails ``check_group`` (no responses /
-            trajectories, logprob/token length mismatch, bad response_mask, no prompt tokens,
-            non-finite reward, repeated sample_index / traj_index).
+        ValueError: ``groups`` is empty, or a group fails ``check_group`` / ``check_payloads``
+            (no responses / trajectories, a payload not resolved, logprob/token length mismatch,
+            bad response_mask, no prompt tokens, non-finite reward, repeated sample_index /
+            traj_index, an extras array not along the response), or the rows' extras of one
+            name disagree beyond the token axis.
     """
     if not groups:
         raise ValueError("build_batch needs at least one group, got an empty sequence")
@@ -268,6 +391,7 @@ def build_batch(groups: Sequence[dict], step: int, pad_token_id: int) -> Rollout
     group_rewards: list[Tensor] = []
     for gi, group in enumerate(groups):
         check_group(group)
+        check_payloads(group)
         grows = _rows(group)
         rows += grows
         group_index += [gi] * len(grows)
@@ -276,38 +400,39 @@ def build_batch(groups: Sequence[dict], step: int, pad_token_id: int) -> Rollout
     B = len(rows)
     P = max(len(row.prompt) for row in rows)
     T = max(len(row.response) for row in rows)
-    prompt_ids = torch.full((B, P), pad_token_id, dtype=torch.int64)
-    prompt_mask = torch.zeros((B, P), dtype=torch.int64)
-    response_ids = torch.full((B, T), pad_token_id, dtype=torch.int64)
-    response_mask = torch.zeros((B, T), dtype=torch.float32)
-    infer_logprobs = torch.zeros((B, T), dtype=torch.float32)
-    for b, row in enumerate(rows):  # one slice copy per row, never per token
-        if row.prompt:
-            prompt_ids[b, P - len(row.prompt):] = torch.tensor(row.prompt, dtype=torch.int64)
+    prompt_ids = np.full((B, P), pad_token_id, dtype=np.int64)
+    prompt_mask = np.zeros((B, P), dtype=np.int64)
+    response_ids = np.full((B, T), pad_token_id, dtype=np.int64)
+    response_mask = np.zeros((B, T), dtype=np.float32)
+    infer_logprobs = np.zeros((B, T), dtype=np.float32)
+    for b, row in enumerate(rows):  # one slice copy per row and array, never per token
+        if len(row.prompt):
+            prompt_ids[b, P - len(row.prompt):] = row.prompt
             prompt_mask[b, P - len(row.prompt):] = 1
         n = len(row.response)
         if n:
-            response_ids[b, :n] = torch.tensor(row.response, dtype=torch.int64)
-            infer_logprobs[b, :n] = torch.tensor(row.logprobs, dtype=torch.float32)
-            response_mask[b, :n] = 1.0 if row.mask is None else torch.tensor(
-                row.mask, dtype=torch.float32)
+            response_ids[b, :n] = row.response
+            infer_logprobs[b, :n] = row.logprobs
+            response_mask[b, :n] = 1.0 if row.mask is None else row.mask
+    response_mask_t = torch.from_numpy(response_mask)
 
     row_advantages = torch.cat(grpo_advantages(group_rewards))  # (B,)
     return RolloutBatch(
-        prompt_ids=prompt_ids,
-        prompt_mask=prompt_mask,
-        response_ids=response_ids,
-        response_mask=response_mask,
-        infer_logprobs=infer_logprobs,
+        prompt_ids=torch.from_numpy(prompt_ids),
+        prompt_mask=torch.from_numpy(prompt_mask),
+        response_ids=torch.from_numpy(response_ids),
+        response_mask=response_mask_t,
+        infer_logprobs=torch.from_numpy(infer_logprobs),
         response_lengths=torch.tensor([len(row.response) for row in rows], dtype=torch.int64),
         response_level_rewards=torch.cat(group_rewards),
-        advantages=row_advantages[:, None] * response_mask,
+        advantages=row_advantages[:, None] * response_mask_t,
         group_index=torch.tensor(group_index, dtype=torch.int64),
         group_keys=[g["group_key"] for g in groups],
         prompt_ids_str=[row.prompt_id for row in rows],
         sample_index=[row.sample_index for row in rows],
         policy_versions=[row.policy_version for row in rows],
         step=step,
+        extras=_extras_tensors(rows, T),
     )
 
 

@@ -30,6 +30,17 @@ Edge cases:
 - An event that does not decode, is neither a ``Group`` nor a ``TrajectoryGroup``, is not accepted,
   or fails ``check_group`` goes to ``dead-letter`` with its reason (``undecodable``,
   ``unknown_schema``, ``invalid_event``).
+- Payloads (issue 12): a group's members name their token arrays by ``PayloadRef``. They are
+  fetched only when a batch is built, after the stale check, only for the groups going into it:
+  one ``PayloadFetcher.fetch`` for all their references, each value decoded and put in place of
+  its reference in a copy of the group (``rollstream.trainer.intake.resolve_payloads``). A group
+  with a reference below its partition's log start offset (retention deleted the payload) is
+  never trained: it goes to ``groups.rejected`` with reason ``payload_expired`` (values:
+  ``payload_expired`` = expired references, ``members``), counts in ``payload_expired_groups``,
+  and its offset is done. A payload that does not decode, is another schema or another member's,
+  or fails ``check_payloads`` dead-letters its group (``invalid_event``). Either way the builder
+  goes on filling the batch from the next groups. Members whose payload is inline (events of the
+  old format, upgraded at decode) need no fetch.
 - ``take_partial()`` ships what is buffered when admission reported ``batch_underfilled`` and
   ``min_fill_ratio`` allows it; the manifest status is then ``partial``.
 """
@@ -41,17 +52,28 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollstream.config.base import PAYLOAD_MAX_MESSAGE_BYTES
+from rollstream.filtering.decision import Decision
+from rollstream.filtering.reasons import RejectReason
 from rollstream.filtering.staleness import stale_decision
 from rollstream.kafka.clients import assigned_consumer, commit_offsets, make_producer
 from rollstream.kafka.events import dead_letter
 from rollstream.kafka.offsets import OffsetTracker
+from rollstream.kafka.payloads import Fetched, PayloadFetcher, ref_key
 from rollstream.kafka.topics import Topics
 from rollstream.observability.metrics import process_metrics
 from rollstream.runtime import now_ms, worker_id
 from rollstream.schemas import encode
 from rollstream.schemas.records import batch_event, group_rows, group_schema
-from rollstream.trainer.batch import RolloutBatch, build_batch
-from rollstream.trainer.intake import DEDUP_WINDOW, RecentKeys, stale_rejection, trainable_group
+from rollstream.trainer.batch import RolloutBatch, build_batch, check_payloads, extras_shapes
+from rollstream.trainer.intake import (
+    DEDUP_WINDOW,
+    RecentKeys,
+    payload_refs,
+    resolve_payloads,
+    stale_rejection,
+    trainable_group,
+)
 from rollstream.trainer.manifest import Manifest, ManifestState
 
 log = logging.getLogger(__name__)
@@ -60,13 +82,17 @@ POLL_TIMEOUT_S = 0.2
 """Longest single poll inside ``next_batch``; the loop re-checks its deadline after each."""
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class _Pending:
-    """A consumed, valid group not yet in a committed batch."""
+    """A consumed, valid group not yet in a committed batch. ``group``: the event as consumed
+    (payload references); ``resolved``: the copy with its payloads decoded, once fetched;
+    ``source``: the consumed record (for a dead letter)."""
 
     group: dict
     partition: int
     offset: int
+    source: object = None
+    resolved: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +124,11 @@ class BatchBuilder:
             version v is the policy after v batches). A buffered group beyond the bound is
             never trained: it goes to ``groups.rejected`` with reason ``stale`` and its values,
             and counts in ``stale_groups``. None: unbounded.
+        max_message_bytes: the largest payload event (``kafka.max_message_bytes``), the fetch
+            size of the ``PayloadFetcher``.
+        payload_fetch_timeout_s: how long one batch's payload fetch may take before
+            ``PayloadFetchTimeout`` (a broker that stopped answering) is raised out of
+            ``next_batch`` / ``take_partial``; nothing is committed then.
 
     Raises:
         ValueError: ``rollout_batch_size`` < 1.
@@ -116,6 +147,8 @@ class BatchBuilder:
         max_poll_records: int = 500,
         dedup_window: int = DEDUP_WINDOW,
         max_staleness: int | None = None,
+        max_message_bytes: int = PAYLOAD_MAX_MESSAGE_BYTES,
+        payload_fetch_timeout_s: float = 60.0,
     ) -> None:
         if rollout_batch_size < 1:
             raise ValueError(f"rollout_batch_size must be >= 1, got {rollout_batch_size}")
@@ -127,12 +160,16 @@ class BatchBuilder:
         self.max_poll_records = max_poll_records
         self.dedup_window = dedup_window
         self.max_staleness = max_staleness
+        self.payload_fetch_timeout_s = payload_fetch_timeout_s
         self.worker = worker_id("trainer")
 
         self.consumed = 0  # records read, whatever became of them
         self.duplicates = 0  # redelivered groups skipped
         self.dead_lettered = 0  # records sent to dead-letter
         self.stale_groups = 0  # groups rejected as stale instead of trained
+        self.payload_expired_groups = 0  # groups rejected payload_expired instead of trained
+        self.invalid_payload_groups = 0  # groups dead-lettered for a payload that cannot be trained
+        self.payload_fetch_seconds = 0.0  # wall time spent in PayloadFetcher.fetch
 
         self._seen = RecentKeys(dedup_window)
         self._buffer: list[_Pending] = []  # valid groups not yet in a batch, in consumption order
@@ -157,6 +194,7 @@ class BatchBuilder:
         # for good after a missed heartbeat, spinning in poll.)
         self.consumer, _ = assigned_consumer(bootstrap, group_id, self.topic, self.worker, max_poll_records)
         self.producer = make_producer(bootstrap, client_id=self.worker)
+        self.fetcher = PayloadFetcher(bootstrap, max_message_bytes, client_id=f"{self.worker}-payloads")
         if last_entry is not None:  # a crash may have come between its manifest line and its event
             self._publish_batch(last_entry)
             self.producer.flush()
@@ -171,20 +209,25 @@ class BatchBuilder:
     def next_batch(self, timeout_s: float) -> RolloutBatch | None:
         """Poll until ``rollout_batch_size`` complete groups are buffered; build and return a batch.
 
-        Returns None when ``timeout_s`` passes first; the buffered groups and the step's fill
-        clock are kept for the next call. The batch is outstanding until ``commit(batch)``.
+        The payloads of the groups going into the batch are fetched then; a group whose payload
+        expired or cannot be trained leaves the buffer (see the module doc) and the builder polls
+        on for another. Returns None when ``timeout_s`` passes first; the buffered groups and the
+        step's fill clock are kept for the next call. The batch is outstanding until
+        ``commit(batch)``. Raises PayloadFetchTimeout when the payload fetch stalls.
         """
         if self._fill_started is None:
             self._fill_started = time.monotonic()
         deadline = time.monotonic() + timeout_s
         self._reject_stale()
-        while len(self._buffer) < self.rollout_batch_size:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            self._poll(min(remaining, POLL_TIMEOUT_S))
-            self._reject_stale()
-        return self._build(self.rollout_batch_size, "complete")
+        while True:
+            while len(self._buffer) < self.rollout_batch_size:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._poll(min(remaining, POLL_TIMEOUT_S))
+                self._reject_stale()
+            if self._resolve_head(self.rollout_batch_size):
+                return self._build(self.rollout_batch_size, "complete")
 
     def take_partial(self, timeout_s: float = 0.0, min_groups: int | None = None) -> RolloutBatch | None:
         """Build a batch from the complete groups buffered now (at most ``rollout_batch_size``).
@@ -193,7 +236,8 @@ class BatchBuilder:
         a partial batch; the caller checks the ratio. Polls for up to ``timeout_s`` first (stopping
         early when full, or once ``min_groups`` groups are buffered). Returns None when nothing is
         buffered. The manifest status is ``partial``, or ``complete`` if the buffer happened to be
-        full.
+        full. Payloads are fetched as in ``next_batch``; groups whose payload expired or cannot be
+        trained are replaced by the next buffered ones (None when none is left).
         """
         if self._fill_started is None:
             self._fill_started = time.monotonic()
@@ -203,10 +247,11 @@ class BatchBuilder:
         while len(self._buffer) < enough and time.monotonic() < deadline:
             self._poll(min(deadline - time.monotonic(), POLL_TIMEOUT_S))
             self._reject_stale()
-        if not self._buffer:
-            return None
-        n = min(len(self._buffer), self.rollout_batch_size)
-        return self._build(n, "complete" if n == self.rollout_batch_size else "partial")
+        while self._buffer:
+            n = min(len(self._buffer), self.rollout_batch_size)
+            if self._resolve_head(n):
+                return self._build(n, "complete" if n == self.rollout_batch_size else "partial")
+        return None
 
     def commit(self, batch: RolloutBatch, report: dict | None = None) -> dict:
         """Confirm ``batch`` was trained: append its manifest line, publish ``Batch``, commit.
@@ -285,8 +330,16 @@ class BatchBuilder:
         log.warning("recovered step %d from its checkpoint: %d groups trained but not committed", step, len(keys))
         return entry
 
+    @property
+    def dropped_groups(self) -> int:
+        """Groups that passed intake but will never be trained: rejected ``stale`` or
+        ``payload_expired``, or dead-lettered for their payload."""
+        return self.stale_groups + self.payload_expired_groups + self.invalid_payload_groups
+
     def metrics(self) -> dict[str, float]:
-        """Counters under ``trainer/batch/``."""
+        """Counters under ``trainer/batch/``: groups consumed, duplicates, dead-lettered, buffered,
+        outstanding, stale, payload_expired; the payload fetcher's records fetched, bytes fetched,
+        seconds spent fetching and records read on the way that no reference named (skipped)."""
         return {
             "trainer/batch/consumed": self.consumed,
             "trainer/batch/duplicates": self.duplicates,
@@ -294,6 +347,11 @@ class BatchBuilder:
             "trainer/batch/buffered": len(self._buffer),
             "trainer/batch/outstanding": len(self._outstanding),
             "trainer/batch/stale_groups": self.stale_groups,
+            "trainer/batch/payload_expired_groups": self.payload_expired_groups,
+            "trainer/batch/payload_records_fetched": self.fetcher.fetched,
+            "trainer/batch/payload_bytes_fetched": self.fetcher.fetched_bytes,
+            "trainer/batch/payload_fetch_seconds": self.payload_fetch_seconds,
+            "trainer/batch/payload_records_skipped": self.fetcher.skipped,
         }
 
     def close(self) -> None:
@@ -302,7 +360,10 @@ class BatchBuilder:
             self.producer.flush()
             self.producer.close()
         finally:
-            self.consumer.close(autocommit=False)
+            try:
+                self.fetcher.close()
+            finally:
+                self.consumer.close(autocommit=False)
 
     def __enter__(self) -> "BatchBuilder":
         return self
@@ -324,13 +385,8 @@ class BatchBuilder:
         self.consumed += 1
         group, problem = trainable_group(msg.value)
         if problem is not None:  # done once its dead letter is flushed, before the next commit
-            reason, error = problem
             self._offsets.read(msg.partition, msg.offset, pending=False)
-            log.warning("dead-lettering %s[%d]@%d: %s: %s",
-                        msg.topic, msg.partition, msg.offset, reason, error)
-            out = dead_letter(self.topics, msg, reason, error, self.worker)
-            self.producer.send(out.topic, key=out.key.encode(), value=encode(out.record, out.schema))
-            self.dead_lettered += 1
+            self._dead_letter(msg, *problem)
             return
         key = group["group_key"]
         if key in self._seen:
@@ -341,7 +397,7 @@ class BatchBuilder:
             return
         self._seen.add(key)
         self._offsets.read(msg.partition, msg.offset)
-        self._buffer.append(_Pending(group, msg.partition, msg.offset))
+        self._buffer.append(_Pending(group, msg.partition, msg.offset, msg))
 
     def _reject_stale(self) -> None:
         """Move buffered groups the next step may not train (see ``max_staleness``) to
@@ -354,21 +410,91 @@ class BatchBuilder:
             if decision is None:
                 keep.append(item)
                 continue
-            group = stale_rejection(item.group, decision)
-            self.producer.send(self.topics.groups_rejected, key=group["group_key"].encode(),
-                               value=encode(group, group_schema(group)))
-            self._offsets.done(item.partition, item.offset)
+            self._reject(item, decision)
             self.stale_groups += 1
-            process_metrics().decision("trainer", False, decision.reason)
-            log.info("group %r rejected as stale before step %d: %s", group["group_key"], self.step, dict(decision.values))
+            log.info("group %r rejected as stale before step %d: %s", item.group["group_key"], self.step,
+                     dict(decision.values))
         self._buffer = keep
+
+    def _reject(self, item: _Pending, decision: Decision) -> None:
+        """Send ``item``'s group to ``groups.rejected`` with ``decision`` (the event as consumed,
+        payload references and all); its offset is done once the send is flushed."""
+        group = stale_rejection(item.group, decision)
+        self.producer.send(self.topics.groups_rejected, key=group["group_key"].encode(),
+                           value=encode(group, group_schema(group)))
+        self._offsets.done(item.partition, item.offset)
+        process_metrics().decision("trainer", False, decision.reason)
+
+    def _resolve_head(self, n: int) -> bool:
+        """Fetch and decode the payloads of the first ``n`` buffered groups (those not resolved
+        yet), with one fetch. Groups that cannot be trained leave the buffer (payload_expired
+        rejection or dead letter). True when the first ``n`` groups are all resolved."""
+        head = self._buffer[:n]
+        todo = [item for item in head if item.resolved is None]
+        if not todo:
+            return True
+        refs = [ref for item in todo for ref in payload_refs(item.group)]
+        fetched = Fetched()
+        if refs:
+            started = time.monotonic()
+            try:
+                fetched = self.fetcher.fetch(refs, timeout_s=self.payload_fetch_timeout_s)
+            finally:
+                self.payload_fetch_seconds += time.monotonic() - started
+        dropped: set[int] = set()
+        for item in todo:
+            expired = [fetched.expired[k] for k in map(ref_key, payload_refs(item.group)) if k in fetched.expired]
+            if expired:
+                members = len(group_rows(item.group))
+                self._reject(item, Decision.reject(RejectReason.PAYLOAD_EXPIRED, payload_expired=float(len(expired)),
+                                                   members=float(members)))
+                self.payload_expired_groups += 1
+                log.warning("group %r rejected payload_expired before step %d: %d of %d payloads gone (%s)",
+                            item.group["group_key"], self.step, len(expired), members, expired[0])
+                dropped.add(id(item))
+                continue
+            try:
+                resolved = resolve_payloads(item.group, fetched.values)
+                check_payloads(resolved)
+            except ValueError as exc:
+                self._dead_letter(item.source, "invalid_event", f"payload: {exc}")
+                self._offsets.done(item.partition, item.offset)
+                self.invalid_payload_groups += 1
+                dropped.add(id(item))
+                continue
+            item.resolved = resolved
+        reference: dict[str, tuple] = {}  # one shape per extras name in a batch (one tensor each)
+        for item in head:
+            if id(item) in dropped or item.resolved is None:
+                continue
+            shapes = extras_shapes(item.resolved)
+            clash = {n: (reference[n], s) for n, s in shapes.items() if n in reference and reference[n] != s}
+            if clash:
+                self._dead_letter(item.source, "invalid_event", f"payload: extras shapes {clash} differ from the "
+                                                                "batch's earlier groups")
+                self._offsets.done(item.partition, item.offset)
+                self.invalid_payload_groups += 1
+                dropped.add(id(item))
+                continue
+            reference.update(shapes)
+        if dropped:
+            self._buffer = [item for item in self._buffer if id(item) not in dropped]
+        return not dropped
+
+    def _dead_letter(self, msg, reason: str, error: str) -> None:
+        log.warning("dead-lettering %s[%d]@%d: %s: %s", msg.topic, msg.partition, msg.offset, reason, error)
+        out = dead_letter(self.topics, msg, reason, error, self.worker)
+        self.producer.send(out.topic, key=out.key.encode(), value=encode(out.record, out.schema))
+        self.dead_lettered += 1
 
     def _build(self, n: int, status: str) -> RolloutBatch:
         items, self._buffer = self._buffer[:n], self._buffer[n:]
         started = self._fill_started
         fill_seconds = 0.0 if started is None else time.monotonic() - started
         self._fill_started = None
-        batch = build_batch([item.group for item in items], self.step, self.pad_token_id)
+        batch = build_batch([item.resolved for item in items], self.step, self.pad_token_id)
+        for item in items:  # the tokens are in the batch now; the entry keeps the small event
+            item.resolved = None
         self._outstanding[batch.step] = _Outstanding(items, status, fill_seconds)
         self.step += 1
         return batch

@@ -137,7 +137,8 @@ def run_trainer(config: Config, bootstrap: str, run_dir: Path, *, deadline: floa
     return."""
     topics = Topics(config.kafka.topic_prefix)
     builder = BatchBuilder(bootstrap, topics, config.groups_per_batch, group_id=names.consumer_group(topics, "trainer"),
-                           manifest_path=run_dir / "batches.jsonl", max_staleness=config.max_staleness)
+                           manifest_path=run_dir / "batches.jsonl", max_staleness=config.max_staleness,
+                           max_message_bytes=config.kafka.max_message_bytes)
     events = (AgenticBatchEvents(bootstrap, topics, config, builder) if isinstance(config, AgenticConfig)
               else BatchEvents(bootstrap, topics))
     publisher = None

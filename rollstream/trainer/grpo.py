@@ -167,8 +167,11 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch, 
 
 
 def _rows_of(batch, rows: slice):
-    """The RolloutBatch of rows ``rows`` (tensors sliced; per-row lists too)."""
+    """The RolloutBatch of rows ``rows`` (tensors sliced, ``extras`` too; per-row lists too)."""
     per_row_lists = ("prompt_ids_str", "sample_index", "policy_versions")  # group_keys is per group
     sliced = {f.name: getattr(batch, f.name)[rows] for f in fields(batch)
               if isinstance(getattr(batch, f.name), Tensor) or f.name in per_row_lists}
+    extras = getattr(batch, "extras", None)
+    if extras:
+        sliced["extras"] = {name: t[rows] for name, t in extras.items()}
     return replace(batch, **sliced)

@@ -76,7 +76,8 @@ class AgenticBatchEvents(_Tail):
         if len(self.done) < self.num_groups or self._verdict_step == self.builder.step:
             return []
         accepted = sum(outcome["accepted"] for outcome in self.done.values())
-        remaining = accepted - self.builder.committed_groups - self.builder.stale_groups
+        # groups the builder dropped (stale, payload_expired, a bad payload) never reach a batch
+        remaining = accepted - self.builder.committed_groups - self.builder.dropped_groups
         if remaining >= self.target:
             return []
         rejected: dict[str, int] = {}

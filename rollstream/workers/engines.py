@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -55,6 +55,9 @@ class Sample:
     ``logprobs``: one float (nats, <= 0) per token id, under the raw model distribution.
     ``finish_reason``: ``"stop"`` (eos sampled), ``"length"`` (max_new_tokens hit) or
     ``"error"`` (engine failed; tokens empty and ``error`` holds the message).
+    ``extras``: optional per-token arrays by name (e.g. ``routed_experts``: a numpy array of
+    shape ``(len(token_ids), layers, top_k)``, uint8/uint16); the first dimension is always the
+    response length. They travel in ``Response.extras`` (rollstream.schemas.packed).
     """
 
     token_ids: list[int]
@@ -62,6 +65,7 @@ class Sample:
     text: str
     finish_reason: str
     error: str | None = None
+    extras: dict = field(default_factory=dict)
 
 
 @runtime_checkable

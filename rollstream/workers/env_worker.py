@@ -1,6 +1,12 @@
 """The env worker: consumes ``episodes.requests``, plays each EpisodeRequest as a multi-turn
 trajectory with rollstream.workers.episodes.EpisodePlayer, and emits one Trajectory per request
-(topic ``trajectories``, key group_id).
+(topic ``trajectories``, key group_id): the payload event, with the token arrays packed (written
+once; the group queue decides on its summary and names it by reference).
+
+A trajectory above ``kafka.max_message_bytes`` never leaves its episode waiting: a stub
+Trajectory of the same identity goes out instead (no turns, ``env_failed``, ``drop_flag``,
+``error`` starting with ``too_large:``), which the group queue sets aside as an infra failure and
+refills, plus a ``too_large`` dead letter.
 
 Static partition assignment (instance ``i`` of ``n`` owns ``p % n == i``), dead letters for
 undecodable input, and offset commits that never pass a request whose trajectory is not yet
@@ -18,15 +24,17 @@ from typing import Any, Callable, Sequence
 
 from kafka.errors import CommitFailedError
 
+from rollstream.config.base import PAYLOAD_MAX_MESSAGE_BYTES
 from rollstream.exceptions import EncodeError
 from rollstream.kafka.clients import commit_offsets
-from rollstream.kafka.events import Output, SourceRecord, dead_letter, decode_expected
+from rollstream.kafka.events import Output, Send, SourceRecord, dead_letter, decode_expected, too_large
 from rollstream.kafka.offsets import OffsetTracker
 from rollstream.kafka.topics import Topics
 from rollstream.kafka.worker import PartitionWorker
 from rollstream.observability.metrics import process_metrics
 from rollstream.policy.versions import PolicyFollower, PolicyVersionWatcher
 from rollstream.schemas import encode
+from rollstream.schemas.records import STOP_ENV_FAILED
 from rollstream.workers.engines import GenerationBackend, make_backend
 from rollstream.workers.envs import TextEnv, make_env, resolve_env
 from rollstream.workers.episodes import DEFAULT_MAX_CONTEXT_TOKENS, EpisodePlayer, Finished, identity_of
@@ -34,6 +42,21 @@ from rollstream.workers.episodes import DEFAULT_MAX_CONTEXT_TOKENS, EpisodePlaye
 log = logging.getLogger(__name__)
 
 POLICY_MAX_AGE_S = 1.0  # between turns, policy.versions is asked at most this often
+TOO_LARGE = "too_large"
+"""Prefix of ``Trajectory.error`` for a trajectory that would not fit in one Kafka message."""
+
+
+def too_large_stub(record: dict, size: int, limit: int) -> dict:
+    """The Trajectory sent in place of ``record`` when its event is ``size`` bytes, above
+    ``kafka.max_message_bytes`` = ``limit``: same identity, rewards and timing, no turns, an empty
+    response_mask and no extras, ``stop_reason`` env_failed with ``env_failed`` and ``drop_flag``
+    set (an infra failure: the group queue sets it aside and refills the run)."""
+    error = (f"{TOO_LARGE}: Trajectory is {size} bytes, above kafka.max_message_bytes = {limit} "
+             f"({len(record.get('turns', ()))} turns, {len(record.get('response_mask', ()))} response tokens; "
+             f"played as {record['stop_reason']}); raise kafka.max_message_bytes to carry it")
+    return {**record, "turns": [], "response_mask": [], "extras": {}, "stop_reason": STOP_ENV_FAILED,
+            "env_failed": True, "env_timeout": False, "drop_flag": True, "success": False, "error": error}
+
 
 # -- Kafka shell ---------------------------------------------------------------------------------
 
@@ -60,6 +83,10 @@ class EnvWorker(PartitionWorker):
     identity is already playing is skipped. With ``follow_policy`` the worker loads the newest
     published policy version between turns (PolicyFollower); a trajectory carries the oldest
     version that produced any of its tokens.
+
+    ``max_message_bytes`` (``kafka.max_message_bytes``) bounds one event; a trajectory above it
+    goes out as ``too_large_stub`` plus a ``too_large`` dead letter (``too_large`` counts them).
+    ``compression_type`` is the producer's (``kafka.compression_type``).
     """
 
     def __init__(
@@ -79,10 +106,13 @@ class EnvWorker(PartitionWorker):
         tokenizer: Any = None,
         env_factory: Callable[[str, dict], TextEnv] = make_env,
         follow_policy: bool = True,
+        max_message_bytes: int = PAYLOAD_MAX_MESSAGE_BYTES,
+        compression_type: str = "none",
     ) -> None:
         super().__init__(bootstrap=bootstrap, topics=topics, input_topic=topics.episodes_requests, group_id=group_id,
                          stage="env", max_poll_records=max_concurrent_episodes, poll_timeout_ms=poll_timeout_ms,
-                         instance=instance, instances=instances)
+                         instance=instance, instances=instances, max_message_bytes=max_message_bytes,
+                         compression_type=compression_type)
         self.player = EpisodePlayer(
             backend, tokenizer=tokenizer, temperature=temperature, top_p=top_p,
             max_concurrent=max_concurrent_episodes, max_context_tokens=max_context_tokens,
@@ -117,17 +147,31 @@ class EnvWorker(PartitionWorker):
             self.duplicates_skipped += 1
         return None
 
-    def _emit(self, finished: Sequence[Finished]) -> list[Output]:
-        outputs = []
+    def _emit(self, finished: Sequence[Finished]) -> list[Output | Send]:
+        """The events of ``finished``: one encoded Trajectory each (a ``too_large_stub`` and its
+        dead letter for one above max_message_bytes), a dead letter for a record that does not
+        encode."""
+        outputs: list[Output | Send] = []
         for done in finished:
             rec = done.record
+            key = str(rec["group_id"])
             try:
                 value = encode(rec, "Trajectory")
+                if len(value) > self.max_message_bytes:
+                    size = len(value)
+                    log.warning("trajectory %s is %d bytes, above max_message_bytes %d: sent as a too_large stub",
+                                identity_of(rec), size, self.max_message_bytes)
+                    rec = too_large_stub(rec, size, self.max_message_bytes)
+                    value = encode(rec, "Trajectory")
+                    outputs.append(too_large(self.topics, self.topics.trajectories, key, "Trajectory", size,
+                                             self.max_message_bytes, self.worker))
+                    self.too_large += 1
+                    self.dead_lettered += 1
             except EncodeError as exc:  # a bug, but one bad record must not stop the worker
                 log.exception("trajectory %s does not encode", identity_of(rec))
                 outputs.append(self._dead_letter(done.tag, "handler_error", f"EncodeError: {exc}"))
                 continue
-            self.producer.send(self.topics.trajectories, key=str(rec["group_id"]).encode(), value=value)
+            outputs.append(Send(self.topics.trajectories, key, value))
             self.emitted += 1
             self.stop_reasons[rec["stop_reason"]] += 1
             if rec["error"]:  # infra failures must be visible to whoever runs the worker
@@ -150,7 +194,7 @@ class EnvWorker(PartitionWorker):
         idle_since = time.monotonic()
         try:
             while not self.stop_event.is_set():
-                outputs: list[Output] = []
+                outputs: list[Output | Send] = []
                 got = 0
                 room = self.player.free_slots
                 polled = {}
@@ -213,8 +257,8 @@ def run_env_worker(
 
     ``config``: an AgenticConfig (or None). It supplies the defaults: temperature/top_p from
     ``config.actor_infer.generating_args``, ``max_concurrent_episodes``, ``max_context_tokens``,
-    the backend name and
-    ``max_batch`` from ``config.actor_infer``; every ``custom_envs`` env_type is resolved up
+    the backend name and ``max_batch`` from ``config.actor_infer``, ``max_message_bytes`` and
+    ``compression_type`` from ``config.kafka``; every ``custom_envs`` env_type is resolved up
     front. Explicit keyword arguments override it. ``backend``: a GenerationBackend instance,
     or a backend name built with ``make_backend(name, **backend_kwargs)``.
     Raises ConfigError for an unknown env_type in ``config.custom_envs`` or an unknown backend.
@@ -237,10 +281,13 @@ def run_env_worker(
         if actor is not None and name == "transformers":
             kwargs.setdefault("max_batch", actor.max_batch)
         backend = make_backend(name, **kwargs)
+    kafka = getattr(config, "kafka", None)
     worker = EnvWorker(
         bootstrap=bootstrap, topics=topics, backend=backend, temperature=temperature, top_p=top_p,
         max_concurrent_episodes=max_concurrent_episodes, max_context_tokens=max_context_tokens,
         group_id=group_id, instance=instance, instances=instances,
+        max_message_bytes=kafka.max_message_bytes if kafka is not None else PAYLOAD_MAX_MESSAGE_BYTES,
+        compression_type=kafka.compression_type if kafka is not None else "none",
     )
     worker.install_signal_handlers()
     worker.run(max_idle_s=max_idle_s)

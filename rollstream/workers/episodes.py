@@ -26,6 +26,13 @@ in a response), and none is added after the final turn. The flattened response i
 tokens. With an eos-terminated response the layout is token-for-token the tokenizer's own chat
 template of the conversation.
 
+Per-token extras: when the engine's samples carry ``extras`` (``Sample.extras``, e.g.
+``routed_experts`` of shape ``(len(token_ids), ...)``), the record's ``extras`` holds, per name
+that every turn's sample carried with one dtype and trailing shape, a PackedArray over the
+flattened response (first dimension ``len(response_mask)``; zeros at environment tokens).
+``extras`` is ``{}`` otherwise. A sample whose extras do not fit its tokens ends the trajectory
+as ``engine_error``.
+
 Stop reasons: ``done`` (the environment ended the episode), ``max_actions`` (turn limit),
 ``max_length`` (the next turn's prompt plus ``max_tokens_per_step`` would exceed
 ``max_context_tokens``; that prompt is not added), ``env_timeout`` / ``env_failed`` (infra:
@@ -44,8 +51,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+import numpy as np
+
 from rollstream.policy.model import EOS_TOKEN, chat_prompt_ids, load_tokenizer
 from rollstream.runtime import now_ms
+from rollstream.schemas.packed import DTYPES, packed_array
 from rollstream.schemas.records import (
     FINISH_ERROR,
     STOP_DONE,
@@ -114,6 +124,7 @@ class _Trajectory:
     needs_im_end: bool = False  # last response stopped without eos
     policy_version: int | None = None
     success: bool = False
+    extras: list[dict[str, np.ndarray]] = field(default_factory=list)  # per turn: the sample's extras
 
 
 @dataclass(frozen=True)
@@ -383,9 +394,15 @@ class EpisodePlayer:
                     f"{type(engine_exc).__name__}: {engine_exc}" if engine_exc else "engine returned no sample")
                 finished.append(self._finish(key, traj, STOP_ENGINE_ERROR, error=f"engine: {error}"[:2000]))
                 continue
+            tokens = [int(t) for t in sample.token_ids]
+            try:
+                extras = sample_extras(sample, len(tokens))
+            except ValueError as exc:
+                finished.append(self._finish(key, traj, STOP_ENGINE_ERROR, error=f"engine: extras: {exc}"[:2000]))
+                continue
             if traj.policy_version is None:
                 traj.policy_version = version  # oldest weights that produced any of its tokens
-            tokens = [int(t) for t in sample.token_ids]
+            traj.extras.append(extras)
             traj.turns.append({
                 "prompt_token_ids": list(traj.next_prompt),
                 "response_token_ids": tokens,
@@ -474,4 +491,47 @@ class EpisodePlayer:
             "started_ms": traj.started_ms,
             "finished_ms": now_ms(),
             "worker": self.worker,
+            "extras": flat_extras(traj.turns, traj.extras),
         }
+
+
+def sample_extras(sample: Any, n_tokens: int) -> dict[str, np.ndarray]:
+    """``sample.extras`` as numpy arrays (name -> array whose first dimension is ``n_tokens``).
+
+    Raises ValueError for an array whose dtype cannot be packed (rollstream.schemas.packed.DTYPES)
+    or whose first dimension is not the sample's token count."""
+    out = {}
+    for name, values in (getattr(sample, "extras", None) or {}).items():
+        array = np.asarray(values)
+        if array.dtype.name not in DTYPES:
+            raise ValueError(f"extras[{name!r}] has dtype {array.dtype.name}; packable: {DTYPES}")
+        if array.ndim == 0 or array.shape[0] != n_tokens:
+            raise ValueError(f"extras[{name!r}] has shape {array.shape}; its first dimension must be the "
+                             f"response length {n_tokens}")
+        out[str(name)] = array
+    return out
+
+
+def flat_extras(turns: list[dict], extras: list[dict[str, np.ndarray]]) -> dict[str, dict]:
+    """``Trajectory.extras``: per name every turn carries (one dtype, one trailing shape), a
+    PackedArray over the flattened response -- each turn's response values, zeros at the later
+    turns' prompt (environment) tokens. Names missing from a turn or inconsistent across turns
+    are left out (logged)."""
+    if not turns or len(extras) != len(turns):
+        return {}
+    names = set(extras[0]).intersection(*extras[1:])
+    for dropped in sorted(set().union(*extras) - names):
+        log.warning("extras[%r] missing from some turns of a trajectory: not carried", dropped)
+    out = {}
+    for name in sorted(names):
+        arrays = [e[name] for e in extras]
+        if len({(a.dtype.name, a.shape[1:]) for a in arrays}) != 1:
+            log.warning("extras[%r] changes dtype or shape between turns: not carried", name)
+            continue
+        parts = []
+        for k, (turn, array) in enumerate(zip(turns, arrays)):
+            if k:
+                parts.append(np.zeros((len(turn["prompt_token_ids"]), *array.shape[1:]), dtype=array.dtype))
+            parts.append(array)
+        out[name] = packed_array(np.concatenate(parts))
+    return out

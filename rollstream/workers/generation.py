@@ -1,31 +1,65 @@
 """The generation worker: an EventWorker handler that samples responses for GenerationRequest
-events and emits one Response per sample. The sampling itself is an engine's
-(rollstream.workers.engines: transformers or vLLM behind ``GenerationBackend``).
+events and emits one ``Response`` payload event per sample (topic ``responses``: the token
+arrays, written once; everything downstream names it by a PayloadRef). The sampling itself is an
+engine's (rollstream.workers.engines: transformers or vLLM behind ``GenerationBackend``).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-from rollstream.kafka.events import Input, Output
+from rollstream.config.base import PAYLOAD_MAX_MESSAGE_BYTES
+from rollstream.kafka.events import Input, Output, Send, too_large
 from rollstream.kafka.topics import Topics
 from rollstream.kafka.worker import EventWorker
 from rollstream.policy.model import chat_prompt_ids, load_tokenizer
 from rollstream.policy.versions import PolicyFollower, PolicyVersionWatcher
 from rollstream.runtime import now_ms
-from rollstream.workers.engines import GenerationBackend, SamplingParams, error_samples, make_backend
+from rollstream.schemas import encode
+from rollstream.schemas.packed import packed_array
+from rollstream.schemas.records import FINISH_ERROR
+from rollstream.workers.engines import GenerationBackend, Sample, SamplingParams, error_samples, make_backend
+
+log = logging.getLogger(__name__)
+
+TOO_LARGE = "too_large"
+"""Prefix of ``Response.error`` for a sample whose Response would not fit in one Kafka message."""
+
+
+def pack_extras(sample: Sample) -> dict:
+    """``sample.extras`` as ``Response.extras`` (name -> PackedArray record).
+
+    Raises ValueError when an array's first dimension is not the response length or its dtype
+    cannot be packed (rollstream.schemas.packed.DTYPES)."""
+    out = {}
+    for name, values in (getattr(sample, "extras", None) or {}).items():
+        record = packed_array(values)
+        if not record["shape"] or record["shape"][0] != len(sample.token_ids):
+            raise ValueError(f"extras[{name!r}] has shape {tuple(record['shape'])}; its first dimension must be "
+                             f"the response length {len(sample.token_ids)}")
+        out[str(name)] = record
+    return out
 
 
 class GenerationWorker:
-    """EventWorker handler: GenerationRequest inputs -> one Response output per sample.
+    """EventWorker handler: GenerationRequest inputs -> one encoded Response (a ``Send``) per
+    sample.
 
     All requests of one poll go to the backend in a single ``generate`` call. A request whose
     prompt cannot be tokenised yields error Responses (never an exception), so downstream
     groups still complete. ``generation_ms`` is the wall time of that batched backend call.
     With a ``policy`` follower, the newest published policy version is loaded before each call,
     and every Response carries the version that produced it.
+
+    Each Response is encoded once, here. One above ``max_message_bytes`` (``kafka.max_message_bytes``)
+    is replaced by an error Response of the same ``(prompt_id, sample_index)`` (finish_reason
+    ``error``, empty arrays, ``error`` starting with ``too_large:``) plus a ``too_large`` dead
+    letter: the reward worker scores it NaN, the response filter rejects it ``engine_error`` and
+    the aggregator asks for a replacement, so the prompt never stalls. Invalid per-token
+    ``extras`` from the engine (wrong length or dtype) likewise give an error Response.
     """
 
     def __init__(
@@ -35,14 +69,19 @@ class GenerationWorker:
         topics: Topics,
         tokenizer: Any = None,
         policy: PolicyFollower | None = None,
+        max_message_bytes: int = PAYLOAD_MAX_MESSAGE_BYTES,
+        worker: str = "generation",
     ) -> None:
         self.backend = backend
         self.params = params
         self.topics = topics
         self.policy = policy
+        self.max_message_bytes = max_message_bytes
+        self.worker = worker  # names the worker in its dead letters
+        self.too_large = 0  # samples replaced by a too_large error Response
         self.tokenizer = tokenizer or getattr(backend, "tokenizer", None) or load_tokenizer()
 
-    def __call__(self, inputs: Sequence[Input]) -> list[Output]:
+    def __call__(self, inputs: Sequence[Input]) -> list[Send | Output]:
         if self.policy is not None:
             self.policy.refresh()
         records = [inp.record for inp in inputs]
@@ -66,39 +105,68 @@ class GenerationWorker:
         by_req = dict(zip(live, samples_live))
         version = int(self.backend.policy_version)
         created = now_ms()
-        outputs: list[Output] = []
+        outputs: list[Send | Output] = []
         for k, rec in enumerate(records):
             if k in by_req:
                 samples = by_req[k]
             else:
                 samples = error_samples(max(int(rec["num_return_sequences"]), 0), errors[k] or "")
             for i, s in enumerate(samples):
-                outputs.append(
-                    Output(
-                        topic=self.topics.responses,
-                        key=rec["prompt_id"],
-                        schema="Response",
-                        record={
-                            "prompt_id": rec["prompt_id"],
-                            "domain": rec["domain"],
-                            "mode": rec.get("mode", "train"),
-                            "prompt": rec["prompt"],
-                            "ground_truth": rec.get("ground_truth", ""),
-                            "round": int(rec["round"]),
-                            "sample_index": int(rec.get("sample_offset", 0)) + i,
-                            "prompt_token_ids": list(prompt_ids[k] or []),
-                            "response_token_ids": list(s.token_ids),
-                            "infer_logprobs": list(s.logprobs),
-                            "response_text": s.text,
-                            "finish_reason": s.finish_reason,
-                            "error": s.error,
-                            "policy_version": version,
-                            "generation_ms": gen_ms,
-                            "created_ms": created,
-                        },
-                    )
-                )
+                record = {
+                    "prompt_id": rec["prompt_id"],
+                    "domain": rec["domain"],
+                    "mode": rec.get("mode", "train"),
+                    "prompt": rec["prompt"],
+                    "ground_truth": rec.get("ground_truth", ""),
+                    "round": int(rec["round"]),
+                    "sample_index": int(rec.get("sample_offset", 0)) + i,
+                    "prompt_token_ids": prompt_ids[k] or [],
+                    "response_token_ids": s.token_ids,
+                    "infer_logprobs": s.logprobs,
+                    "response_text": s.text,
+                    "finish_reason": s.finish_reason,
+                    "error": s.error,
+                    "policy_version": version,
+                    "generation_ms": gen_ms,
+                    "created_ms": created,
+                    "extras": {},
+                }
+                try:
+                    record["extras"] = pack_extras(s)
+                except (ValueError, TypeError) as exc:
+                    log.warning("sample %s/%d: bad extras from the engine: %s", rec["prompt_id"],
+                                record["sample_index"], exc)
+                    record = error_response(record, f"extras: {exc}"[:2000])
+                outputs += self._encoded(record)
         return outputs
+
+    def _encoded(self, record: dict) -> list[Send | Output]:
+        """The Response ``record`` encoded once; above ``max_message_bytes`` its error Response
+        and the ``too_large`` dead letter instead."""
+        key = record["prompt_id"]
+        value = encode(record, "Response")
+        size = len(value)
+        if size <= self.max_message_bytes:
+            return [Send(self.topics.responses, key, value)]
+        self.too_large += 1
+        n_tokens = len(record["response_token_ids"])
+        log.warning("Response of %s/%d is %d bytes (%d response tokens), above kafka.max_message_bytes %d: "
+                    "sent as an error response", key, record["sample_index"], size, n_tokens, self.max_message_bytes)
+        error = (f"{TOO_LARGE}: the Response is {size} bytes ({n_tokens} response tokens, "
+                 f"{len(record['prompt_token_ids'])} prompt tokens, extras {sorted(record['extras'])}), above "
+                 f"kafka.max_message_bytes = {self.max_message_bytes}; raise kafka.max_message_bytes to keep "
+                 "responses this long")
+        replacement = error_response(record, error)
+        return [Send(self.topics.responses, key, encode(replacement, "Response")),
+                too_large(self.topics, self.topics.responses, key, "Response", size, self.max_message_bytes,
+                          self.worker)]
+
+
+def error_response(record: Mapping, error: str) -> dict:
+    """``record`` (a Response) as an engine error: same identity, finish_reason ``error``, no
+    tokens, text or extras, ``error`` set."""
+    return {**record, "prompt_token_ids": [], "response_token_ids": [], "infer_logprobs": [],
+            "response_text": "", "finish_reason": FINISH_ERROR, "error": error, "extras": {}}
 
 
 def run_generation_worker(
@@ -112,26 +180,35 @@ def run_generation_worker(
     backend_kwargs: dict[str, Any] | None = None,
     instance: int = 0,
     instances: int = 1,
+    max_message_bytes: int = PAYLOAD_MAX_MESSAGE_BYTES,
+    compression_type: str = "none",
 ) -> EventWorker:
     """Consume ``generation.requests``, produce ``responses`` until stopped (SIGTERM/SIGINT)
     or idle for ``max_idle_s``. ``max_batch`` caps requests per poll (each may ask for many
     samples); ``instance``/``instances`` select this process's partitions (see EventWorker).
+    ``max_message_bytes`` (``kafka.max_message_bytes``) bounds one Response (larger ones become
+    error Responses, see GenerationWorker); ``compression_type`` (``kafka.compression_type``)
+    compresses the payload producer's batches.
     The worker follows ``policy.versions`` (PolicyFollower). Returns the finished EventWorker
     (its ``processed``/``dead_lettered`` counts). Raises ConfigError for an unknown backend name."""
     engine = make_backend(backend, **(backend_kwargs or {})) if isinstance(backend, str) else backend
     policy = PolicyFollower(PolicyVersionWatcher(bootstrap, topics), engine)
+    handler = GenerationWorker(engine, params, topics, policy=policy, max_message_bytes=max_message_bytes)
     worker = EventWorker(
         bootstrap=bootstrap,
         topics=topics,
         input_topic=topics.generation_requests,
         group_id=group_id,
         expected_schema="GenerationRequest",
-        handler=GenerationWorker(engine, params, topics, policy=policy),
+        handler=handler,
         stage="generation",
         max_batch=max_batch,
         instance=instance,
         instances=instances,
+        max_message_bytes=max_message_bytes,
+        compression_type=compression_type,
     )
+    handler.worker = worker.worker
     worker.install_signal_handlers()
     try:
         worker.run(max_idle_s=max_idle_s)

@@ -33,10 +33,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
+from rollstream.config.base import PAYLOAD_MAX_MESSAGE_BYTES
+from rollstream.filtering.response_filters import BLANK_TEXT
 from rollstream.kafka.events import Input, Output
 from rollstream.kafka.topics import Topics
 from rollstream.kafka.worker import EventWorker
-from rollstream.schemas.records import FINISH_ERROR
+from rollstream.schemas.records import FINISH_ERROR, payload_ref, response_summary
 from rollstream.workers.answers import last_boxed
 
 NAN = float("nan")
@@ -280,7 +282,7 @@ def get_reward_fn(name: str) -> RewardFn:
 # --- worker --------------------------------------------------------------------------------
 
 class RewardWorker:
-    """Batch handler: each ``Response`` -> one ``RewardedResponse`` on ``responses.rewarded``.
+    """Batch handler: each ``Response`` -> one small ``RewardedResponse`` on ``responses.rewarded``.
 
     ``domain_reward_fns`` maps a domain to a reward function name; unknown names raise
     ValueError here (at start-up), never per event. Per event:
@@ -289,9 +291,14 @@ class RewardWorker:
     - a domain without a function: reward NaN, reward_error ``no reward function for domain X``;
     - otherwise the function's result (NaN + its error when scoring failed).
 
-    The response record is kept whole; reward_ms is the scoring wall time in milliseconds.
-    Other finish reasons (``length``, ``abort``) are scored as usual: the aggregator reads
-    finish_reason itself.
+    The RewardedResponse is a decision-plane event: the response's ``ResponseSummary`` (identity,
+    ``prompt_length``/``response_length``, finish reason; no arrays, no text) and ``payload``, a
+    PayloadRef to the Response it was computed from (topic, partition, offset, size of the input
+    event). Its size does not depend on the response's length. ``meta`` gains ``blank_text``
+    (``"true"`` when the response text is empty or whitespace only: the response filter's
+    ``reject_empty`` reads it, the text is not in the event). reward_ms is the scoring wall time in
+    milliseconds. Other finish reasons (``length``, ``abort``) are scored as usual: the
+    aggregator reads finish_reason itself.
     """
 
     def __init__(self, topics: Topics, domain_reward_fns: dict[str, str]) -> None:
@@ -313,17 +320,20 @@ class RewardWorker:
             response = inp.record
             start = time.perf_counter()
             result = self.reward(response)
+            meta = {k: str(v) for k, v in result.meta.items()}
+            meta[BLANK_TEXT] = "false" if (response.get("response_text") or "").strip() else "true"
             outputs.append(Output(
                 topic=self.topics.responses_rewarded,
                 key=response["prompt_id"],
                 schema="RewardedResponse",
                 record={
-                    "response": response,
+                    "response": response_summary(response),
                     "response_level_reward": float(result.response_level_reward),
                     "scores": {k: float(v) for k, v in result.scores.items()},
-                    "meta": {k: str(v) for k, v in result.meta.items()},
+                    "meta": meta,
                     "reward_error": result.error,
                     "reward_ms": (time.perf_counter() - start) * 1000.0,
+                    "payload": payload_ref(inp.topic, inp.partition, inp.offset, len(inp.value)),
                 },
             ))
         return outputs
@@ -338,9 +348,11 @@ def run_reward_worker(
     max_idle_s: float | None = None,
     instance: int = 0,
     instances: int = 1,
+    max_message_bytes: int = PAYLOAD_MAX_MESSAGE_BYTES,
 ) -> EventWorker:
     """Consume ``responses``, produce ``responses.rewarded`` until SIGTERM/SIGINT or ``max_idle_s``
-    seconds without input; returns the (closed) worker for its counters.
+    seconds without input; returns the (closed) worker for its counters. ``max_message_bytes``
+    (``kafka.max_message_bytes``): the largest event its producer sends (see EventWorker).
 
     ValueError for an unknown reward function name in ``domain_reward_fns``.
     """
@@ -348,7 +360,7 @@ def run_reward_worker(
     worker = EventWorker(
         bootstrap=bootstrap, topics=topics, input_topic=topics.responses, group_id=group_id,
         expected_schema="Response", handler=handler, stage="reward", max_batch=max_batch,
-        instance=instance, instances=instances,
+        instance=instance, instances=instances, max_message_bytes=max_message_bytes,
     )
     worker.install_signal_handlers()
     worker.run(max_idle_s=max_idle_s)

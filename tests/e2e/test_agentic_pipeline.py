@@ -60,12 +60,14 @@ def small_config(bootstrap: str, prefix: str) -> AgenticConfig:
 
 
 def check_trajectory(t: dict, mode: str) -> None:
+    """``t``: a Trajectory as read back from ``trajectories`` (packed arrays: numpy)."""
     assert t["mode"] == mode
     assert t["turns"], "a played trajectory has at least one model turn"
     assert 1 <= len(t["turns"]) <= 2  # max_actions_per_traj
     flat_mask: list[int] = []
     for k, turn in enumerate(t["turns"]):
-        prompt, response, logprobs = turn["prompt_token_ids"], turn["response_token_ids"], turn["infer_logprobs"]
+        prompt, response = turn["prompt_token_ids"].tolist(), turn["response_token_ids"].tolist()
+        logprobs = turn["infer_logprobs"].tolist()
         assert prompt, "every turn starts with the environment's (chat-templated) text"
         assert 1 <= len(response) <= MAX_TOKENS_PER_STEP
         assert all(isinstance(tok, int) and 0 <= tok < 49152 for tok in prompt + response)  # SmolLM2 vocabulary
@@ -76,14 +78,31 @@ def check_trajectory(t: dict, mode: str) -> None:
             flat_mask += [0] * len(prompt)  # the environment's answer: not trained
         flat_mask += [1] * len(response)
     # the flattened response: turns[0].response, turns[1].prompt, turns[1].response, ...
-    assert t["response_mask"] == flat_mask
-    model_logprobs = [lp for turn in t["turns"] for lp in turn["infer_logprobs"]]
-    assert sum(t["response_mask"]) == len(model_logprobs)
+    assert t["response_mask"].tolist() == flat_mask
+    model_logprobs = [lp for turn in t["turns"] for lp in turn["infer_logprobs"].tolist()]
+    assert int(t["response_mask"].sum()) == len(model_logprobs)
     invalid = sum(turn["invalid_move"] for turn in t["turns"])
     assert t["step_rewards"] == [turn["step_reward"] for turn in t["turns"]]
     assert t["response_level_rewards"] == pytest.approx(sum(t["step_rewards"]) + FORMAT_PENALTY * invalid)
     assert t["stop_reason"] in ("done", "max_actions")
     assert not (t["env_timeout"] or t["env_failed"] or t["drop_flag"]) and t["error"] is None
+    assert t["extras"] == {}
+
+
+def check_member(summary: dict, payloads: dict, mode: str) -> None:
+    """A group member: a TrajectorySummary whose PayloadRef names the Trajectory it summarises
+    on ``trajectories`` (``payloads``: (topic, partition, offset) -> record read back)."""
+    ref = summary["payload"]
+    assert set(ref) == {"topic", "partition", "offset", "size_bytes"}, "members name their payload by reference"
+    record = payloads[(ref["topic"], ref["partition"], ref["offset"])]
+    assert ref["size_bytes"] == len(record.raw)
+    t = record.value
+    check_trajectory(t, mode)
+    for field in ("mode", "group_id", "episode_id", "traj_index", "seed", "tag", "response_level_rewards",
+                  "step_rewards", "stop_reason", "policy_version"):
+        assert summary[field] == t[field], field
+    assert (summary["num_turns"], summary["prompt_length"], summary["response_length"], summary["model_tokens"]) == (
+        len(t["turns"]), len(t["turns"][0]["prompt_token_ids"]), len(t["response_mask"]), int(t["response_mask"].sum()))
 
 
 def test_agentic_example_through_every_stage(kafka_broker, tmp_path):
@@ -110,7 +129,9 @@ def test_agentic_example_through_every_stage(kafka_broker, tmp_path):
     rejected_all = read_values(kafka_broker, topics.groups_rejected)
     validation = read_values(kafka_broker, topics.groups_validation)
     requests = read_values(kafka_broker, topics.episodes_requests)
-    trajectories = read_values(kafka_broker, topics.trajectories)
+    trajectory_records = list(read_topic(kafka_broker, topics.trajectories))
+    trajectories = [r.value for r in trajectory_records]
+    payloads = {(r.topic, r.partition, r.offset): r for r in trajectory_records}
     metrics = read_values(kafka_broker, topics.metrics)
 
     # -- the accepted groups: one per train group id (each delivers one episode)
@@ -130,7 +151,7 @@ def test_agentic_example_through_every_stage(kafka_broker, tmp_path):
         for t in g["trajectories"]:
             assert (t["group_id"], t["episode_id"], t["seed"], t["tag"]) == (
                 g["group_id"], g["episode_id"], g["seed"], g["tag"])
-            check_trajectory(t, "train")
+            check_member(t, payloads, "train")
         # kept by the std filter: the rewards vary, and the recorded std is theirs (float32, n-1)
         rewards = torch.tensor([t["response_level_rewards"] for t in g["trajectories"]], dtype=torch.float32)
         assert g["decision_values"]["std"] == pytest.approx(rewards.std().item(), abs=1e-6)
@@ -184,7 +205,7 @@ def test_agentic_example_through_every_stage(kafka_broker, tmp_path):
             "val", 0, "FrozenLake", "textarena:FrozenLake-v0", True)
         assert len(g["trajectories"]) == 2
         for t in g["trajectories"]:
-            check_trajectory(t, "val")
+            check_member(t, payloads, "val")
 
     assert summary["dead_letters"] == 0
     assert read_values(kafka_broker, topics.dead_letter) == []

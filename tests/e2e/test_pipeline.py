@@ -11,7 +11,9 @@ import pytest
 
 from rollstream.app.run import run_pipeline
 from rollstream.config import parse_config
+from rollstream.kafka.payloads import PayloadFetcher, ref_key
 from rollstream.kafka.topics import Topics
+from rollstream.schemas import decode
 from rollstream.tools.readback import read_values
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
@@ -68,16 +70,24 @@ def test_real_model_through_every_stage(kafka_broker, tmp_path):
     assert summary["responses_generated"] >= 2 * summary["groups_accepted"]
     topics = Topics(prefix)
     groups = read_values(kafka_broker, topics.groups_accepted)
-    for group in groups:
-        assert group["prompt_token_ids"], "chat-templated prompt tokens travel with the group"
-        for rewarded in group["responses"]:
-            r = rewarded["response"]
-            assert 1 <= len(r["response_token_ids"]) <= 8
-            assert len(r["infer_logprobs"]) == len(r["response_token_ids"])
-            assert all(math.isfinite(lp) and lp <= 0.0 for lp in r["infer_logprobs"])
-            assert r["finish_reason"] in ("stop", "length")
-            assert math.isfinite(rewarded["response_level_reward"])
-            assert set(rewarded["scores"]) >= {"acc", "format"}
+    rows = [rewarded for group in groups for rewarded in group["responses"]]
+    # decisions carry summaries and references; the tokens are on `responses`, written once
+    with PayloadFetcher(kafka_broker) as fetcher:
+        fetched = fetcher.fetch([rewarded["payload"] for rewarded in rows])
+    assert not fetched.expired and len(fetched.values) == len(rows)
+    for rewarded in rows:
+        r, ref = rewarded["response"], rewarded["payload"]
+        assert ref["topic"] == topics.responses
+        schema, payload = decode(fetched.values[ref_key(ref)])
+        assert schema == "Response" and ref["size_bytes"] == len(fetched.values[ref_key(ref)])
+        assert (payload["prompt_id"], payload["sample_index"]) == (r["prompt_id"], r["sample_index"])
+        assert len(payload["prompt_token_ids"]) == r["prompt_length"] > 0, "the chat-templated prompt travels with the payload"
+        assert 1 <= len(payload["response_token_ids"]) == r["response_length"] <= 8
+        assert len(payload["infer_logprobs"]) == len(payload["response_token_ids"])
+        assert all(math.isfinite(lp) and lp <= 0.0 for lp in payload["infer_logprobs"].tolist())
+        assert r["finish_reason"] in ("stop", "length")
+        assert math.isfinite(rewarded["response_level_reward"])
+        assert set(rewarded["scores"]) >= {"acc", "format"}
     manifest = [json.loads(line) for line in (tmp_path / "run" / "batches.jsonl").read_text().splitlines()]
     assert [m["step"] for m in manifest] == [0]
     assert len(manifest[0]["group_keys"]) == batch["groups"]

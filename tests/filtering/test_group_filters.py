@@ -17,6 +17,8 @@ from rollstream.filtering import (
     filter_group,
     load_group_filter,
 )
+from rollstream.schemas import decode, encode
+from rollstream.schemas.records import payload_ref
 
 ENV_FAILURE_STD = "rollstream.filtering.group_filters:EnvFailureStdGroupFilter"
 DROP_FLAG = "rollstream.filtering.group_filters:DropFlagGroupFilter"
@@ -29,10 +31,14 @@ def manager(group_size: int = 4, **group_filter_config) -> EnvManagerConfig:
 
 def traj(reward: float, *, env_timeout: bool = False, env_failed: bool = False, drop_flag: bool = False,
          traj_index: int = 0) -> dict:
-    return {"mode": "train", "group_id": 0, "episode_id": 0, "traj_index": traj_index, "env_type": "gym:FrozenLake-v1",
-            "seed": 7, "turns": [], "response_mask": [], "response_level_rewards": reward, "success": reward > 0,
-            "stop_reason": "env_timeout" if env_timeout else "env_failed" if env_failed else "done",
-            "env_timeout": env_timeout, "env_failed": env_failed, "drop_flag": drop_flag}
+    """A TrajectorySummary record, what the group queue hands a group filter (no token arrays)."""
+    summary = {"mode": "train", "group_id": 0, "episode_id": 0, "traj_index": traj_index,
+               "env_type": "gym:FrozenLake-v1", "seed": 7, "num_turns": 1, "prompt_length": 3, "response_length": 2,
+               "model_tokens": 2, "response_level_rewards": reward, "success": reward > 0,
+               "stop_reason": "env_timeout" if env_timeout else "env_failed" if env_failed else "done",
+               "env_timeout": env_timeout, "env_failed": env_failed, "drop_flag": drop_flag,
+               "payload": payload_ref("trajectories", 0, traj_index, 100)}
+    return decode(encode(summary, "TrajectorySummary"))[1]  # exactly as decoded from the table
 
 
 def group(*rewards: float, **flags) -> list[dict]:

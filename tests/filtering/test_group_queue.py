@@ -244,3 +244,22 @@ def test_state_round_trips_through_json():
     arrive(state, params, 1, 1, Script(), infra_failed=True)
     again = QueueState.from_dict(json.loads(json.dumps(state.to_dict())))
     assert again == state
+
+
+def test_to_dict_is_asdict_a_copy_and_round_trips():
+    """The hand-built to_dict gives exactly what dataclasses.asdict gives (open and closed
+    episodes, counts by reason), shares no list or dict with the state, and survives JSON."""
+    from dataclasses import asdict
+
+    params = QueueParams(group_size=2, group_size_redundancy=1, max_traj_per_env=2, episodes_target=4)
+    state, _ = start("train", 3, 100, params, 0, partition=1)
+    decide = Script(drop={0})
+    for eid, tix, infra in ((0, 0, False), (0, 1, False), (1, 0, True), (1, 1, False)):
+        arrive(state, params, eid, tix, decide, infra_failed=infra, finished_ms=5, now_ms=7)  # in place
+    assert state.closed and state.open and state.rejected_by_reason  # every part is populated
+    d = state.to_dict()
+    assert d == asdict(state)
+    d["open"][1]["issued"].append(99)
+    d["rejected_by_reason"]["x"] = 1
+    assert 99 not in state.open[1].issued and "x" not in state.rejected_by_reason
+    assert QueueState.from_dict(json.loads(json.dumps(state.to_dict()))) == state

@@ -22,11 +22,13 @@ STD0 = {"type": "std_filter", "filter_args": {"std_threshold": 0.0}}
 def rr(index, reward=0.0, finish="stop", round_=0, tokens=3, mode="train", text="x", acc=None, invalid_format=False):
     return {
         "response": {"prompt_id": "p", "domain": "d", "mode": mode, "prompt": "q", "round": round_,
-                     "sample_index": index, "response_token_ids": list(range(tokens)),
-                     "response_text": text, "finish_reason": finish, "policy_version": 3},
+                     "sample_index": index, "prompt_length": 4, "response_length": tokens,
+                     "finish_reason": finish, "policy_version": 3},
         "response_level_reward": reward,
         "scores": {"acc": reward if acc is None else acc},
-        "meta": {"invalid_format": "true" if invalid_format else "false"},
+        "meta": {"invalid_format": "true" if invalid_format else "false",
+                 "blank_text": "false" if text.strip() else "true"},
+        "payload": {"topic": "rollstream.responses", "partition": 0, "offset": index, "size_bytes": 64},
     }
 
 

@@ -10,8 +10,13 @@ from rollstream.filtering import decide_response
 
 
 def rr(finish="stop", tokens=3, text="42", reward=1.0, invalid_format=False):
-    return {"response": {"finish_reason": finish, "response_token_ids": list(range(tokens)), "response_text": text},
-            "response_level_reward": reward, "meta": {"invalid_format": str(invalid_format).lower()}}
+    """A RewardedResponse as the reward worker writes it: the summary (lengths, no tokens or text),
+    the text's checks in ``meta`` and a PayloadRef."""
+    return {"response": {"finish_reason": finish, "prompt_length": 5, "response_length": tokens},
+            "response_level_reward": reward,
+            "meta": {"invalid_format": str(invalid_format).lower(), "extracted_answer": text.strip(),
+                     "blank_text": "false" if text.strip() else "true"},
+            "payload": {"topic": "rollstream.responses", "partition": 0, "offset": 7, "size_bytes": 99}}
 
 
 DEFAULT = {"type": "default"}
@@ -30,6 +35,16 @@ DEFAULT = {"type": "default"}
 def test_default_rules_reject_with_reason(record, reason):
     d = decide_response(record, DEFAULT)
     assert (d.keep, d.reason) == (False, reason)
+
+
+def test_events_before_references_are_judged_by_their_inline_response():
+    # read through schema history: no blank_text check in meta, the Response itself in payload
+    old = rr(text="   \n")
+    old["meta"] = {"invalid_format": "false"}
+    old["payload"] = {"prompt_token_ids": [1], "response_token_ids": [4, 5, 6], "response_text": "   \n"}
+    assert decide_response(old, DEFAULT).reason == "empty_response"
+    old["payload"]["response_text"] = "42"
+    assert decide_response(old, DEFAULT).keep is True
 
 
 def test_good_response_is_kept_and_invalid_format_is_off_by_default():
@@ -56,4 +71,4 @@ def test_custom_response_filter_by_import_path():
 
 
 def short_only(rewarded, filter_args):
-    return len(rewarded["response"]["response_text"]) <= filter_args["max_chars"]
+    return len(rewarded["meta"]["extracted_answer"]) <= filter_args["max_chars"]

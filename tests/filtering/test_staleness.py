@@ -35,8 +35,7 @@ def test_admission_holds_the_next_step_until_its_policy_version_exists():
 
 def rewarded(index: int, version: int, reward: float, mode: str = "train") -> dict:
     return {"response": {"prompt_id": "p", "domain": "math", "mode": mode, "sample_index": index,
-                         "finish_reason": "stop", "response_token_ids": [1, 2], "response_text": "x",
-                         "policy_version": version},
+                         "finish_reason": "stop", "response_length": 2, "policy_version": version},
             "response_level_reward": reward, "scores": {}}
 
 

@@ -15,8 +15,10 @@ from kafka import KafkaConsumer, TopicPartition
 from rollstream.app.processes import StageProcesses
 from rollstream.app.stages import Stage
 from rollstream.kafka.clients import make_producer, wait_for_partitions
+from rollstream.kafka.payloads import PayloadWriter
 from rollstream.kafka.topics import Topics
 from rollstream.schemas import decode, encode
+from rollstream.schemas.records import is_payload_ref, response_summary
 from rollstream.tools.readback import read_values
 
 DOMAIN = "synth"
@@ -53,21 +55,70 @@ def start_stages(config_path: Path, bootstrap: str, log_dir: Path, *stages: Stag
     return procs
 
 
+def response_payload(prompt_id: str, sample_index: int, round_: int = 0, finish_reason: str = "stop",
+                     tokens: int = 4, domain: str = DOMAIN, mode: str = "train", policy_version: int = 0) -> dict:
+    """A Response record (the payload on ``responses``): 3 prompt tokens, ``tokens`` response
+    tokens (10, 11, ...) with logprob -0.25 each, text ``answer`` (empty without tokens)."""
+    return {
+        "prompt_id": prompt_id, "domain": domain, "mode": mode, "prompt": f"question {prompt_id}",
+        "ground_truth": "1", "round": round_, "sample_index": sample_index,
+        "prompt_token_ids": [1, 2, 3], "response_token_ids": list(range(10, 10 + tokens)),
+        "infer_logprobs": [-0.25] * tokens, "response_text": "answer" if tokens else "",
+        "finish_reason": finish_reason, "error": None, "policy_version": policy_version,
+        "generation_ms": 0.0, "created_ms": 0, "extras": {},
+    }
+
+
 def response(prompt_id: str, sample_index: int, round_: int = 0, reward: float = 0.0,
              finish_reason: str = "stop", tokens: int = 4, domain: str = DOMAIN, mode: str = "train",
-             scores: dict | None = None) -> dict:
-    """A RewardedResponse record."""
+             scores: dict | None = None, policy_version: int = 0, payload: dict | None = None) -> dict:
+    """A RewardedResponse record shaped like the reward worker's: the Response's summary, the
+    reward, ``meta.blank_text``, and ``payload``: the given PayloadRef, or (None) the Response of
+    ``response_payload`` inline (nothing to fetch; ``PayloadPublisher`` writes it to ``responses``
+    and swaps in its reference)."""
+    body = response_payload(prompt_id, sample_index, round_, finish_reason, tokens, domain, mode, policy_version)
     return {
-        "response": {
-            "prompt_id": prompt_id, "domain": domain, "mode": mode, "prompt": f"question {prompt_id}",
-            "ground_truth": "1", "round": round_, "sample_index": sample_index,
-            "prompt_token_ids": [1, 2, 3], "response_token_ids": list(range(10, 10 + tokens)),
-            "infer_logprobs": [-0.25] * tokens, "response_text": "answer" if tokens else "",
-            "finish_reason": finish_reason, "policy_version": 0,
-        },
+        "response": response_summary(body),
         "response_level_reward": reward,
         "scores": scores or {"acc": float(reward >= 1.0)},
+        "meta": {"blank_text": "false" if body["response_text"].strip() else "true"},
+        "reward_error": None, "reward_ms": 0.0,
+        "payload": body if payload is None else payload,
     }
+
+
+class PayloadPublisher:
+    """Plays the generation worker's half of the payload plane: writes the inline Responses of
+    RewardedResponse records to ``responses`` (PayloadWriter: waits for the acks) and returns the
+    records naming them by PayloadRef, as the reward worker's events do."""
+
+    def __init__(self, bootstrap: str, topics: Topics) -> None:
+        self.topics = topics
+        self.writer = PayloadWriter(make_producer(bootstrap))
+
+    def refer(self, records: list[dict]) -> list[dict]:
+        inline = [k for k, rec in enumerate(records) if not is_payload_ref(rec["payload"])]
+        refs = self.writer.write([(self.topics.responses, records[k]["response"]["prompt_id"],
+                                   encode(records[k]["payload"], "Response")) for k in inline])
+        out = list(records)
+        for k, ref in zip(inline, refs):
+            out[k] = {**records[k], "payload": ref}
+        return out
+
+    def close(self) -> None:
+        self.writer.producer.close()
+
+
+def publish_rewarded(bootstrap: str, topics: Topics, records: list[dict]) -> list[dict]:
+    """Write each record's Response to ``responses``, then the RewardedResponses naming them by
+    PayloadRef to ``responses.rewarded`` (in order); returns the records as published."""
+    publisher = PayloadPublisher(bootstrap, topics)
+    try:
+        published = publisher.refer(records)
+    finally:
+        publisher.close()
+    produce(bootstrap, topics.responses_rewarded, "RewardedResponse", published)
+    return published
 
 
 def prompt(prompt_id: str, mode: str = "train", text: str | None = None) -> dict:
@@ -118,19 +169,25 @@ class Responder(threading.Thread):
 
 class SyntheticRollout(Responder):
     """Plays generation + reward: each GenerationRequest becomes num_return_sequences scripted
-    RewardedResponse events on ``responses.rewarded``."""
+    Response payloads on ``responses`` and then their RewardedResponse events (naming them by
+    PayloadRef) on ``responses.rewarded``, the shapes the real workers write."""
 
     def __init__(self, bootstrap: str, topics: Topics, script: Script) -> None:
+        self.publisher = PayloadPublisher(bootstrap, topics)
+
         def answer(req: dict, key: bytes) -> list[tuple]:
-            out = []
+            records = []
             for i in range(req["num_return_sequences"]):
                 index = req["sample_offset"] + i
                 reward, finish = script(req["prompt_id"], index, req["round"])
-                rec = response(req["prompt_id"], index, req["round"], reward, finish, mode=req["mode"])
-                out.append((topics.responses_rewarded, key, "RewardedResponse", rec))
-            return out
+                records.append(response(req["prompt_id"], index, req["round"], reward, finish, mode=req["mode"]))
+            return [(topics.responses_rewarded, key, "RewardedResponse", rec) for rec in self.publisher.refer(records)]
 
         super().__init__(bootstrap, topics.generation_requests, answer)
+
+    def stop(self) -> None:
+        super().stop()
+        self.publisher.close()
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 180.0, interval: float = 0.5, what: str = "",

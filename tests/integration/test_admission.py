@@ -41,6 +41,10 @@ def test_rejected_prompt_frees_its_slot_and_a_new_prompt_is_admitted(kafka_broke
         [rejected] = read_values(kafka_broker, topics.groups_rejected)
         assert (rejected["prompt_id"], rejected["reason"]) == ("p1", "zero_std")
         assert all(r["num_return_sequences"] == 4 for r in rollout.requests)
+        # decided groups name their responses' payloads by reference, never carry the tokens
+        rows = [r for g in read_values(kafka_broker, topics.groups_accepted) for r in g["responses"]]
+        assert len(rows) == 8 and all(r["payload"]["topic"] == topics.responses for r in rows)
+        assert all(r["response"]["response_length"] == 4 for r in rows)
     finally:
         rollout.stop()
         stages.close()

@@ -7,10 +7,11 @@ from kafka.partitioner.default import murmur2
 
 from rollstream.app.stages import Stage
 from rollstream.kafka.clients import make_producer
-from rollstream.schemas import encode
+from rollstream.kafka.payloads import PayloadFetcher, ref_key
+from rollstream.schemas import decode, encode
 from rollstream.tools.readback import read_values
 
-from .harness import produce, response, start_stages, wait_for, write_config
+from .harness import publish_rewarded, response, start_stages, wait_for, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -39,15 +40,15 @@ def test_group_emitted_only_when_complete_and_only_once(kafka_broker, aggregator
     topics, stages = aggregator
     sentinel = same_partition_key("pA", "sentinel-")
     # three of four responses, then a complete sentinel group behind them in the same partition
-    produce(kafka_broker, topics.responses_rewarded, "RewardedResponse",
-            [response("pA", i, reward=float(i == 0)) for i in range(3)]
-            + [response(sentinel, i, reward=float(i == 0)) for i in range(4)])
+    first = publish_rewarded(kafka_broker, topics,
+                             [response("pA", i, reward=float(i == 0)) for i in range(3)]
+                             + [response(sentinel, i, reward=float(i == 0)) for i in range(4)])
     wait_for(lambda: len(read_values(kafka_broker, topics.groups_accepted)) == 1, what="sentinel group", stages=stages)
     assert [g["prompt_id"] for g in read_values(kafka_broker, topics.groups_accepted)] == [sentinel]
     # the last response and a redelivery of every pA response
-    produce(kafka_broker, topics.responses_rewarded, "RewardedResponse",
-            [response("pA", 3)] + [response("pA", i, reward=float(i == 0)) for i in range(4)]
-            + [response(sentinel + "x", i, reward=float(i == 1)) for i in range(4)])
+    second = publish_rewarded(kafka_broker, topics,
+                              [response("pA", 3)] + [response("pA", i, reward=float(i == 0)) for i in range(4)]
+                              + [response(sentinel + "x", i, reward=float(i == 1)) for i in range(4)])
     wait_for(lambda: len(read_values(kafka_broker, topics.groups_accepted)) == 3, what="three groups", stages=stages)
     groups = read_values(kafka_broker, topics.groups_accepted)
     pa = [g for g in groups if g["prompt_id"] == "pA"]
@@ -56,6 +57,18 @@ def test_group_emitted_only_when_complete_and_only_once(kafka_broker, aggregator
     assert [r["response_level_reward"] for r in pa[0]["responses"]] == [1.0, 0.0, 0.0, 0.0]
     assert pa[0]["decision_values"]["std"] == pytest.approx(0.5)
     assert pa[0]["filter_config_hash"] and "std_filter" in pa[0]["filter_config"]
+    # the group names the first delivery of each response's payload (redeliveries are ignored)
+    refs = [r["payload"] for r in pa[0]["responses"]]
+    assert refs == [rec["payload"] for rec in first[:3]] + [second[0]["payload"]]
+    assert all(ref["topic"] == topics.responses for ref in refs)
+    with PayloadFetcher(kafka_broker) as fetcher:
+        fetched = fetcher.fetch(refs)
+    assert not fetched.expired
+    payloads = [decode(fetched.values[ref_key(ref)])[1] for ref in refs]
+    assert [(p["prompt_id"], p["sample_index"]) for p in payloads] == [("pA", i) for i in range(4)]
+    assert [p["response_token_ids"].tolist() for p in payloads] == [[10, 11, 12, 13]] * 4
+    assert [len(fetched.values[ref_key(ref)]) for ref in refs] == [ref["size_bytes"] for ref in refs]
+    assert "prompt_token_ids" not in pa[0]
     outcomes = read_values(kafka_broker, topics.prompt_outcomes)
     assert sorted(o["prompt_id"] for o in outcomes) == sorted(["pA", sentinel, sentinel + "x"])
     assert read_values(kafka_broker, topics.groups_rejected) == []
@@ -63,21 +76,21 @@ def test_group_emitted_only_when_complete_and_only_once(kafka_broker, aggregator
 
 def test_replacements_ask_for_exactly_the_rejected_count(kafka_broker, aggregator):
     topics, stages = aggregator
-    produce(kafka_broker, topics.responses_rewarded, "RewardedResponse", [
+    publish_rewarded(kafka_broker, topics, [
         response("pR", 0, reward=1.0), response("pR", 1, finish_reason="length"),
         response("pR", 2), response("pR", 3, finish_reason="length"),
     ])
     wait_for(lambda: len(read_values(kafka_broker, topics.generation_requests)) == 1, what="round 1 request", stages=stages)
     [req] = read_values(kafka_broker, topics.generation_requests)
     assert (req["prompt_id"], req["round"], req["num_return_sequences"], req["sample_offset"]) == ("pR", 1, 2, 4)
-    produce(kafka_broker, topics.responses_rewarded, "RewardedResponse", [
+    publish_rewarded(kafka_broker, topics, [
         response("pR", 4, round_=1), response("pR", 5, round_=1, tokens=0),
     ])
     wait_for(lambda: len(read_values(kafka_broker, topics.generation_requests)) == 2, what="round 2 request", stages=stages)
     req2 = read_values(kafka_broker, topics.generation_requests)[1]
     assert (req2["round"], req2["num_return_sequences"], req2["sample_offset"]) == (2, 1, 6)
     assert req2["seed"] != req["seed"]
-    produce(kafka_broker, topics.responses_rewarded, "RewardedResponse", [response("pR", 6, round_=2)])
+    publish_rewarded(kafka_broker, topics, [response("pR", 6, round_=2)])
     wait_for(lambda: read_values(kafka_broker, topics.groups_accepted), what="group", stages=stages)
     [group] = read_values(kafka_broker, topics.groups_accepted)
     assert [r["response"]["sample_index"] for r in group["responses"]] == [0, 2, 4, 6]
@@ -91,12 +104,12 @@ def test_retries_exhausted_aborts_the_prompt_and_the_stage_keeps_going(kafka_bro
     config = write_config(tmp_path, topics, PARTITIONS, max_response_rounds=2)
     stages = start_stages(config, kafka_broker, tmp_path / "logs", Stage.aggregator)
     try:
-        produce(kafka_broker, topics.responses_rewarded, "RewardedResponse",
-                [response("pX", i, finish_reason="error") for i in range(4)])
+        publish_rewarded(kafka_broker, topics,
+                         [response("pX", i, finish_reason="error") for i in range(4)])
         wait_for(lambda: read_values(kafka_broker, topics.generation_requests), what="replacement", stages=stages)
-        produce(kafka_broker, topics.responses_rewarded, "RewardedResponse",
-                [response("pX", i, round_=1, finish_reason="error") for i in range(4, 8)]
-                + [response("pY", i, reward=float(i)) for i in range(4)])
+        publish_rewarded(kafka_broker, topics,
+                         [response("pX", i, round_=1, finish_reason="error") for i in range(4, 8)]
+                         + [response("pY", i, reward=float(i)) for i in range(4)])
         wait_for(lambda: len(read_values(kafka_broker, topics.prompt_outcomes)) == 2, what="two outcomes", stages=stages)
         [rejected] = read_values(kafka_broker, topics.groups_rejected)
         assert (rejected["prompt_id"], rejected["reason"], rejected["rounds"]) == ("pX", "response_retries_exhausted", 2)
@@ -117,8 +130,8 @@ def test_corrupt_events_are_dead_lettered_and_the_rest_still_flow(kafka_broker, 
         {"prompt_id": "pD", "domain": "synth", "prompt": "q"}, "Prompt"))
     producer.send(topics.responses_rewarded, key=b"pD", value=encode(response("pD", 0, domain="nope"), "RewardedResponse"))
     producer.flush()
-    produce(kafka_broker, topics.responses_rewarded, "RewardedResponse",
-            [response("pOK", i, reward=float(i % 2)) for i in range(4)])
+    publish_rewarded(kafka_broker, topics,
+                     [response("pOK", i, reward=float(i % 2)) for i in range(4)])
     wait_for(lambda: read_values(kafka_broker, topics.groups_accepted), what="group after corrupt events", stages=stages)
     dead = read_values(kafka_broker, topics.dead_letter)
     assert [d["reason"] for d in dead] == ["undecodable", "unknown_schema", "invalid_event", "invalid_event"]
@@ -139,7 +152,7 @@ def test_two_aggregator_processes_decide_200_prompts_exactly_once(kafka_broker, 
             records += [response(f"p{p:03d}", i, reward=float(mixed and i == p % 4)) for i in range(4)]
         # interleave prompts so each partition sees many open transactions at once
         records.sort(key=lambda r: (r["response"]["sample_index"], r["response"]["prompt_id"]))
-        produce(kafka_broker, topics.responses_rewarded, "RewardedResponse", records)
+        publish_rewarded(kafka_broker, topics, records)
         wait_for(lambda: len(read_values(kafka_broker, topics.prompt_outcomes)) >= 200, timeout=180, what="200 outcomes", stages=stages)
         outcomes = read_values(kafka_broker, topics.prompt_outcomes)
         assert len(outcomes) == 200

@@ -10,9 +10,11 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 
+from rollstream.config import KafkaConfig
 from rollstream.exceptions import TopicPartitionsMismatch
 from rollstream.kafka.admin import check_copartitioned, create_topics, metadata_ready, topic_partitions
 from rollstream.kafka.broker import EmbeddedBroker, daemon_status, start_daemon, stop_daemon
+from rollstream.kafka.topics import Topics
 
 pytestmark = pytest.mark.integration
 
@@ -73,6 +75,24 @@ def test_create_topics_is_idempotent_and_compacts(kafka_broker):
         admin.close()
     assert res[compacted]["cleanup.policy"]["value"] == "compact"
     assert "cleanup.policy" not in res[plain]  # left at the broker default (delete)
+
+
+def test_payload_topics_get_their_size_compression_and_retention_also_when_they_exist(kafka_broker):
+    topics = Topics(f"t-{uuid.uuid4().hex[:8]}.")
+    create_topics(kafka_broker, {topics.responses: (2, False)})  # an older run's topic: broker defaults
+    kafka = KafkaConfig(max_message_bytes=8 * 1024 * 1024, compression_type="zstd", payload_retention_ms=86_400_000)
+    create_topics(kafka_broker, topics.all(2), configs=topics.topic_configs(kafka))
+    admin = KafkaAdminClient(bootstrap_servers=kafka_broker)
+    try:
+        res = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t)
+                                      for t in (topics.responses, topics.trajectories, topics.groups_accepted)])["topic"]
+    finally:
+        admin.close()
+    for payload in (topics.responses, topics.trajectories):
+        assert {k: res[payload][k]["value"] for k in ("max.message.bytes", "compression.type", "retention.ms")} == {
+            "max.message.bytes": "8388608", "compression.type": "zstd", "retention.ms": "86400000"}
+    assert "max.message.bytes" not in res[topics.groups_accepted]  # decision topics keep the defaults
+    assert topics.payload() == [topics.responses, topics.trajectories]
 
 
 def test_check_copartitioned(kafka_broker):

@@ -1,12 +1,15 @@
-"""The env worker on the real broker with the real model: requests in, trajectories out, dead
-letters, committed offsets, and replay of requests a stopped worker left unfinished."""
+"""The env worker on the real broker with the real model: requests in, trajectories out (packed
+payload events), dead letters, committed offsets, replay of requests a stopped worker left
+unfinished, and the stub that replaces a trajectory above kafka.max_message_bytes."""
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 from kafka import KafkaConsumer, TopicPartition
@@ -89,6 +92,12 @@ def test_requests_become_trajectories_and_offsets_are_committed(kafka_broker, to
         assert t["worker"] == worker.worker and t["seed"] == 77 and t["tag"] == "lake"
         assert len(t["response_mask"]) == sum(len(x["response_token_ids"]) for x in t["turns"]) + sum(
             len(x["prompt_token_ids"]) for x in t["turns"][1:])
+        # packed arrays: numpy views of the event's bytes, one model token per logprob
+        assert t["response_mask"].dtype == np.uint8 and int(t["response_mask"].sum()) == sum(
+            len(x["infer_logprobs"]) for x in t["turns"])
+        assert all(x["response_token_ids"].dtype == np.int32 and x["infer_logprobs"].dtype == np.float32
+                   for x in t["turns"])
+        assert t["extras"] == {}
     [dead] = read_values(kafka_broker, topics.dead_letter)
     assert (dead["reason"], dead["payload"], dead["offset"]) == ("undecodable", b"\x00not an event", 1)
     assert (worker.emitted, worker.dead_lettered, worker.duplicates_skipped) == (2, 1, 1)
@@ -167,10 +176,14 @@ def test_run_env_worker_takes_its_settings_from_an_agentic_config(kafka_broker, 
     thread.join(120)
     [worker] = done
     assert worker.player.max_concurrent == 3 and worker.player.temperature == 0.0
+    # the payload producer is sized and compressed as config.kafka says
+    assert worker.max_message_bytes == config.kafka.max_message_bytes == 16 * 1024 * 1024
+    assert worker.producer.config["max_request_size"] == config.kafka.max_message_bytes
+    assert worker.producer.config["compression_type"] == config.kafka.compression_type == "lz4"
     assert worker.emitted == 2 and dict(worker.stop_reasons) == {"done": 2}
     trajs = sorted(read_values(kafka_broker, topics.trajectories), key=lambda t: t["traj_index"])
     # greedy (temperature 0 from the config): both runs say the same thing
-    assert trajs[0]["turns"][0]["response_token_ids"] == trajs[1]["turns"][0]["response_token_ids"]
+    assert trajs[0]["turns"][0]["response_token_ids"].tolist() == trajs[1]["turns"][0]["response_token_ids"].tolist()
     assert [t["response_level_rewards"] for t in trajs] == [0.5, 0.5]
 
 
@@ -199,3 +212,37 @@ def test_the_env_worker_loads_the_published_policy_before_new_requests_and_stamp
     [trajectory] = read_values(kafka_broker, topics.trajectories)
     assert trajectory["policy_version"] == 1 and fresh.policy_version == 1
     assert torch.equal(fresh.model.model.embed_tokens.weight, trained.model.embed_tokens.weight)
+
+
+def test_a_trajectory_above_max_message_bytes_goes_out_as_a_stub_and_a_dead_letter(kafka_broker, topic_factory,
+                                                                                   backend):
+    """max_message_bytes 1024: every played trajectory is larger (its first prompt alone is
+    hundreds of int32 ids). Each request still gets a Trajectory of its identity (no turns,
+    env_failed, drop_flag, error naming the limit), so its episode never waits, plus a too_large
+    dead letter; the worker keeps running and commits."""
+    topics = topic_factory(["episodes.requests", "trajectories", "dead-letter"])
+    send(kafka_broker, topics.episodes_requests, [(b"5", encode(episode_request(i), "EpisodeRequest")) for i in (0, 1)])
+    group = f"{topics.prefix}env"
+    worker = EnvWorker(bootstrap=kafka_broker, topics=topics, backend=backend, group_id=group,
+                       max_message_bytes=1024, compression_type="lz4")
+    thread = start(worker, max_idle_s=3.0)
+    thread.join(180)
+    assert not thread.is_alive()
+    assert (worker.emitted, worker.too_large, worker.dead_lettered) == (2, 2, 2)
+    stubs = sorted(read_values(kafka_broker, topics.trajectories), key=lambda t: t["traj_index"])
+    assert [(t["group_id"], t["episode_id"], t["traj_index"], t["seed"]) for t in stubs] == [
+        (5, 0, 0, 77), (5, 0, 1, 77)]
+    for t in stubs:
+        assert (t["stop_reason"], t["env_failed"], t["drop_flag"], t["env_timeout"], t["success"]) == (
+            "env_failed", True, True, False, False)
+        assert (t["turns"], t["response_mask"].tolist(), t["extras"]) == ([], [], {})
+        match = re.fullmatch(r"too_large: Trajectory is (\d+) bytes, above kafka\.max_message_bytes = 1024 "
+                             r"\((\d) turns, (\d+) response tokens; played as (done|max_actions)\); "
+                             r"raise kafka\.max_message_bytes to carry it", t["error"])
+        assert match is not None, t["error"]
+        assert int(match[1]) > 1024 and 1 <= int(match[2]) <= 2 and int(match[3]) >= 1
+    dead = read_values(kafka_broker, topics.dead_letter)
+    assert [(d["reason"], d["source_topic"], d["key"], d["offset"]) for d in dead] == [
+        ("too_large", topics.trajectories, b"5", -1)] * 2
+    assert all("kafka.max_message_bytes = 1024" in d["error"] for d in dead)
+    assert committed(kafka_broker, group, topics.episodes_requests) == 2

@@ -6,8 +6,9 @@ import pytest
 
 from rollstream.kafka.admin import create_topics
 from rollstream.kafka.clients import make_producer
+from rollstream.kafka.events import Send
 from rollstream.kafka.worker import EventWorker
-from rollstream.tools.readback import read_values
+from rollstream.tools.readback import read_topic, read_values
 
 from .harness import produce, prompt
 
@@ -53,3 +54,24 @@ def test_instance_outside_the_range_is_refused(kafka_broker, topic_factory):
     with pytest.raises(ValueError, match="instance must be in"):
         EventWorker(bootstrap=kafka_broker, topics=topics, input_topic=topics.prompts, group_id="g",
                     expected_schema="Prompt", stage="x", handler=lambda inputs: [], instance=2, instances=2)
+
+
+def test_an_output_above_max_message_bytes_is_dead_lettered_too_large_and_the_worker_goes_on(
+        kafka_broker, topic_factory):
+    topics = topic_factory(["prompts", "responses", "dead-letter"])
+    produce(kafka_broker, topics.prompts, "Prompt", [prompt(f"p{i}") for i in range(4)])
+
+    def handler(inputs):  # p1 asks for an event of 40 kB, above the 16 kB limit of this worker
+        return [Send(topics.responses, x.record["prompt_id"],
+                     b"x" * (40_000 if x.record["prompt_id"] == "p1" else 100)) for x in inputs]
+
+    worker = EventWorker(bootstrap=kafka_broker, topics=topics, input_topic=topics.prompts,
+                         group_id=f"{topics.prefix}big", expected_schema="Prompt", stage="big", handler=handler,
+                         max_message_bytes=16_384)
+    worker.run(max_idle_s=3.0)
+    assert (worker.processed, worker.too_large, worker.dead_lettered) == (4, 1, 1)
+    assert sorted(len(r.raw) for r in read_topic(kafka_broker, topics.responses)) == [100] * 3
+    [dead] = read_values(kafka_broker, topics.dead_letter)
+    assert (dead["reason"], dead["source_topic"], dead["key"], dead["partition"], dead["offset"]) == (
+        "too_large", topics.responses, b"p1", -1, -1)
+    assert "40000 bytes, above kafka.max_message_bytes = 16384" in dead["error"]

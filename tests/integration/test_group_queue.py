@@ -209,3 +209,16 @@ def test_group_queue_state_survives_a_killed_worker(kafka_broker, topic_factory,
     assert group["group_key"] == "train/0/0"
     assert [(t["traj_index"], t["response_level_rewards"]) for t in group["trajectories"]] == [(0, 1.0), (1, 0.0)]
     assert sorted((r["episode_id"], r["traj_index"]) for r in envs.requests) == [(0, 0), (0, 1)]  # no second start
+    # decision plane: the changelog kept run 0's summary, and the group names each payload by the
+    # exact record of `trajectories` it was read at
+    (stored,) = [r for r in read_topic(kafka_broker, changelog) if r.key == b"t:train/0/0/0" and r.value]
+    assert stored.schema == "TrajectorySummary" and "turns" not in stored.value
+    payloads = {(r.topic, r.partition, r.offset): r for r in read_topic(kafka_broker, topics.trajectories)}
+    for member in group["trajectories"]:
+        ref = member["payload"]
+        record = payloads[(ref["topic"], ref["partition"], ref["offset"])]
+        assert ref["size_bytes"] == len(record.raw)
+        assert (record.value["traj_index"], record.value["response_level_rewards"]) == (
+            member["traj_index"], member["response_level_rewards"])
+        assert (member["num_turns"], member["response_length"]) == (1, len(record.value["response_mask"])) == (1, 2)
+    assert stored.value["payload"] == group["trajectories"][0]["payload"]

@@ -14,7 +14,8 @@ from rollstream.kafka.clients import make_producer
 from rollstream.kafka.worker import EventWorker
 from rollstream.policy.versions import PolicyFollower, PolicyVersionWatcher
 from rollstream.schemas import encode
-from rollstream.tools.readback import read_values
+from rollstream.schemas.records import payload_ref, response_summary
+from rollstream.tools.readback import read_topic, read_values
 from rollstream.trainer.checkpoint import CheckpointStore
 from rollstream.trainer.consumer import BatchBuilder
 from rollstream.trainer.corrections import parse_correction_config
@@ -35,19 +36,27 @@ def request(prompt_id: str, text: str) -> dict:
             "round": 0, "num_return_sequences": SAMPLES, "sample_offset": 0, "seed": 11}
 
 
-def accepted_group(prompt_id: str, responses: list[dict]) -> dict:
-    """The aggregator's accepted Group for ``responses``: sample 0 rewarded 1, the others 0."""
-    responses = sorted(responses, key=lambda r: r["sample_index"])
+def accepted_group(prompt_id: str, responses: list[tuple[dict, dict]]) -> dict:
+    """The aggregator's accepted Group for ``responses`` ((Response, its PayloadRef) as the
+    generation worker wrote them): sample 0 rewarded 1, the others 0; members name their tokens
+    by reference."""
+    responses = sorted(responses, key=lambda r: r[0]["sample_index"])
     return {
         "group_key": prompt_id, "kind": "rlvr", "prompt_id": prompt_id, "domain": "math", "mode": "train",
         "accepted": True, "reason": "accepted", "decision_values": {}, "filter_config": "{}",
-        "filter_config_hash": "", "policy_version": min(r["policy_version"] for r in responses), "rounds": 1,
-        "responses_generated": len(responses), "prompt": responses[0]["prompt"], "ground_truth": "4",
-        "prompt_token_ids": responses[0]["prompt_token_ids"],
-        "responses": [{"response": r, "response_level_reward": float(r["sample_index"] == 0), "scores": {},
-                       "meta": {}, "reward_error": None, "reward_ms": 0.0} for r in responses],
+        "filter_config_hash": "", "policy_version": min(r["policy_version"] for r, _ in responses), "rounds": 1,
+        "responses_generated": len(responses), "prompt": responses[0][0]["prompt"], "ground_truth": "4",
+        "responses": [{"response": response_summary(r), "response_level_reward": float(r["sample_index"] == 0),
+                       "scores": {}, "meta": {}, "reward_error": None, "reward_ms": 0.0, "payload": ref}
+                      for r, ref in responses],
         "created_ms": 0,
     }
+
+
+def written_responses(bootstrap: str, topic: str, prompt_id: str) -> list[tuple[dict, dict]]:
+    """The Responses of ``prompt_id`` on the payload topic with their PayloadRefs."""
+    return [(r.value, payload_ref(r.topic, r.partition, r.offset, len(r.raw))) for r in read_topic(bootstrap, topic)
+            if r.schema == "Response" and r.value["prompt_id"] == prompt_id]
 
 
 def test_two_steps_publish_versions_that_the_generation_worker_loads_and_stamps(kafka_broker, topic_factory, tmp_path):
@@ -76,14 +85,21 @@ def test_two_steps_publish_versions_that_the_generation_worker_loads_and_stamps(
             producer.send(topics.generation_requests, key=pid.encode(), value=encode(request(pid, text), "GenerationRequest"))
             producer.flush()
 
-            def responses() -> list[dict]:
-                return [r for r in read_values(kafka_broker, topics.responses) if r["prompt_id"] == pid]
+            def responses() -> list[tuple[dict, dict]]:
+                return written_responses(kafka_broker, topics.responses, pid)
             wait_for(lambda: len(responses()) == SAMPLES, timeout=120, what=f"responses of {pid}")
-            assert {r["policy_version"] for r in responses()} == {step}  # v0, then the trained v1
-            producer.send(topics.groups_accepted, key=pid.encode(), value=encode(accepted_group(pid, responses()), "Group"))
+            written = responses()
+            assert {r["policy_version"] for r, _ in written} == {step}  # v0, then the trained v1
+            producer.send(topics.groups_accepted, key=pid.encode(), value=encode(accepted_group(pid, written), "Group"))
             producer.flush()
             batch = builder.next_batch(timeout_s=60)
             assert batch is not None and batch.group_keys == [pid]
+            # the batch holds exactly the tokens the worker generated, read back by reference
+            by_index = {r["sample_index"]: r for r, _ in written}
+            for row, index in enumerate(batch.sample_index):
+                n = int(batch.response_lengths[row])
+                assert batch.response_ids[row, :n].tolist() == by_index[index]["response_token_ids"].tolist()
+                assert torch.equal(batch.infer_logprobs[row, :n], torch.from_numpy(by_index[index]["infer_logprobs"].copy()))
             reports.append(trainer.train(batch))
             snapshots.append(trainer.model.model.embed_tokens.weight.detach().clone())
             publisher.publish_batch(builder.commit(batch, reports[-1]))

@@ -15,18 +15,24 @@ import pytest
 
 from rollstream.kafka.clients import make_producer
 from rollstream.schemas import encode
+from rollstream.schemas.records import payload_ref
 from rollstream.trainer.publisher import PolicyPublisher
 
 from .harness import write_config
-from .test_trainer_consumer import group_record
 
 pytestmark = pytest.mark.integration
 
 
 def decided(key: str, accepted: bool, reason: str, rounds: int, created_ms: int) -> dict:
-    record = group_record(key, n=2, accepted=accepted)
-    record.update(reason=reason, rounds=rounds, created_ms=created_ms)
-    return record
+    """A Group of two responses whose Responses were never written: the report reads decisions
+    only, never a payload."""
+    members = [{"response": {"prompt_id": key, "domain": "math", "mode": "train", "round": 0, "sample_index": i,
+                             "prompt_length": 3, "response_length": 2, "finish_reason": "stop"},
+                "response_level_reward": float(i % 2), "payload": payload_ref("nowhere.responses", 0, i, 64)}
+               for i in range(2)]
+    return {"group_key": key, "prompt_id": key, "domain": "math", "mode": "train", "accepted": accepted,
+            "reason": reason, "rounds": rounds, "responses_generated": 2, "created_ms": created_ms,
+            "responses": members}
 
 
 def record_a_run(bootstrap: str, topics) -> None:

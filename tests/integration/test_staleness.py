@@ -12,23 +12,25 @@ from rollstream.kafka.topics import Topics
 from rollstream.tools.readback import read_values
 from rollstream.trainer.publisher import PolicyPublisher
 
-from .harness import Responder, produce, prompt, response, start_stages, wait_for, write_config
+from .harness import PayloadPublisher, Responder, produce, prompt, response, start_stages, wait_for, write_config
 
 pytestmark = pytest.mark.integration
 
 
 def versioned_rollout(kafka_broker: str, topics: Topics, version_of: dict[str, int]) -> Responder:
-    """Rewards [1, 0, 0, 0] for every prompt; responses stamped with ``version_of[prompt_id]``."""
+    """Rewards [1, 0, 0, 0] for every prompt; responses stamped with ``version_of[prompt_id]``,
+    their payloads written to ``responses`` first."""
+    publisher = PayloadPublisher(kafka_broker, topics)
 
     def answer(req: dict, key: bytes) -> list[tuple]:
-        out = []
-        for i in range(req["num_return_sequences"]):
-            rec = response(req["prompt_id"], req["sample_offset"] + i, req["round"], float(i == 0))
-            rec["response"]["policy_version"] = version_of.get(req["prompt_id"], 0)
-            out.append((topics.responses_rewarded, key, "RewardedResponse", rec))
-        return out
+        records = [response(req["prompt_id"], req["sample_offset"] + i, req["round"], float(i == 0),
+                            policy_version=version_of.get(req["prompt_id"], 0))
+                   for i in range(req["num_return_sequences"])]
+        return [(topics.responses_rewarded, key, "RewardedResponse", rec) for rec in publisher.refer(records)]
 
-    return Responder(kafka_broker, topics.generation_requests, answer)
+    responder = Responder(kafka_broker, topics.generation_requests, answer)
+    responder.publisher = publisher
+    return responder
 
 
 def test_on_policy_steps_wait_for_their_version_and_lagging_groups_are_rejected_stale(
@@ -63,4 +65,5 @@ def test_on_policy_steps_wait_for_their_version_and_lagging_groups_are_rejected_
     finally:
         publisher.close()
         rollout.stop()
+        rollout.publisher.close()
         stages.close()

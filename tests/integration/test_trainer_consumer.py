@@ -1,4 +1,8 @@
-"""BatchBuilder against a real broker: exact batches, resume, duplicates, dead letters, manifest."""
+"""BatchBuilder against a real broker: exact batches, resume, duplicates, dead letters, manifest.
+
+Groups are produced the real way (issue 12): each member's payload (Response / Trajectory) is
+written to its payload topic first, and the small Group / TrajectoryGroup on groups.accepted names
+it by PayloadRef; the builder fetches the payloads of the groups it batches."""
 
 from __future__ import annotations
 
@@ -10,80 +14,68 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 
 from rollstream.kafka.clients import make_producer
+from rollstream.kafka.topics import Topics
 from rollstream.schemas import decode, encode
+from rollstream.schemas.records import is_payload_ref
 from rollstream.trainer.consumer import BatchBuilder
+
+from ..trainer import records
+from ..trainer.records import group_schema_of, write_payloads
 
 pytestmark = pytest.mark.integration
 
-TOPICS = ["groups.accepted", "groups.rejected", "batches", "dead-letter"]
+TOPICS = ["groups.accepted", "groups.rejected", "batches", "dead-letter", "responses", "trajectories"]
 RESPONSES = 4
 WAIT_S = 30.0
 
 
-def group_record(key: str, *, n: int = RESPONSES, accepted: bool = True, bad_lengths: bool = False):
-    responses = []
+def group_record(key: str, *, n: int = RESPONSES, accepted: bool = True, bad_lengths: bool = False,
+                 version: int = 0) -> dict:
+    """An RLVR Group of ``n`` responses (payloads inline until ``produce`` writes them): response
+    i is [100 + i, 200 + i] after the prompt [1, 2, 3], reward i % 2; ``bad_lengths``: one
+    infer_logprob short (a fault only the payload shows)."""
+    members = []
     for i in range(n):
         tokens = [100 + i, 200 + i]
-        responses.append({
-            "response": {
-                "prompt_id": key, "domain": "math", "mode": "train", "prompt": "1+1=",
-                "ground_truth": "2", "round": 0, "sample_index": i,
-                "prompt_token_ids": [1, 2, 3], "response_token_ids": tokens,
-                "infer_logprobs": [-0.5] * (len(tokens) - (1 if bad_lengths else 0)),
-                "response_text": "2", "finish_reason": "stop", "error": None,
-                "policy_version": 0, "generation_ms": 0.0, "created_ms": 0,
-            },
-            "response_level_reward": float(i % 2),
-            "scores": {}, "meta": {}, "reward_error": None, "reward_ms": 0.0,
-        })
-    return {
-        "group_key": key, "kind": "rlvr", "prompt_id": key, "domain": "math", "mode": "train",
-        "accepted": accepted, "reason": "accepted" if accepted else "all_equal",
-        "decision_values": {}, "filter_config": "{}", "filter_config_hash": "",
-        "policy_version": 0, "rounds": 1, "responses_generated": n, "prompt": "1+1=",
-        "ground_truth": "2", "prompt_token_ids": [1, 2, 3], "responses": responses,
-        "created_ms": 0,
-    }
+        resp = records.response_payload(key, i, [1, 2, 3], tokens, [-0.5] * (len(tokens) - (1 if bad_lengths else 0)),
+                                        version=version)
+        members.append(records.rewarded(resp, float(i % 2)))
+    return records.rlvr_group(key, members, accepted=accepted, version=version)
 
 
-def trajectory_group_record(key: str, *, n: int = 2, accepted: bool = True):
+def trajectory_group_record(key: str, *, n: int = 2, accepted: bool = True) -> dict:
     """An agentic group of ``n`` two-turn trajectories; trajectory i has reward i."""
     trajectories = []
     for i in range(n):
-        turns = [
-            {"prompt_token_ids": [1, 2], "response_token_ids": [100 + i, 101 + i],
-             "infer_logprobs": [-0.1, -0.2], "response_text": "up", "action": "up"},
-            {"prompt_token_ids": [7, 8, 9], "response_token_ids": [200 + i],
-             "infer_logprobs": [-0.3], "response_text": "left", "action": "left"},
-        ]
-        trajectories.append({
-            "group_id": 0, "episode_id": 0, "traj_index": i, "env_type": "sokoban", "seed": 1,
-            "turns": turns, "response_mask": [1, 1, 0, 0, 0, 1], "step_rewards": [0.0, float(i)],
-            "response_level_rewards": float(i), "stop_reason": "done", "policy_version": 3,
-        })
-    return {
-        "group_key": key, "group_id": 0, "episode_id": 0, "accepted": accepted,
-        "reason": "accepted" if accepted else "all_equal", "policy_version": 3,
-        "trajectories_started": n, "trajectories_arrived": n, "trajectories": trajectories,
-    }
+        turns = [records.turn([1, 2], [100 + i, 101 + i], [-0.1, -0.2]),
+                 records.turn([7, 8, 9], [200 + i], [-0.3])]
+        traj = records.trajectory_payload(i, turns, [1, 1, 0, 0, 0, 1], float(i), version=3)
+        traj.update(seed=1, step_rewards=[0.0, float(i)])
+        trajectories.append(records.member(traj))
+    return records.traj_group(key, trajectories, accepted=accepted, version=3)
 
 
-def produce(bootstrap, topic, items):
-    """items: group keys (encoded as accepted groups), dicts (``Group`` records, or
-    ``TrajectoryGroup`` records when they have ``trajectories``) or raw bytes."""
+def produce(bootstrap, topics: Topics, items, topic: str | None = None):
+    """Produce ``items`` on ``topic`` (default groups.accepted): group keys (encoded as accepted
+    groups), dicts (``Group`` records, or ``TrajectoryGroup`` records when they have
+    ``trajectories``; inline payloads are written to ``responses`` / ``trajectories`` first and
+    named by reference) or raw bytes. Returns the records as produced."""
     producer = make_producer(bootstrap)
+    out = []
     try:
         for item in items:
             if isinstance(item, bytes):
                 key, value = b"junk", item
             else:
                 record = group_record(item) if isinstance(item, str) else item
-                schema = "TrajectoryGroup" if "trajectories" in record else "Group"
-                key, value = record["group_key"].encode(), encode(record, schema)
-            producer.send(topic, key=key, value=value)
+                record = write_payloads(producer, topics.responses, topics.trajectories, record)
+                key, value = record["group_key"].encode(), encode(record, group_schema_of(record))
+                out.append(record)
+            producer.send(topic or topics.groups_accepted, key=key, value=value)
         producer.flush()
     finally:
         producer.close()
+    return out
 
 
 def read_all(bootstrap, topic, count, partitions=1):
@@ -126,7 +118,7 @@ def env(kafka_broker, topic_factory, tmp_path):
 
 def test_batches_hold_exactly_batch_size_groups_and_restart_resumes_after_last_commit(env):
     bootstrap, topics, gid, manifest = env
-    produce(bootstrap, topics.groups_accepted, [f"g{i}" for i in range(5)])
+    produce(bootstrap, topics, [f"g{i}" for i in range(5)])
 
     with BatchBuilder(bootstrap, topics, 2, group_id=gid, manifest_path=manifest) as builder:
         first = builder.next_batch(timeout_s=WAIT_S)
@@ -147,7 +139,7 @@ def test_batches_hold_exactly_batch_size_groups_and_restart_resumes_after_last_c
     assert all(e["fill_seconds"] >= 0 and e["target_groups"] == 2 for e in lines)
 
     # a new builder with the same group id: g4 was consumed but never committed, so it comes back
-    produce(bootstrap, topics.groups_accepted, ["g5"])
+    produce(bootstrap, topics, ["g5"])
     with BatchBuilder(bootstrap, topics, 2, group_id=gid, manifest_path=manifest) as builder:
         third = builder.next_batch(timeout_s=WAIT_S)
         assert third.group_keys == ["g4", "g5"] and third.step == 2
@@ -165,7 +157,7 @@ def test_batches_hold_exactly_batch_size_groups_and_restart_resumes_after_last_c
 
 def test_batch_handed_out_but_not_committed_is_redelivered(env):
     bootstrap, topics, gid, _ = env
-    produce(bootstrap, topics.groups_accepted, ["g0", "g1", "g2", "g3"])
+    produce(bootstrap, topics, ["g0", "g1", "g2", "g3"])
     with BatchBuilder(bootstrap, topics, 2, group_id=gid) as builder:
         builder.commit(builder.next_batch(timeout_s=WAIT_S))
         assert builder.next_batch(timeout_s=WAIT_S).group_keys == ["g2", "g3"]  # never committed
@@ -175,7 +167,7 @@ def test_batch_handed_out_but_not_committed_is_redelivered(env):
 
 def test_redelivered_group_is_ignored_and_counted(env):
     bootstrap, topics, gid, manifest = env
-    produce(bootstrap, topics.groups_accepted, ["g0", "g1", "g0", "g2", "g1", "g3"])
+    produce(bootstrap, topics, ["g0", "g1", "g0", "g2", "g1", "g3"])
     with BatchBuilder(bootstrap, topics, 2, group_id=gid, manifest_path=manifest) as builder:
         first = builder.next_batch(timeout_s=WAIT_S)
         builder.commit(first)
@@ -191,7 +183,7 @@ def test_restart_recognises_groups_of_manifest_as_duplicates(env):
     # trained and written to the manifest, but the offset commit never happened (crash)
     bootstrap, topics, gid, manifest = env
     manifest.write_text(json.dumps({"step": 4, "group_keys": ["g0", "g1"]}) + "\n")
-    produce(bootstrap, topics.groups_accepted, ["g0", "g1", "g2", "g3"])
+    produce(bootstrap, topics, ["g0", "g1", "g2", "g3"])
     with BatchBuilder(bootstrap, topics, 2, group_id=gid, manifest_path=manifest) as builder:
         batch = builder.next_batch(timeout_s=WAIT_S)
         assert (batch.group_keys, batch.step, builder.duplicates) == (["g2", "g3"], 5, 2)
@@ -200,7 +192,7 @@ def test_restart_recognises_groups_of_manifest_as_duplicates(env):
 
 def test_corrupt_events_go_to_dead_letter_and_the_rest_flow(env):
     bootstrap, topics, gid, _ = env
-    produce(bootstrap, topics.groups_accepted, [
+    produce(bootstrap, topics, [
         "g0",
         b"not avro at all",                                   # offset 1: undecodable
         b"\xc3\x01" + b"\x00" * 8 + b"body",                  # offset 2: unknown fingerprint
@@ -224,7 +216,7 @@ def test_corrupt_events_go_to_dead_letter_and_the_rest_flow(env):
 
 def test_take_partial_ships_buffered_groups_with_status_partial(env):
     bootstrap, topics, gid, manifest = env
-    produce(bootstrap, topics.groups_accepted, ["g0"])
+    produce(bootstrap, topics, ["g0"])
     with BatchBuilder(bootstrap, topics, 3, group_id=gid, manifest_path=manifest) as builder:
         wait_buffered(builder, 1)
         batch = builder.take_partial()
@@ -238,7 +230,7 @@ def test_take_partial_ships_buffered_groups_with_status_partial(env):
 
 def test_commit_rejects_a_batch_committed_twice(env):
     bootstrap, topics, gid, _ = env
-    produce(bootstrap, topics.groups_accepted, ["g0"])
+    produce(bootstrap, topics, ["g0"])
     with BatchBuilder(bootstrap, topics, 1, group_id=gid) as builder:
         batch = builder.next_batch(timeout_s=WAIT_S)
         builder.commit(batch)
@@ -250,7 +242,7 @@ def test_groups_spread_over_partitions_are_each_trained_once(kafka_broker, topic
     topics = topic_factory(TOPICS, partitions=3)
     gid, manifest = f"trainer-{uuid.uuid4().hex[:8]}", tmp_path / "m.jsonl"
     keys = [f"g{i}" for i in range(9)]
-    produce(kafka_broker, topics.groups_accepted, keys)
+    produce(kafka_broker, topics, keys)
     seen = []
     with BatchBuilder(kafka_broker, topics, 2, group_id=gid, manifest_path=manifest) as builder:
         for _ in range(2):
@@ -268,7 +260,7 @@ def test_groups_spread_over_partitions_are_each_trained_once(kafka_broker, topic
 
 def test_accepted_trajectory_groups_are_batched_and_unaccepted_ones_dead_lettered(env):
     bootstrap, topics, gid, manifest = env
-    produce(bootstrap, topics.groups_accepted, [
+    produce(bootstrap, topics, [
         trajectory_group_record("train/0/0"),
         trajectory_group_record("train/1/0", accepted=False),  # offset 1: not accepted
         "g0",                                                   # an RLVR group in between
@@ -298,23 +290,19 @@ def test_accepted_trajectory_groups_are_batched_and_unaccepted_ones_dead_lettere
 
 
 def versioned(key: str, version: int) -> dict:
-    record = group_record(key, n=2)
-    record["policy_version"] = version
-    for rewarded in record["responses"]:
-        rewarded["response"]["policy_version"] = version
-    return record
+    return group_record(key, n=2, version=version)
 
 
 def test_groups_beyond_max_staleness_are_rejected_stale_never_trained(env):
     """max_staleness 0: step s trains only groups generated by version s. Leftovers of step 0
     (version 0) are rejected as stale before step 1, with their values, and their offsets pass."""
     bootstrap, topics, gid, manifest = env
-    produce(bootstrap, topics.groups_accepted, [versioned("g0", 0), versioned("g1", 0), versioned("g2", 0)])
+    produce(bootstrap, topics, [versioned("g0", 0), versioned("g1", 0), versioned("g2", 0)])
     with BatchBuilder(bootstrap, topics, 1, group_id=gid, manifest_path=manifest, max_staleness=0) as builder:
         first = builder.next_batch(timeout_s=WAIT_S)
         assert first.group_keys == ["g0"]
         builder.commit(first)
-        produce(bootstrap, topics.groups_accepted, [versioned("g3", 1)])
+        produce(bootstrap, topics, [versioned("g3", 1)])
         second = builder.next_batch(timeout_s=WAIT_S)
         assert (second.step, second.group_keys) == (1, ["g3"])
         assert builder.stale_groups == 2 and builder.metrics()["trainer/batch/stale_groups"] == 2
@@ -325,3 +313,42 @@ def test_groups_beyond_max_staleness_are_rejected_stale_never_trained(env):
     assert rejected[0]["decision_values"] == {"policy_version": 0.0, "current_version": 1.0, "max_staleness": 0.0,
                                               "lag": 1.0}
     assert len(rejected[0]["responses"]) == 2  # the whole group, replayable
+    assert all(is_payload_ref(rr["payload"]) for rr in rejected[0]["responses"])  # still small: references
+    assert builder.metrics()["trainer/batch/payload_records_fetched"] == 4  # g0's and g3's only, never stale ones
+
+
+def test_a_group_of_the_old_format_trains_from_its_inline_payloads(env):
+    """A Group written before payload references (v1: responses with their tokens inline) decodes
+    with its payloads inline: it is batched without any fetch."""
+    bootstrap, topics, gid, _ = env
+    old = group_record("old")
+    v1 = {k: v for k, v in old.items()}
+    v1["prompt_token_ids"] = [1, 2, 3]
+    v1["responses"] = [{**{k: v for k, v in rr.items() if k != "payload"},
+                        "response": {k: v for k, v in rr["payload"].items() if k != "extras"}}
+                       for rr in old["responses"]]
+    produce(bootstrap, topics, [records.encode_history(v1, "history/group.v1.avsc"), "g1"])
+    with BatchBuilder(bootstrap, topics, 2, group_id=gid) as builder:
+        batch = builder.next_batch(timeout_s=WAIT_S)
+        assert batch.group_keys == ["old", "g1"]
+        assert batch.response_ids[:RESPONSES].tolist() == [[100 + i, 200 + i] for i in range(RESPONSES)]
+        assert batch.prompt_ids[0].tolist() == [1, 2, 3]
+        assert builder.metrics()["trainer/batch/payload_records_fetched"] == RESPONSES  # g1's only
+        assert builder.commit(batch)["offsets"] == {"0": 2}
+
+
+def test_a_reference_to_another_members_payload_dead_letters_the_group_and_the_rest_flow(env):
+    bootstrap, topics, gid, _ = env
+    (a,) = produce(bootstrap, topics, ["a"])
+    wrong = group_record("w")
+    wrong["responses"] = [{**rr, "payload": a["responses"][(i + 1) % RESPONSES]["payload"]}
+                          for i, rr in enumerate(wrong["responses"])]
+    produce(bootstrap, topics, [wrong, "b"])
+    with BatchBuilder(bootstrap, topics, 2, group_id=gid) as builder:
+        first = builder.next_batch(timeout_s=WAIT_S)
+        assert first.group_keys == ["a", "b"]
+        assert builder.dead_lettered == 1 and builder.invalid_payload_groups == 1
+        assert builder.commit(first)["offsets"] == {"0": 3}
+    (letter,) = read_all(bootstrap, topics.dead_letter, 1)
+    assert (letter["offset"], letter["reason"]) == (1, "invalid_event")
+    assert "group 'w' member ('w', 0): payload" in letter["error"] and "is the Response of ('a', 1)" in letter["error"]

@@ -22,7 +22,7 @@ from rollstream.trainer.policy import PolicyTrainer, TrainSettings
 
 from ..trainer.tiny_model import tiny_model
 from .harness import wait_for, write_config
-from .test_trainer_consumer import produce
+from .test_trainer_consumer import RESPONSES, produce
 
 pytestmark = pytest.mark.integration
 
@@ -37,8 +37,8 @@ def test_a_crash_between_checkpoint_and_commit_neither_retrains_nor_skips(kafka_
     """The step of batch 0 and its checkpoint are durable, then the trainer dies before the
     manifest line and the offset commit. The restarted trainer resumes from the checkpoint,
     records batch 0 as ``recovered``, skips its redelivered group and trains the next one."""
-    topics = topic_factory(["groups.accepted", "batches", "dead-letter"])
-    produce(kafka_broker, topics.groups_accepted, ["a", "b"])
+    topics = topic_factory(["groups.accepted", "batches", "dead-letter", "responses"])
+    produce(kafka_broker, topics, ["a", "b"])
     store, manifest_path = CheckpointStore(tmp_path / "ckpt"), tmp_path / "batches.jsonl"
 
     def start():
@@ -63,6 +63,8 @@ def test_a_crash_between_checkpoint_and_commit_neither_retrains_nor_skips(kafka_
         batch = builder.next_batch(timeout_s=30)
         assert (batch.step, batch.group_keys) == (1, ["b"])  # "a" redelivered and skipped
         assert builder.duplicates == 1
+        # the duplicate's payloads are never read: only b's responses were fetched
+        assert builder.metrics()["trainer/batch/payload_records_fetched"] == RESPONSES
         builder.commit(batch, trainer.train(batch))
     finally:
         builder.close()
@@ -100,9 +102,9 @@ def test_sigkilled_trainer_processes_train_every_group_exactly_once(kafka_broker
 
     proc = start()
     try:
-        produce(kafka_broker, topics.groups_accepted, ["k0"])
+        produce(kafka_broker, topics, ["k0"])
         wait_for(lambda: alive(proc) and len(manifest(manifest_path)) == 1, timeout=240, what="step 0")
-        produce(kafka_broker, topics.groups_accepted, ["k1"])
+        produce(kafka_broker, topics, ["k1"])
         wait_for(lambda: alive(proc) and any(ckpt.glob(".v000002.tmp-*")), timeout=240, interval=0.005,
                  what="the checkpoint of step 1 being written")
         kill(proc)  # torn checkpoint v2, step 1 neither recorded nor committed
@@ -113,7 +115,7 @@ def test_sigkilled_trainer_processes_train_every_group_exactly_once(kafka_broker
         kill(proc)  # manifest written; the offset commit may or may not have happened
 
         proc = start()
-        produce(kafka_broker, topics.groups_accepted, ["k2"])
+        produce(kafka_broker, topics, ["k2"])
         proc.wait(240)
         assert proc.returncode == 0, logs[-1].read_text()[-3000:]
     finally:

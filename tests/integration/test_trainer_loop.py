@@ -4,29 +4,38 @@ from __future__ import annotations
 
 import pytest
 
+from rollstream.kafka.clients import make_producer
+from rollstream.schemas import encode
 from rollstream.schemas.records import batch_event
-from rollstream.streams.events import group_record
 from rollstream.trainer.consumer import BatchBuilder
 from rollstream.trainer.driver import build_batches
 from rollstream.trainer.verdicts import BatchEvents, underfill_action
 
-from .harness import produce, response
+from ..trainer import records
+from .test_trainer_consumer import produce
 
 pytestmark = pytest.mark.integration
 
 
 def accepted_group(pid: str) -> dict:
-    responses = [response(pid, i, reward=float(i == 0)) for i in range(4)]
-    return group_record(prompt=responses[0]["response"], decided_accepted=True, reason="accepted",
-                        values={"std": 0.5}, responses=responses, filter_config="{}", filter_config_hash="h",
-                        policy_version=0, rounds=1, responses_generated=4, prompt_token_ids=[1, 2, 3])
+    """An accepted Group of 4 responses (sample 0 rewarded 1), payloads written by ``produce``."""
+    responses = [records.rewarded(records.response_payload(pid, i, [1, 2, 3], list(range(10, 14)), [-0.25] * 4),
+                                  float(i == 0)) for i in range(4)]
+    group = records.rlvr_group(pid, responses)
+    group["decision_values"] = {"std": 0.5}
+    return group
 
 
 def setup(kafka_broker, topics):
-    produce(kafka_broker, topics.groups_accepted, "Group", [accepted_group("p05"), accepted_group("p17")], "group_key")
+    produce(kafka_broker, topics, [accepted_group("p05"), accepted_group("p17")])
     event = batch_event(step=0, status="underfilled", target=4, accepted=2, prompts_consumed=24,
                         rejected_by_reason={"zero_std": 22})
-    produce(kafka_broker, topics.batches, "Batch", [event], "status")
+    producer = make_producer(kafka_broker)
+    try:
+        producer.send(topics.batches, key=b"0", value=encode(event, "Batch"))
+        producer.flush()
+    finally:
+        producer.close()
 
 
 def test_underfill_action_thresholds():

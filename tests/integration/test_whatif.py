@@ -13,8 +13,11 @@ import pytest
 import torch
 
 from rollstream.app.stages import Stage
+from rollstream.kafka.payloads import PayloadFetcher
+from rollstream.schemas.records import is_payload_ref
 from rollstream.tools.readback import read_values
 from rollstream.trainer.batch import build_batch
+from rollstream.trainer.intake import resolve_payloads
 
 from .harness import SyntheticRollout, count, produce, prompt, start_stages, wait_for, write_config
 
@@ -93,8 +96,15 @@ def test_whatif_is_deterministic_and_exact(kafka_broker, topic_factory, tmp_path
     def split(gs):
         return sorted((g["group_key"], g["accepted"], g["reason"], g["decision_values"]["std"]) for g in gs)
     assert split(again) == split(groups)
-    # ... and the trainer, fed the recorded accepted groups twice, builds bit-identical batches
+    # ... and the trainer, fed the recorded accepted groups twice (their payloads fetched by
+    # reference, as the trainer does), builds bit-identical batches
     accepted = [g for g in groups if g["accepted"]]
+    refs = [r["payload"] for g in accepted for r in g["responses"]]
+    assert refs and all(is_payload_ref(ref) for ref in refs)  # the decisions name their tokens only
+    with PayloadFetcher(kafka_broker) as fetcher:
+        fetched = fetcher.fetch(refs)
+    assert fetched.expired == {} and len(fetched.values) == len(refs)
+    accepted = [resolve_payloads(g, fetched.values) for g in accepted]
     first, second = build_batch(accepted, step=0, pad_token_id=0), build_batch(accepted, step=0, pad_token_id=0)
     for name in ("response_ids", "response_mask", "advantages", "infer_logprobs"):
         assert torch.equal(getattr(first, name), getattr(second, name)), name

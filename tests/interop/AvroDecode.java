@@ -29,7 +29,7 @@ import org.apache.avro.message.SchemaStore;
  *
  * <p>Usage: {@code java -cp 'avro-jars/*' AvroDecode.java SCHEMA_DIR CASES_JSONL}. The schema
  * directory holds rollstream's {@code *.avsc} (which name each other's types), {@code
- * history/*.avsc} (older writer versions) and {@code history/legacy_fingerprints.json}
+ * history/*.avsc} (older writer versions, each self-contained) and {@code history/legacy_fingerprints.json}
  * (fingerprints rollstream once wrote by mistake -> the schema file they stand for). Each case line
  * is {@code {"file": ..., "message": base64}}: a single-object encoded event. For each case one JSON line goes to stdout: the full
  * name of the decoded record, the parsing fingerprint Java computes for the case's schema file, and
@@ -46,7 +46,7 @@ public class AvroDecode {
     current.values().forEach(store::addSchema);
     File[] history = dir.resolve("history").toFile().listFiles((d, n) -> n.endsWith(".avsc"));
     for (File file : history == null ? new File[0] : history) {
-      Schema old = parseWith(file, current);
+      Schema old = new Schema.Parser().parse(file); // history files are self-contained
       byFile.put("history/" + file.getName(), old);
       store.addSchema(old);
     }

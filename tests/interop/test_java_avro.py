@@ -86,7 +86,7 @@ def cases() -> list[dict]:
     out.append({"file": "group.avsc", "splice": True,
                 "message": REGISTRY.encode_with_tail_array(group, "Group", members, "RewardedResponse")})
     landed = json.loads((HERE.parent / "schemas" / "data" / "group_landed_main.json").read_text())
-    out.append({"file": "group.avsc", "legacy": True, "message": base64.b64decode(landed["message_b64"])})
+    out.append({"file": "history/group.v1.avsc", "legacy": True, "message": base64.b64decode(landed["message_b64"])})
     return out
 
 

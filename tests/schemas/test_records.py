@@ -47,3 +47,31 @@ def test_trainer_batch_event_encodes_like_a_record_without_admission_fields():
 def test_only_a_trajectory_unit_is_a_set_aside():
     assert [is_set_aside(g) for g in (RLVR, {**AGENTIC, "unit": "episode"}, {**AGENTIC, "unit": "trajectory"})] == [
         False, False, True]
+
+
+def test_summaries_carry_lengths_and_the_reference_never_the_arrays():
+    import numpy as np
+
+    from rollstream.schemas import decode, encode
+    from rollstream.schemas.records import is_payload_ref, payload_ref, response_summary, trajectory_summary
+
+    response = {"prompt_id": "p", "domain": "d", "prompt": "q", "round": 1, "sample_index": 3,
+                "prompt_token_ids": np.arange(5, dtype=np.int32), "response_token_ids": [1, 2, 3],
+                "infer_logprobs": [0.0] * 3, "finish_reason": "length", "response_text": "abc"}
+    summary = response_summary(response)
+    assert (summary["prompt_length"], summary["response_length"], summary["finish_reason"], summary["mode"]) == (
+        5, 3, "length", "train")
+    assert not {"prompt_token_ids", "response_token_ids", "infer_logprobs", "response_text"} & set(summary)
+    assert decode(encode(summary, "ResponseSummary"))[1] == summary
+
+    ref = payload_ref("rollstream.trajectories", 1, 99, 1234)
+    traj = {"mode": "train", "group_id": 1, "episode_id": 0, "traj_index": 2, "env_type": "e", "seed": 7,
+            "turns": [{"prompt_token_ids": [1, 2], "response_token_ids": [3], "infer_logprobs": [0.0]},
+                      {"prompt_token_ids": [4, 5], "response_token_ids": [6, 7], "infer_logprobs": [0.0, 0.0]}],
+            "response_mask": np.array([1, 0, 0, 1, 1], dtype=np.uint8), "response_level_rewards": 1.0,
+            "stop_reason": "done", "extras": {}}
+    member = trajectory_summary(traj, ref)
+    assert (member["num_turns"], member["prompt_length"], member["response_length"], member["model_tokens"]) == (
+        2, 2, 5, 3)
+    assert is_payload_ref(member["payload"]) and not {"turns", "response_mask", "extras"} & set(member)
+    assert decode(encode(member, "TrajectorySummary"))[1]["payload"] == ref

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 
+import numpy as np
 import pytest
 
 from rollstream.config import parse_config
 from rollstream.schemas import decode, encode
+from rollstream.schemas.records import payload_ref
 from rollstream.streams.group_queue_processor import GroupQueueProcessor
+from rollstream.workers.env_worker import too_large_stub
 
 STD_FILTER = "rollstream.filtering.group_filters:EnvFailureStdGroupFilter"
 
@@ -37,17 +41,24 @@ def trajectory(group_id: int, episode_id: int, traj_index: int, reward: float, *
 
 
 class Run:
+    """A processor fed as from a log: each input topic's partition 0 gets consecutive offsets."""
+
     def __init__(self, policy_version=lambda: None, max_staleness=None, **manager) -> None:
         self.config = parse_config({**agentic_config(**manager), "max_staleness": max_staleness})
         self.table: dict[bytes, bytes] = {}
         self.proc = GroupQueueProcessor(self.config, self.table, policy_version)
         self.sent: list[tuple[str, str, str, dict]] = []  # (topic, key, schema, record)
+        self.offsets: dict[str, int] = defaultdict(int)  # topic -> next offset
+        self.sent_values: list[bytes] = []
 
     def feed(self, value: bytes, now: int = 0, topic: str = "gq.episodes.control"):
-        handled = self.proc.handle(topic, 0, value, now=now)
+        offset = self.offsets[topic]
+        self.offsets[topic] += 1
+        handled = self.proc.handle(topic, 0, value, now=now, offset=offset)
         for s in handled.sends:
             schema, record = decode(s.value)
             self.sent.append((s.topic, s.key, schema, record))
+            self.sent_values.append(s.value)
         return handled
 
     def start(self, group_id: int):
@@ -183,11 +194,13 @@ def test_tick_reissues_on_its_partition_only_and_sends_them_elsewhere():
     proc = GroupQueueProcessor(parse_config(config), {})
     tick = encode({"command": "tick"}, "GroupCommand")
     control, trajectories = "gq.episodes.control", "gq.trajectories"
-    proc.handle(control, 2, encode({"command": "start", "mode": "train", "group_id": 0}, "GroupCommand"), now=0)
-    proc.handle(trajectories, 2, encode(trajectory(0, 0, 0, 1.0), "Trajectory"), now=0)
-    assert proc.handle(control, 1, tick, now=10**13).sends == []  # the group lives on partition 2
-    first = [s for s in proc.handle(control, 2, tick, now=10**13).sends if s.topic == "gq.episodes.requests"]
-    second = [s for s in proc.handle(control, 2, tick, now=2 * 10**13).sends if s.topic == "gq.episodes.requests"]
+    start = encode({"command": "start", "mode": "train", "group_id": 0}, "GroupCommand")
+    proc.handle(control, 2, start, now=0, offset=0)
+    proc.handle(trajectories, 2, encode(trajectory(0, 0, 0, 1.0), "Trajectory"), now=0, offset=0)
+    assert proc.handle(control, 1, tick, now=10**13, offset=0).sends == []  # the group lives on partition 2
+    first = [s for s in proc.handle(control, 2, tick, now=10**13, offset=1).sends if s.topic == "gq.episodes.requests"]
+    second = [s for s in proc.handle(control, 2, tick, now=2 * 10**13, offset=2).sends
+              if s.topic == "gq.episodes.requests"]
     assert [(decode(s.value)[1]["traj_index"], decode(s.value)[1]["cause"], s.partition) for s in first + second] == [
         (2, "reissue", 0), (3, "reissue", 1)]
 
@@ -319,3 +332,116 @@ def test_a_queue_state_stored_before_rejected_by_reason_existed_keeps_running():
     (outcome,) = run.on("episodes.outcomes")
     assert (outcome["status"], outcome["rejected"], outcome["rejected_by_reason"]) == (
         "exhausted", 2, {"zero_std": 2})
+
+
+# -- payload plane vs decision plane (issue 12) ------------------------------------------------------
+
+
+def test_members_are_summaries_that_name_their_trajectory_by_reference():
+    """The table keeps each member's TrajectorySummary (never its token arrays), and the group
+    ships those summaries: lengths computed from the payload, and a PayloadRef to the exact
+    record of ``trajectories`` the trajectory was read at."""
+    run = Run(group_size=2)
+    run.start(0)
+    values = [encode(trajectory(0, 0, t, float(t)), "Trajectory") for t in (0, 1)]
+    run.feed(values[0], topic="gq.trajectories")
+    schema, stored = decode(run.table[b"t:train/0/0/0"])
+    assert schema == "TrajectorySummary" and "turns" not in stored and "response_mask" not in stored
+    assert stored["payload"] == payload_ref("gq.trajectories", 0, 0, len(values[0]))
+    assert (stored["num_turns"], stored["prompt_length"], stored["response_length"], stored["model_tokens"]) == (
+        1, 2, 2, 2)
+    run.feed(values[1], topic="gq.trajectories")
+    (group,) = run.on("groups.accepted")
+    assert [(t["traj_index"], t["response_level_rewards"], t["payload"]) for t in group["trajectories"]] == [
+        (0, 0.0, payload_ref("gq.trajectories", 0, 0, len(values[0]))),
+        (1, 1.0, payload_ref("gq.trajectories", 0, 1, len(values[1])))]
+    assert all("turns" not in t for t in group["trajectories"])
+    assert not any(k.startswith(b"t:") for k in run.table)
+
+
+def _varint_len(n: int) -> int:
+    z, size = (n << 1) ^ (n >> 63), 1
+    while z >= 0x80:
+        z >>= 7
+        size += 1
+    return size
+
+
+def _long_trajectory(t: int, response_tokens: int) -> dict:
+    """One turn: 16 prompt tokens, ``response_tokens`` model tokens (numpy, as decoded)."""
+    record = trajectory(0, 0, t, float(t % 2))
+    record["turns"] = [{"prompt_token_ids": np.arange(16, dtype=np.int32),
+                        "response_token_ids": np.arange(response_tokens, dtype=np.int32) % 49152,
+                        "infer_logprobs": np.full(response_tokens, -0.5, dtype=np.float32)}]
+    record["response_mask"] = np.ones(response_tokens, dtype=np.uint8)
+    return record
+
+
+def test_table_values_and_trajectory_groups_do_not_grow_with_trajectory_length():
+    """8 trajectories of 64k tokens vs 8 of 16 tokens: the table values and the emitted
+    TrajectoryGroup have the same size, up to the varint widths of the four numbers that say how
+    long a trajectory is (response_length, model_tokens, the payload's size_bytes; prompt_length
+    and the offsets are equal). The payload events themselves are ~0.5 MiB each."""
+    sizes = {}
+    for tokens in (16, 65536):
+        run = Run(group_size=8)
+        run.start(0)
+        values = [encode(_long_trajectory(t, tokens), "Trajectory") for t in range(8)]
+        stored = []
+        for t, value in enumerate(values):
+            run.feed(value, topic="gq.trajectories")
+            if t < 7:  # the 8th decides the episode, and its members leave the table
+                stored.append(run.table[f"t:train/0/0/{t}".encode()])
+        (group,) = [v for (topic, *_), v in zip(run.sent, run.sent_values) if topic == "gq.groups.accepted"]
+        assert [t["response_length"] for t in decode(group)[1]["trajectories"]] == [tokens] * 8
+        sizes[tokens] = {"values": values, "stored": stored, "group": group}
+    small, big = sizes[16], sizes[65536]
+    assert min(len(v) for v in big["values"]) > 65536 * 8  # ids + logprobs: the payload does grow
+
+    def width(tokens: int, value: bytes) -> int:  # the varints that depend on the length
+        return 2 * _varint_len(tokens) + _varint_len(len(value))
+
+    for t in range(7):
+        assert len(big["stored"][t]) - len(small["stored"][t]) == (
+            width(65536, big["values"][t]) - width(16, small["values"][t]))
+    assert len(big["group"]) - len(small["group"]) == sum(
+        width(65536, b) - width(16, s) for b, s in zip(big["values"], small["values"]))
+    assert len(big["group"]) < 2048
+
+
+def test_a_member_stored_as_trajectory_bytes_by_the_previous_version_still_ships():
+    """A changelog written before summaries holds the member's Trajectory bytes: the group still
+    ships it, as a summary with the Trajectory inline as its payload (nothing to fetch)."""
+    run = Run(group_size=2)
+    run.start(0)
+    run.arrive(trajectory(0, 0, 0, 1.0))
+    run.table[b"t:train/0/0/0"] = encode(trajectory(0, 0, 0, 1.0), "Trajectory")  # the old table value
+    run.arrive(trajectory(0, 0, 1, 0.0))
+    (group,) = run.on("groups.accepted")
+    old, new = group["trajectories"]
+    assert (old["traj_index"], old["response_level_rewards"], old["num_turns"], old["response_length"]) == (
+        0, 1.0, 1, 2)
+    assert old["payload"]["turns"][0]["response_token_ids"].tolist() == [5, 6]
+    assert old["payload"]["response_mask"].tolist() == [1, 1]
+    assert (new["traj_index"], new["payload"]["offset"]) == (1, 1)
+
+
+def test_a_too_large_trajectory_stub_is_set_aside_and_refilled():
+    """What an env worker sends for a trajectory above kafka.max_message_bytes (a stub of the same
+    identity, env_failed) is set aside as infra_abort and refilled: the episode never waits."""
+    run = Run(group_size=2, refill={"max_refills_per_group": 1})
+    run.start(0)
+    run.arrive(trajectory(0, 0, 0, 1.0))
+    stub = too_large_stub(trajectory(0, 0, 1, 0.0), 20_000_000, 16 * 1024 * 1024)
+    assert stub["error"].startswith("too_large: Trajectory is 20000000 bytes, above kafka.max_message_bytes = 16777216")
+    run.arrive(stub)
+    (aside,) = run.on("groups.rejected")
+    assert (aside["group_key"], aside["reason"], aside["unit"]) == ("train/0/0/1", "infra_abort", "trajectory")
+    (member,) = aside["trajectories"]
+    assert (member["stop_reason"], member["env_failed"], member["drop_flag"], member["num_turns"]) == (
+        "env_failed", True, True, 0)
+    assert member["error"].startswith("too_large:")
+    assert [(r["traj_index"], r["cause"]) for r in run.on("episodes.requests")][-1] == (2, "refill")
+    run.arrive(trajectory(0, 0, 2, 0.0))
+    (group,) = run.on("groups.accepted")
+    assert [t["traj_index"] for t in group["trajectories"]] == [0, 2]

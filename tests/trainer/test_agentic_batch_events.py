@@ -30,9 +30,11 @@ def run_group_queues(topics) -> list:
     config = parse_config(raw)
     proc = GroupQueueProcessor(config, {})
     sends = []
+    offsets: dict[str, int] = {}
 
     def feed(topic: str, record: dict, schema: str, now: int = 0) -> None:
-        handled = proc.handle(topic, 0, encode(record, schema), now=now)
+        offset = offsets[topic] = offsets.get(topic, -1) + 1  # where the event would sit on its topic
+        handled = proc.handle(topic, 0, encode(record, schema), now=now, offset=offset)
         assert handled.error is None, handled.error
         sends.extend(handled.sends)
 
@@ -68,7 +70,7 @@ def verdict_from_metrics(metrics: list[dict], num_groups: int, target: int, buil
                 rejected[reason] = rejected.get(reason, 0) + 1
     if len(done) < num_groups:
         return []
-    remaining = int(sum(done.values())) - builder.committed_groups - builder.stale_groups
+    remaining = int(sum(done.values())) - builder.committed_groups - builder.dropped_groups
     if remaining >= target:
         return []
     return [{"step": builder.step, "status": "underfilled", "target_groups": target, "accepted_groups": remaining,
@@ -89,8 +91,9 @@ def test_underfill_verdict_from_outcome_events_equals_the_metric_derived_one(kaf
         (0, "complete", 2), (1, "exhausted", 1), (2, "exhausted", 0)]
     metrics = read_values(kafka_broker, topics.metrics)
 
-    for committed, stale in ((0, 0), (2, 0), (1, 1), (3, 0)):  # 3 accepted in all; a batch is 2 groups
-        builder = SimpleNamespace(step=committed, committed_groups=committed, stale_groups=stale)
+    # 3 accepted in all; a batch is 2 groups; dropped: stale or payload_expired before a batch
+    for committed, dropped in ((0, 0), (2, 0), (1, 1), (0, 2), (3, 0)):
+        builder = SimpleNamespace(step=committed, committed_groups=committed, dropped_groups=dropped)
         expected = verdict_from_metrics(metrics, 3, config.groups_per_batch, builder)
         events = AgenticBatchEvents(kafka_broker, topics, config, builder)
         got: list[dict] = []

@@ -1,35 +1,36 @@
-"""Pure tests of rollstream.trainer.batch: padding layout, GRPO advantages, validation."""
+"""Pure tests of rollstream.trainer.batch: padding layout, GRPO advantages, validation, extras.
+
+Members carry their payload inline (as the BatchBuilder leaves them after the fetch); the
+summary/payload split of the checks and the packed (numpy) arrays of decoded events are tested
+too."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from rollstream.trainer.batch import RolloutBatch, build_batch, check_group, grpo_advantages
+from rollstream.schemas import decode, encode
+from rollstream.schemas.packed import packed_array
+from rollstream.schemas.records import payload_ref
+from rollstream.trainer.batch import RolloutBatch, build_batch, check_group, check_payloads, grpo_advantages
+from rollstream.trainer.grpo import _rows_of
+
+from . import records
 
 PAD = 0
 
 
-def rewarded(prompt_id, sample_index, prompt, tokens, logprobs, reward, version=0):
-    """A decoded RewardedResponse record with only the fields the batch reads filled in."""
-    return {
-        "response": {
-            "prompt_id": prompt_id, "domain": "math", "mode": "train", "prompt": "q",
-            "ground_truth": "", "round": 0, "sample_index": sample_index,
-            "prompt_token_ids": list(prompt), "response_token_ids": list(tokens),
-            "infer_logprobs": list(logprobs), "response_text": "", "finish_reason": "stop",
-            "error": None, "policy_version": version, "generation_ms": 0.0, "created_ms": 0,
-        },
-        "response_level_reward": reward,
-        "scores": {}, "meta": {}, "reward_error": None, "reward_ms": 0.0,
-    }
+def rewarded(prompt_id, sample_index, prompt, tokens, logprobs, reward, version=0, extras=None):
+    """A RewardedResponse record (summary + reward) whose payload, the Response, is inline."""
+    return records.rewarded(records.response_payload(prompt_id, sample_index, list(prompt), list(tokens),
+                                                     list(logprobs), version=version, extras=extras), reward)
 
 
-def group(key, responses, prompt=()):
-    return {"group_key": key, "prompt_id": key, "prompt_token_ids": list(prompt),
-            "responses": responses}
+def group(key, responses):
+    return records.rlvr_group(key, responses)
 
 
 @pytest.fixture
@@ -82,11 +83,62 @@ def test_build_batch_broadcasts_advantage_over_valid_tokens_only(two_groups):
     assert torch.all(batch.advantages[batch.response_mask == 0] == 0)
 
 
-def test_build_batch_uses_group_prompt_tokens_when_response_has_none():
-    g = group("g", [rewarded("g", 0, [], [5], [-1.0], 1.0)], prompt=[7, 8])
+def test_build_batch_uses_group_prompt_tokens_when_an_old_format_response_has_none():
+    """A Group of the format before payload references (v1: responses inline, the prompt tokens
+    on the group) decodes with its payloads inline; a response stored without its own prompt
+    tokens gets the group's, and the batch needs no fetch."""
+    v1 = {
+        "group_key": "g", "kind": "rlvr", "prompt_id": "g", "domain": "math", "mode": "train", "accepted": True,
+        "reason": "accepted", "decision_values": {}, "filter_config": "{}", "filter_config_hash": "",
+        "policy_version": 0, "rounds": 1, "responses_generated": 1, "prompt": "q", "ground_truth": "",
+        "prompt_token_ids": [7, 8], "created_ms": 0,
+        "responses": [{"response": {
+            "prompt_id": "g", "domain": "math", "mode": "train", "prompt": "q", "ground_truth": "", "round": 0,
+            "sample_index": 0, "prompt_token_ids": [], "response_token_ids": [5], "infer_logprobs": [-1.0],
+            "response_text": "", "finish_reason": "stop", "error": None, "policy_version": 0,
+            "generation_ms": 0.0, "created_ms": 0},
+            "response_level_reward": 1.0, "scores": {}, "meta": {}, "reward_error": None, "reward_ms": 0.0}],
+    }
+    name, g = decode(records.encode_history(v1, "history/group.v1.avsc"))
+    assert name == "Group" and "prompt_token_ids" not in g
     batch = build_batch([g], step=0, pad_token_id=99)
     assert batch.prompt_ids.tolist() == [[7, 8]]
+    assert batch.response_ids.tolist() == [[5]] and batch.infer_logprobs.tolist() == [[-1.0]]
     assert batch.advantages.tolist() == [[0.0]]  # group of one
+
+
+def test_decoded_packed_arrays_build_the_same_batch_as_lists(two_groups):
+    """Events read from Kafka carry read-only numpy views (packed bytes): same tensors, no copy
+    needed by the caller."""
+    decoded = [decode(encode(g, "Group"))[1] for g in two_groups]
+    assert isinstance(decoded[0]["responses"][0]["payload"]["response_token_ids"], np.ndarray)
+    got, want = build_batch(decoded, step=1, pad_token_id=PAD), build_batch(two_groups, step=1, pad_token_id=PAD)
+    for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "infer_logprobs", "advantages",
+                 "response_lengths", "response_level_rewards", "group_index"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+        assert getattr(got, name).dtype == getattr(want, name).dtype
+    assert got.response_ids.dtype == torch.int64 and got.infer_logprobs.dtype == torch.float32
+
+
+def test_summary_checks_pass_without_payloads_and_payload_checks_need_them():
+    ref = payload_ref("t.responses", 0, 5, 100)
+    rr = rewarded("r", 0, [1], [5, 6], [-1.0], 1.0)  # token/logprob mismatch: only the payload shows it
+    g = group("r", [rr])
+    check_group({**g, "responses": [{**rr, "payload": ref}]})  # the summary is fine
+    with pytest.raises(ValueError, match="payload not resolved"):
+        check_payloads({**g, "responses": [{**rr, "payload": ref}]})
+    with pytest.raises(ValueError, match="payload not resolved"):
+        build_batch([{**g, "responses": [{**rr, "payload": ref}]}], step=0, pad_token_id=PAD)
+    check_group(g)
+    with pytest.raises(ValueError, match="group 'r' sample 0: 2 response tokens but 1 infer_logprobs"):
+        check_payloads(g)
+
+
+def test_a_response_without_prompt_tokens_fails_the_payload_check():
+    g = group("np", [rewarded("np", 0, [], [5], [-1.0], 1.0)])
+    check_group(g)
+    with pytest.raises(ValueError, match="group 'np' sample 0: no prompt tokens"):
+        check_payloads(g)
 
 
 def test_build_batch_pads_with_given_token_id(two_groups):
@@ -204,25 +256,18 @@ def test_rollout_batch_to_moves_every_tensor(two_groups):
 
 
 def turn(prompt, tokens, logprobs):
-    """A decoded Turn record with only the fields the batch reads filled in."""
-    return {"prompt_token_ids": list(prompt), "response_token_ids": list(tokens),
-            "infer_logprobs": list(logprobs), "response_text": "", "action": "",
-            "invalid_move": False, "step_reward": 0.0, "finish_reason": "stop", "env_ms": 0.0}
+    """A Turn record with only the fields the batch reads filled in."""
+    return records.turn(list(prompt), list(tokens), list(logprobs))
 
 
-def trajectory(traj_index, turns, mask, reward, version=0):
-    """A decoded Trajectory record; ``mask`` is its flattened response_mask."""
-    return {"mode": "train", "group_id": 0, "episode_id": 0, "traj_index": traj_index, "tag": "",
-            "env_type": "sokoban", "seed": 0, "turns": turns, "response_mask": list(mask),
-            "step_rewards": [], "response_level_rewards": reward, "success": False,
-            "stop_reason": "done", "env_timeout": False, "env_failed": False, "drop_flag": False,
-            "error": None, "policy_version": version, "started_ms": 0, "finished_ms": 0,
-            "worker": ""}
+def trajectory(traj_index, turns, mask, reward, version=0, extras=None):
+    """A Trajectory record (the payload); ``mask`` is its flattened response_mask."""
+    return records.trajectory_payload(traj_index, turns, list(mask), reward, version=version, extras=extras)
 
 
 def traj_group(key, trajectories):
-    return {"group_key": key, "kind": "agentic", "accepted": True, "reason": "accepted",
-            "trajectories": trajectories}
+    """A TrajectoryGroup whose members are the summaries of ``trajectories``, payloads inline."""
+    return records.traj_group(key, [records.member(t) for t in trajectories])
 
 
 def two_turn():
@@ -333,22 +378,29 @@ def _no_turns():
     return trajectory(1, [], mask=[], reward=1.0)
 
 
-@pytest.mark.parametrize("trajectories, message", [
-    ([], "group 'k' has no trajectories"),
-    ([one_turn(), one_turn()], "traj_index 0 appears twice"),
-    ([_bad_logprobs()], "trajectory 1 turn 1: 1 response tokens but 0 infer_logprobs"),
-    ([_bad_mask_length()], "response_mask has 5 entries but the flattened response has 6 tokens"),
-    ([_bad_mask_value()], r"response_mask values must be 0 or 1, got \[2\]"),
-    ([_no_prompt()], r"trajectory 1: turns\[0\] has no prompt tokens"),
+@pytest.mark.parametrize("trajectories, message, seen_in", [
+    ([], "group 'k' has no trajectories", "summary"),
+    ([one_turn(), one_turn()], "traj_index 0 appears twice", "summary"),
+    ([_bad_logprobs()], "trajectory 1 turn 1: 1 response tokens but 0 infer_logprobs", "payload"),
+    ([_bad_mask_length()], "response_mask has 5 entries but the flattened response has 6 tokens", "payload"),
+    ([_bad_mask_value()], r"response_mask values must be 0 or 1, got \[2\]", "payload"),
+    ([_no_prompt()], r"trajectory 1: turns\[0\] has no prompt tokens", "payload"),
     ([trajectory(0, [turn([1], [2], [-1.0])], [1], float("nan"))],
-     "non-finite response_level_rewards nan"),
+     "non-finite response_level_rewards nan", "summary"),
     ([trajectory(0, [turn([1], [2], [-1.0])], [1], float("-inf"))],
-     "non-finite response_level_rewards -inf"),
+     "non-finite response_level_rewards -inf", "summary"),
 ])
-def test_check_group_rejects_invalid_trajectory_groups(trajectories, message):
+def test_check_group_rejects_invalid_trajectory_groups(trajectories, message, seen_in):
+    """Summary faults are found at intake (check_group), token-array faults once the payload is
+    there (check_payloads); build_batch runs both."""
     g = traj_group("k", trajectories)
-    with pytest.raises(ValueError, match=message):
-        check_group(g)
+    if seen_in == "summary":
+        with pytest.raises(ValueError, match=message):
+            check_group(g)
+    else:
+        check_group(g)  # the decision event alone looks trainable
+        with pytest.raises(ValueError, match=message):
+            check_payloads(g)
     with pytest.raises(ValueError, match=message):
         build_batch([traj_group("ok", [one_turn()]), g], step=0, pad_token_id=PAD)
 
@@ -367,3 +419,97 @@ def test_a_trajectory_without_turns_is_an_all_padding_placeholder():
 
 def test_check_group_accepts_a_valid_trajectory_group():
     check_group(traj_group("k", [two_turn(), one_turn()]))  # no exception
+    check_payloads(traj_group("k", [two_turn(), one_turn()]))
+
+
+def test_a_trajectory_payload_that_is_still_a_reference_is_not_built():
+    g = records.traj_group("k", [records.member(one_turn(), payload_ref("t.trajectories", 0, 3))])
+    check_group(g)
+    with pytest.raises(ValueError, match="group 'k' trajectory 0: payload not resolved"):
+        build_batch([g], step=0, pad_token_id=PAD)
+
+
+def test_decoded_trajectory_payloads_build_the_same_batch_as_lists():
+    g = traj_group("train/0/0", [two_turn(), one_turn()])
+    decoded = decode(encode(g, "TrajectoryGroup"))[1]
+    assert decoded["trajectories"][0]["payload"]["response_mask"].dtype == np.uint8
+    got, want = build_batch([decoded], step=0, pad_token_id=PAD), build_batch([g], step=0, pad_token_id=PAD)
+    for name in ("prompt_ids", "response_ids", "response_mask", "infer_logprobs", "advantages"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+
+
+# -- per-token extras (e.g. routed_experts for MoE routing replay) ----------------------------------
+
+LAYERS, TOP_K = 3, 2
+
+
+def experts(n_tokens, seed, dtype="uint8", high=64):
+    return np.random.default_rng(seed).integers(0, high, size=(n_tokens, LAYERS, TOP_K)).astype(dtype)
+
+
+def test_routed_experts_of_every_row_become_one_zero_padded_tensor():
+    arrays = [experts(3, 0), experts(1, 1), experts(2, 2)]
+    a = group("a", [rewarded("a", 0, [1], [5, 6, 7], [-1.0] * 3, 1.0, extras={"routed_experts": packed_array(arrays[0])}),
+                    rewarded("a", 1, [1], [8], [-1.0], 0.0, extras={"routed_experts": packed_array(arrays[1])})])
+    b = group("b", [rewarded("b", 0, [1, 2], [9, 9], [-1.0] * 2, 1.0,
+                             extras={"routed_experts": packed_array(arrays[2])})])
+    for groups in ([a, b], [decode(encode(a, "Group"))[1], decode(encode(b, "Group"))[1]]):
+        batch = build_batch(groups, step=0, pad_token_id=PAD)
+        routed = batch.extras["routed_experts"]
+        assert routed.shape == (3, 3, LAYERS, TOP_K) and routed.dtype == torch.uint8
+        for row, array in enumerate(arrays):
+            n = array.shape[0]
+            assert np.array_equal(routed[row, :n].numpy(), array)
+            assert routed[row, n:].eq(0).all()  # padding
+        assert set(batch.extras) == {"routed_experts"}
+
+
+def test_an_extra_some_row_lacks_is_left_out_and_without_extras_the_dict_is_empty(two_groups):
+    assert build_batch(two_groups, step=0, pad_token_id=PAD).extras == {}
+    partial = group("p", [rewarded("p", 0, [1], [5], [-1.0], 1.0, extras={"routed_experts": packed_array(experts(1, 3))}),
+                          rewarded("p", 1, [1], [6], [-1.0], 0.0)])
+    assert "routed_experts" not in build_batch([partial], step=0, pad_token_id=PAD).extras
+
+
+def test_uint16_extras_widen_to_int32():
+    array = experts(2, 4, dtype="uint16", high=1000)
+    g = group("w", [rewarded("w", 0, [1], [5, 6], [-1.0] * 2, 1.0, extras={"routed_experts": packed_array(array)})])
+    routed = build_batch([decode(encode(g, "Group"))[1]], step=0, pad_token_id=PAD).extras["routed_experts"]
+    assert routed.dtype == torch.int32 and routed[0].tolist() == array.astype(np.int32).tolist()
+
+
+def test_agentic_extras_run_along_the_flattened_response():
+    flat = experts(6, 5)  # two_turn's flattened response has 6 tokens
+    t = two_turn()
+    t["extras"] = {"routed_experts": packed_array(flat)}
+    o = one_turn()
+    o["extras"] = {"routed_experts": packed_array(experts(1, 6))}
+    batch = build_batch([traj_group("k", [t, o])], step=0, pad_token_id=PAD)
+    routed = batch.extras["routed_experts"]
+    assert routed.shape == (2, 6, LAYERS, TOP_K)
+    assert np.array_equal(routed[1].numpy(), flat)  # row 1: traj_index 1
+    assert routed[0, 1:].eq(0).all()
+
+
+def test_an_extra_not_along_the_response_fails_the_payload_check():
+    g = group("x", [rewarded("x", 0, [1], [5, 6], [-1.0] * 2, 1.0, extras={"routed_experts": packed_array(experts(3, 7))})])
+    check_group(g)
+    with pytest.raises(ValueError, match=r"extras\['routed_experts'\] has shape \(3, 3, 2\); its first dimension must "
+                                         "be the 2 response tokens"):
+        check_payloads(g)
+    bad = {"dtype": "uint8", "shape": [2, 3], "data": b"\x00" * 5}
+    g = group("y", [rewarded("y", 0, [1], [5, 6], [-1.0] * 2, 1.0, extras={"routed_experts": bad})])
+    with pytest.raises(ValueError, match=r"extras\['routed_experts'\]: PackedArray of shape \(2, 3\) has 5 uint8 values"):
+        check_payloads(g)
+
+
+def test_extras_move_with_the_batch_and_are_sliced_into_micro_batches():
+    arrays = [experts(2, 8), experts(1, 9)]
+    g = group("m", [rewarded("m", i, [1], [5] * len(a), [-1.0] * len(a), float(i),
+                             extras={"routed_experts": packed_array(a)}) for i, a in enumerate(arrays)])
+    batch = build_batch([g], step=0, pad_token_id=PAD)
+    moved = batch.to("cpu")
+    assert torch.equal(moved.extras["routed_experts"], batch.extras["routed_experts"])
+    micro = _rows_of(batch, slice(1, 2))
+    assert micro.extras["routed_experts"].shape == (1, 2, LAYERS, TOP_K)
+    assert np.array_equal(micro.extras["routed_experts"][0, :1].numpy(), arrays[1])

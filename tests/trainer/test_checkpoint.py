@@ -15,16 +15,16 @@ from rollstream.trainer.checkpoint import STATE_FILE, CheckpointStore
 from rollstream.trainer.corrections import TrainInferCorrectionConfig
 from rollstream.trainer.policy import PolicyTrainer, TrainSettings
 
+from . import records
 from .tiny_model import tiny_model
 
 
 def group(key: str, offset: int, version: int = 0) -> dict:
     prompt = [1, 2 + offset, 3]
-    return {"group_key": key, "prompt_token_ids": prompt, "responses": [
-        {"response": {"prompt_id": key, "sample_index": i, "prompt_token_ids": prompt,
-                      "response_token_ids": [10 + i + offset, 20 + offset, 30 + i],
-                      "infer_logprobs": [-4.1, -4.2, -4.0], "policy_version": version},
-         "response_level_reward": float(i == 0), "scores": {}} for i in range(2)]}
+    return records.rlvr_group(key, [
+        records.rewarded(records.response_payload(key, i, prompt, [10 + i + offset, 20 + offset, 30 + i],
+                                                  [-4.1, -4.2, -4.0], version=version), float(i == 0))
+        for i in range(2)])
 
 
 def batch(step: int, version: int = 0):

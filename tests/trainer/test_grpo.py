@@ -14,6 +14,8 @@ from rollstream.trainer.grpo import PolicyLossConfig, policy_loss, train_step
 from rollstream.trainer.logprobs import response_log_probs
 from rollstream.workers.engines import SamplingParams
 
+from . import records
+
 
 def tensors(ratios, advantages, mask):
     old = torch.zeros(1, len(ratios))
@@ -82,10 +84,9 @@ def model_and_batch():
     backend = TransformersBackend()
     prompt = chat_prompt_ids(tokenizer, "Pick a number from 1 to 9.")
     (samples,) = backend.generate([prompt], [2], [SamplingParams(temperature=1.0, max_new_tokens=8, seed=7)])
-    group = {"group_key": "p", "prompt_token_ids": prompt, "responses": [
-        {"response": {"prompt_id": "p", "sample_index": i, "prompt_token_ids": prompt,
-                      "response_token_ids": s.token_ids, "infer_logprobs": s.logprobs, "policy_version": 0},
-         "response_level_reward": float(i == 0), "scores": {}} for i, s in enumerate(samples)]}
+    group = records.rlvr_group("p", [
+        records.rewarded(records.response_payload("p", i, prompt, s.token_ids, s.logprobs), float(i == 0))
+        for i, s in enumerate(samples)])
     return model, build_batch([group], step=0, pad_token_id=tokenizer.pad_token_id)
 
 

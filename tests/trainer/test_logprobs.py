@@ -15,6 +15,8 @@ from rollstream.trainer.logprobs import response_log_probs
 from rollstream.workers.engines import SamplingParams, TransformersBackend
 from rollstream.workers.episodes import EpisodePlayer
 
+from . import records
+
 TOL = 2e-3  # same weights, different batch shapes: float32 reduction-order noise only
 
 
@@ -24,13 +26,9 @@ def backend() -> TransformersBackend:
 
 
 def rlvr_group(key: str, prompt_ids: list[int], samples) -> dict:
-    return {
-        "group_key": key, "prompt_token_ids": prompt_ids,
-        "responses": [{"response": {"prompt_id": key, "sample_index": i, "prompt_token_ids": prompt_ids,
-                                    "response_token_ids": s.token_ids, "infer_logprobs": s.logprobs,
-                                    "policy_version": 0},
-                       "response_level_reward": float(i % 2), "scores": {}} for i, s in enumerate(samples)],
-    }
+    return records.rlvr_group(key, [
+        records.rewarded(records.response_payload(key, i, prompt_ids, s.token_ids, s.logprobs), float(i % 2))
+        for i, s in enumerate(samples)])
 
 
 def test_rlvr_rows_match_the_engine_logprobs(backend):
@@ -73,7 +71,7 @@ def test_multi_turn_trajectory_rows_match_at_model_tokens(backend):
                "format_penalty": -0.1, "cause": "start", "created_ms": 0}
     trajectories = player.play([request, {**request, "traj_index": 1}], timeout_s=300)
     assert all(len(t["turns"]) >= 2 for t in trajectories)  # 8 tokens rarely end a FrozenLake game in one move
-    group = {"group_key": "train/0/0", "trajectories": trajectories}
+    group = records.traj_group("train/0/0", [records.member(t) for t in trajectories])
     batch = build_batch([group], step=0, pad_token_id=backend.pad_id)
     old = response_log_probs(backend.model, batch)
     model_tokens = batch.response_mask > 0

@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from rollstream.policy.model import chat_prompt_ids
 from rollstream.schemas import decode, encode
+from rollstream.schemas.packed import unpack_array
 from rollstream.workers.engines import FINISH_ERROR, Sample, SamplingParams, TransformersBackend
 from rollstream.workers.envs import GymFrozenLake
 from rollstream.workers.episodes import (
@@ -43,6 +46,29 @@ class RecordingBackend:
 
     def load_weights(self, path, version):
         self.inner.load_weights(path, version)
+
+
+class ExtrasBackend(RecordingBackend):
+    """Adds a per-token ``routed_experts`` extra (uint8, (tokens, 2, 2), never 0) to every sample,
+    as an MoE engine would; ``first_dim`` overrides its first dimension (a broken engine).
+    Records the arrays it handed out, in order."""
+
+    def __init__(self, inner: TransformersBackend, first_dim: int | None = None) -> None:
+        super().__init__(inner)
+        self.first_dim = first_dim
+        self.handed: list[np.ndarray] = []
+
+    def generate(self, prompt_token_ids, n, params):
+        out = []
+        for samples in super().generate(prompt_token_ids, n, params):
+            with_extras = []
+            for sample in samples:
+                rows = len(sample.token_ids) if self.first_dim is None else self.first_dim
+                experts = (np.arange(rows * 4, dtype=np.uint8).reshape(rows, 2, 2) % 250) + 1 + len(self.handed)
+                self.handed.append(experts)
+                with_extras.append(replace(sample, extras={"routed_experts": experts}))
+            out.append(with_extras)
+        return out
 
 
 class ErrorBackend:
@@ -124,7 +150,14 @@ def check_layout(traj: dict, tokenizer, max_new: int = MAX_NEW) -> None:
     assert traj["response_level_rewards"] == pytest.approx(sum(traj["step_rewards"]) + penalty * invalid)
     assert traj["started_ms"] <= traj["finished_ms"]
     assert traj["worker"] == "test-worker"
-    decode(encode(traj, "Trajectory"))  # the record fits the schema
+    # the record fits the schema; its arrays come back packed, with the same values
+    _, back = decode(encode(traj, "Trajectory"))
+    assert back["response_mask"].dtype == np.uint8 and back["response_mask"].tolist() == traj["response_mask"]
+    for got, want in zip(back["turns"], turns):
+        assert got["prompt_token_ids"].tolist() == want["prompt_token_ids"]
+        assert got["response_token_ids"].tolist() == want["response_token_ids"]
+        assert got["infer_logprobs"].tolist() == pytest.approx(want["infer_logprobs"], abs=1e-6)  # float32
+    assert set(back["extras"]) == set(traj["extras"])
 
 
 def test_frozenlake_trajectories_follow_the_token_layout(recording):
@@ -284,3 +317,25 @@ def test_sampling_seed_is_stable_and_spread():
     seeds = {turn_seed(s, i, k) for s in (1, 2) for i in range(4) for k in range(3)}
     assert len(seeds) == 24 and all(0 <= x < 2**63 for x in seeds)
     SamplingParams(seed=turn_seed(2**40, 7, 9))  # a valid SamplingParams seed
+
+
+def test_engine_extras_travel_over_the_flattened_response(backend):
+    """Per-token extras of every turn's sample (routed_experts) become one PackedArray over the
+    flattened response: each turn's values at its model tokens, zeros at environment tokens."""
+    engine = ExtrasBackend(backend)
+    [traj] = player(engine).play([request(0, f"{FAULT}:RefusingEnv", {}, max_actions_per_traj=3)])
+    assert traj["stop_reason"] == "max_actions" and len(traj["turns"]) == 3
+    check_layout(traj, backend.tokenizer)
+    experts = unpack_array(decode(encode(traj, "Trajectory"))[1]["extras"]["routed_experts"])
+    mask = np.asarray(traj["response_mask"])
+    assert experts.dtype == np.uint8 and experts.shape == (len(mask), 2, 2)
+    assert (experts[mask == 0] == 0).all() and (experts[mask == 1] > 0).all()
+    assert experts[mask == 1].tolist() == np.concatenate(engine.handed).tolist()
+
+
+def test_engine_extras_that_do_not_fit_the_tokens_end_the_run_as_engine_error(backend):
+    [traj] = player(ExtrasBackend(backend, first_dim=99)).play([request(0)])
+    assert (traj["stop_reason"], traj["drop_flag"], traj["env_failed"], traj["turns"]) == (
+        "engine_error", True, False, [])
+    assert traj["error"].startswith("engine: extras: extras['routed_experts'] has shape (99, 2, 2)")
+    assert traj["extras"] == {}

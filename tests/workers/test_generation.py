@@ -6,11 +6,13 @@ import importlib.util
 import math
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 from rollstream.exceptions import ConfigError, RollstreamError
-from rollstream.kafka.events import Input
+from rollstream.filtering.prompt_state import DomainFilters, Replacement, ResponseRejected, step
+from rollstream.kafka.events import Input, Send
 from rollstream.kafka.topics import Topics
 from rollstream.policy import model as model_mod
 from rollstream.policy.model import (
@@ -24,6 +26,7 @@ from rollstream.policy.model import (
     load_tokenizer,
 )
 from rollstream.schemas import decode, encode
+from rollstream.schemas.packed import unpack_array
 from rollstream.workers.engines import (
     GenerationBackend,
     Sample,
@@ -33,6 +36,7 @@ from rollstream.workers.engines import (
     make_backend,
 )
 from rollstream.workers.generation import GenerationWorker
+from rollstream.workers.rewards import RewardWorker
 
 MAX_NEW = 8
 
@@ -196,6 +200,17 @@ def _request(prompt_id: str, prompt: str, n: int, offset: int, seed: int, round_
     }
 
 
+def _decoded(outputs) -> list[dict]:
+    """The Response records of the handler's encoded outputs (every one a Send: encoded once)."""
+    records = []
+    for o in outputs:
+        assert isinstance(o, Send)
+        name, record = decode(o.value)
+        assert name == "Response"
+        records.append(record)
+    return records
+
+
 def test_handler_turns_requests_into_encodable_responses(backend):
     topics = Topics("t-gen.")
     handler = GenerationWorker(backend, SamplingParams(max_new_tokens=MAX_NEW), topics)
@@ -208,26 +223,27 @@ def test_handler_turns_requests_into_encodable_responses(backend):
     outputs = handler(inputs)
     assert len(outputs) == 5
     assert {o.topic for o in outputs} == {topics.responses}
-    assert all(o.schema == "Response" for o in outputs)
-    assert [(o.key, o.record["sample_index"]) for o in outputs] == [
+    records = _decoded(outputs)
+    assert [(o.key, rec["sample_index"]) for o, rec in zip(outputs, records)] == [
         ("p1", 0), ("p1", 1), ("p2", 5), ("p2", 6), ("p2", 7)
     ]
     tok = backend.tokenizer
-    for o in outputs:
-        rec = o.record
-        name, back = decode(encode(rec, "Response"))
-        assert name == "Response"
-        assert back["response_token_ids"] == rec["response_token_ids"]
-        assert len(back["infer_logprobs"]) == len(back["response_token_ids"])
-        assert rec["prompt_token_ids"] == chat_prompt_ids(tok, rec["prompt"])
+    for rec in records:
+        assert rec["response_token_ids"].dtype == np.int32 and rec["infer_logprobs"].dtype == np.float32
+        assert 1 <= len(rec["response_token_ids"]) <= MAX_NEW
+        assert len(rec["infer_logprobs"]) == len(rec["response_token_ids"])
+        assert all(math.isfinite(lp) and lp <= 0.0 for lp in rec["infer_logprobs"].tolist())
+        assert rec["prompt_token_ids"].tolist() == chat_prompt_ids(tok, rec["prompt"])
+        assert rec["response_text"] == tok.decode(rec["response_token_ids"].tolist(), skip_special_tokens=True)
+        assert rec["extras"] == {}
         assert rec["round"] == (1 if rec["prompt_id"] == "p2" else 0)
         assert rec["finish_reason"] in ("stop", "length") and rec["error"] is None
         assert rec["policy_version"] == backend.policy_version
         assert rec["generation_ms"] > 0 and rec["created_ms"] > 0
         assert rec["ground_truth"] == "5" and rec["domain"] == "math"
     # the request seed drives sampling: the same request again gives the same responses
-    again = handler(inputs[:1])
-    assert [o.record["response_token_ids"] for o in again] == [o.record["response_token_ids"] for o in outputs[:2]]
+    again = _decoded(handler(inputs[:1]))
+    assert [r["response_token_ids"].tolist() for r in again] == [r["response_token_ids"].tolist() for r in records[:2]]
 
 
 def test_handler_engine_error_still_emits_encodable_responses(backend, monkeypatch):
@@ -235,11 +251,86 @@ def test_handler_engine_error_still_emits_encodable_responses(backend, monkeypat
     topics = Topics("t-gen.")
     handler = GenerationWorker(backend, SamplingParams(max_new_tokens=MAX_NEW), topics)
     r = _request("p1", "hi", 2, 0, 1)
-    outputs = handler([Input("GenerationRequest", r, "x", 0, 0, b"p1", b"")])
-    assert [o.record["finish_reason"] for o in outputs] == ["error", "error"]
-    for o in outputs:
-        assert "oom" in o.record["error"]
-        encode(o.record, "Response")
+    records = _decoded(handler([Input("GenerationRequest", r, "x", 0, 0, b"p1", b"")]))
+    assert [rec["finish_reason"] for rec in records] == ["error", "error"]
+    for rec in records:
+        assert "oom" in rec["error"] and len(rec["response_token_ids"]) == 0
+
+
+class ScriptedBackend:
+    """A GenerationBackend returning the given samples for every request, in order."""
+
+    def __init__(self, samples: list[Sample]) -> None:
+        self.samples = samples
+        self.policy_version = 2
+
+    def generate(self, prompt_token_ids, n, params):
+        return [self.samples[:k] for k in n]
+
+    def load_weights(self, path, version):
+        self.policy_version = version
+
+
+def _sample(tokens: int, **extras) -> Sample:
+    return Sample(list(range(1, tokens + 1)), [-0.5] * tokens, "#### 5", "stop", extras=extras)
+
+
+def test_too_large_sample_becomes_an_error_response_and_a_dead_letter(backend):
+    """A sample whose Response is above kafka.max_message_bytes never stops the prompt: an error
+    Response of the same identity (reward NaN, rejected engine_error, replaced) + a too_large
+    dead letter."""
+    topics = Topics("t-gen.")
+    engine = ScriptedBackend([_sample(10), _sample(50_000), _sample(12)])
+    handler = GenerationWorker(engine, SamplingParams(max_new_tokens=MAX_NEW), topics, tokenizer=backend.tokenizer,
+                               max_message_bytes=64 * 1024)
+    r = _request("pL", "What is 2+3?", 3, 0, 1)
+    outputs = handler([Input("GenerationRequest", r, topics.generation_requests, 0, 0, b"pL", b"")])
+    sends = [o for o in outputs if isinstance(o, Send)]
+    [dead] = [o for o in outputs if not isinstance(o, Send)]
+    assert [o.topic for o in sends] == [topics.responses] * 3 and {o.key for o in sends} == {"pL"}
+    assert all(len(o.value) <= 64 * 1024 for o in sends)
+    ok, big, ok2 = _decoded(sends)
+    assert [rec["sample_index"] for rec in (ok, big, ok2)] == [0, 1, 2]
+    assert len(ok["response_token_ids"]) == 10 and len(ok2["response_token_ids"]) == 12
+    assert (big["prompt_id"], big["round"], big["finish_reason"], big["policy_version"]) == ("pL", 0, "error", 2)
+    assert [len(big[f]) for f in ("prompt_token_ids", "response_token_ids", "infer_logprobs")] == [0, 0, 0]
+    assert big["response_text"] == "" and big["extras"] == {}
+    assert big["error"].startswith("too_large:") and "kafka.max_message_bytes = 65536" in big["error"]
+    assert "50000 response tokens" in big["error"]
+    size = int(big["error"].split(" is ")[1].split(" bytes")[0])
+    assert size > 50_000 * 8 > 64 * 1024
+    assert handler.too_large == 1
+    # the dead letter says what was too large, for which topic and key
+    assert (dead.topic, dead.key, dead.schema) == (topics.dead_letter, topics.responses, "DeadLetter")
+    assert (dead.record["reason"], dead.record["source_topic"], dead.record["key"]) == ("too_large", topics.responses, b"pL")
+    assert f"is {size} bytes" in dead.record["error"] and "65536" in dead.record["error"]
+    encode(dead.record, dead.schema)
+    # downstream: the reward is NaN (engine_error), the response filter rejects it, a replacement is asked
+    inputs = [Input("Response", rec, topics.responses, 0, k, b"pL", o.value)
+              for k, (o, rec) in enumerate(zip(sends, (ok, big, ok2)))]
+    rewarded = RewardWorker(topics, {"math": "gsm8k"})(inputs)
+    assert math.isnan(rewarded[1].record["response_level_reward"]) and rewarded[1].record["reward_error"] == "engine_error"
+    filters = DomainFilters(num_return_sequences=3)
+    state, effects = None, []
+    for out in rewarded:
+        state, new = step(state, out.record, filters)
+        effects += new
+    assert ResponseRejected(1, "engine_error") in effects
+    assert effects[-1] == Replacement(round=1, num_return_sequences=1, sample_offset=3)
+
+
+def test_per_token_extras_travel_packed_and_bad_ones_are_error_responses(backend):
+    topics = Topics("t-gen.")
+    experts = np.arange(6 * 2 * 3, dtype=np.uint16).reshape(6, 2, 3)
+    engine = ScriptedBackend([_sample(6, routed_experts=experts), _sample(6, routed_experts=experts[:5])])
+    handler = GenerationWorker(engine, SamplingParams(max_new_tokens=MAX_NEW), topics, tokenizer=backend.tokenizer)
+    r = _request("pE", "What is 2+3?", 2, 0, 1)
+    good, bad = _decoded(handler([Input("GenerationRequest", r, topics.generation_requests, 0, 0, b"pE", b"")]))
+    assert set(good["extras"]) == {"routed_experts"}
+    back = unpack_array(good["extras"]["routed_experts"])
+    assert back.dtype == np.uint16 and back.shape == (6, 2, 3) and np.array_equal(back, experts)
+    assert (bad["finish_reason"], bad["extras"], len(bad["response_token_ids"])) == ("error", {}, 0)
+    assert bad["error"].startswith("extras:") and "response length 6" in bad["error"]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed")

