@@ -46,7 +46,6 @@ import argparse
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import tempfile
@@ -62,6 +61,8 @@ from filter_stage import (  # noqa: E402
     kafka_bootstrap,
     process_cpu_s,
     produce_events,
+    start_worker,
+    stop_worker,
     versions,
     write_result,
 )
@@ -288,24 +289,6 @@ def bench_inprocess(config, workload: dict, expected: dict) -> dict:
 # ---- 2. Kafka: one group-queue worker subprocess --------------------------------------------------
 
 
-def _worker(config_path: Path, bootstrap: str, log_path: Path, workdir: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "rollstream", "worker", "group-queue",
-           "--config", str(config_path), "--bootstrap", bootstrap]
-    with open(log_path, "ab") as log:
-        # cwd=workdir: nothing the worker writes lands in the caller's directory
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=workdir, start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def _committed(bootstrap: str, group_id: str, topic: str, partitions: list[int]) -> dict[int, int]:
     """Offsets ``group_id`` committed on ``topic`` (-1: none yet); reads, never joins the group."""
     from kafka import KafkaConsumer, TopicPartition
@@ -326,7 +309,7 @@ def prepare_queues(bootstrap: str, topics: Topics, config_path: Path, workdir: P
     t0 = time.perf_counter()
     produce_events(bootstrap, topics.episodes_control, starts)
     control_end = _end_offsets_by_partition(bootstrap, topics.episodes_control)
-    proc = _worker(config_path, bootstrap, workdir / "prepare.log", workdir)
+    proc = start_worker("group-queue", config_path, bootstrap, workdir / "prepare.log", workdir)
     error = None
     try:
         deadline = time.monotonic() + SAFETY_TIMEOUT_S
@@ -344,7 +327,7 @@ def prepare_queues(bootstrap: str, topics: Topics, config_path: Path, workdir: P
                 break
             time.sleep(0.5)
     finally:
-        _stop(proc)
+        stop_worker(proc)
     return {"kafka_prepare_s": round(time.perf_counter() - t0, 2), "kafka_prepare_error": error}
 
 
@@ -428,7 +411,7 @@ def bench_kafka(bootstrap: str, config_dict_: dict, workload: dict, expected: di
     first_at = last_at = first_ts = last_ts = first_cpu = last_cpu = None
     error = result["kafka_prepare_error"]
     started = time.monotonic()
-    proc = _worker(config_path, bootstrap, log_path, workdir)
+    proc = start_worker("group-queue", config_path, bootstrap, log_path, workdir)
     try:
         while error is None and len(seen) < want:
             if time.monotonic() - started > SAFETY_TIMEOUT_S:
@@ -462,7 +445,7 @@ def bench_kafka(bootstrap: str, config_dict_: dict, workload: dict, expected: di
             error = _wait_committed(bootstrap, topics, proc)
     finally:
         consumer.close()
-        _stop(proc)
+        stop_worker(proc)
     late = sum(m["value"] for m in read_values(bootstrap, topics.metrics)
                if m["name"] == "group_queue/late_trajectories")
     dead = _end_offsets(bootstrap, [topics.dead_letter])[topics.dead_letter]

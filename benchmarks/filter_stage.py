@@ -262,8 +262,6 @@ def bench_kafka(bootstrap: str, events, group_size: int, expected: tuple[int, in
     consumer.seek_to_beginning(tp)
 
     log_path = workdir / "aggregator.log"
-    cmd = [sys.executable, "-m", "rollstream", "worker", "aggregator",
-           "--config", str(config_path), "--bootstrap", bootstrap]
     seen: set[str] = set()
     counts = {"commit": 0, "abort": 0}
     duplicates = 0
@@ -271,10 +269,8 @@ def bench_kafka(bootstrap: str, events, group_size: int, expected: tuple[int, in
     first_ts = last_ts = None
     first_cpu = last_cpu = None
     error = None
-    with open(log_path, "wb") as log:
-        started = time.monotonic()
-        # cwd=workdir: faust writes <app id>-data/ there, not into the caller's directory
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=workdir, start_new_session=True)
+    started = time.monotonic()
+    proc = start_worker("aggregator", config_path, bootstrap, log_path, workdir)
     try:
         while len(seen) < want:
             now = time.monotonic()
@@ -300,13 +296,7 @@ def bench_kafka(bootstrap: str, events, group_size: int, expected: tuple[int, in
                 last_cpu = process_cpu_s(proc.pid)
     finally:
         consumer.close()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_worker(proc)
     changelog = f"{names.app_id(topics, names.AGGREGATOR_APP)}-{names.PROMPT_STATE_TABLE}-changelog"
     groups = _end_offsets(bootstrap, [topics.groups_accepted, topics.groups_rejected, changelog])
     result = {
@@ -359,6 +349,25 @@ def _end_offsets(bootstrap: str, names: list[str]) -> dict[str, int]:
 
 
 # ---- main -------------------------------------------------------------------------------------
+
+
+def start_worker(stage: str, config_path: Path, bootstrap: str, log_path: Path, workdir: Path) -> subprocess.Popen:
+    """``rollstream worker <stage>`` as a subprocess, its output appended to ``log_path``; cwd is
+    ``workdir`` so nothing it writes (faust's data dir) lands in the caller's directory."""
+    cmd = [sys.executable, "-m", "rollstream", "worker", stage, "--config", str(config_path), "--bootstrap", bootstrap]
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=workdir, start_new_session=True)
+
+
+def stop_worker(proc: subprocess.Popen, wait_s: float = 30.0) -> None:
+    """SIGTERM, then SIGKILL after ``wait_s`` seconds."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def versions() -> dict:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -41,7 +40,7 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from filter_stage import kafka_bootstrap, versions, write_result  # noqa: E402
+from filter_stage import kafka_bootstrap, start_worker, stop_worker, versions, write_result  # noqa: E402
 
 from rollstream.config import KafkaConfig  # noqa: E402
 from rollstream.kafka import names  # noqa: E402
@@ -117,24 +116,6 @@ class PeakRss(threading.Thread):
             self.read()
 
 
-def start_aggregator(bootstrap: str, config_path: Path, workdir: Path) -> subprocess.Popen:
-    log = open(workdir / f"aggregator-{config_path.stem}.log", "wb")
-    # cwd=workdir: faust writes <app id>-data/ there
-    return subprocess.Popen([sys.executable, "-m", "rollstream", "worker", "aggregator", "--config", str(config_path),
-                             "--bootstrap", bootstrap], stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
-                            start_new_session=True)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def log_bytes(data_dir: Path, topic_names: list[str]) -> int:
     """Bytes of the ``.log`` segments of ``topic_names`` under the broker's log directory."""
     total = 0
@@ -175,7 +156,7 @@ def run_case(bootstrap: str, data_dir: Path, workdir: Path, group_size: int, tok
     create_topics(bootstrap, changelogs)
     config_path = workdir / f"config-{group_size}x{tokens}.yaml"
     config_path.write_text(yaml.safe_dump(config_dict(topics.prefix, group_size)))
-    proc = start_aggregator(bootstrap, config_path, workdir)
+    proc = start_worker("aggregator", config_path, bootstrap, workdir / f"aggregator-{config_path.stem}.log", workdir)
     rss = PeakRss(proc.pid)
     rss.start()
     rng = np.random.default_rng(seed)
@@ -231,7 +212,7 @@ def run_case(bootstrap: str, data_dir: Path, workdir: Path, group_size: int, tok
             error = error or f"{decided}/{n_prompts} prompts decided"
             break
         time.sleep(0.5)
-    stop(proc)
+    stop_worker(proc)
     rss.stop.set()
     rss.read()
 
@@ -286,7 +267,7 @@ def run_rss(bootstrap: str, workdir: Path, checkpoints: list[int], group_size: i
     create_topics(bootstrap, names.changelog_topics(topics, PARTITIONS))
     config_path = workdir / "config-rss.yaml"
     config_path.write_text(yaml.safe_dump(config_dict(topics.prefix, group_size)))
-    proc = start_aggregator(bootstrap, config_path, workdir)
+    proc = start_worker("aggregator", config_path, bootstrap, workdir / f"aggregator-{config_path.stem}.log", workdir)
     rss = PeakRss(proc.pid)
     producer = make_producer(bootstrap, client_id="bench-rss")
     rng = np.random.default_rng(1)
@@ -317,7 +298,7 @@ def run_rss(bootstrap: str, workdir: Path, checkpoints: list[int], group_size: i
     finally:
         consumer.close()
         producer.close()
-        stop(proc)
+        stop_worker(proc)
     return out
 
 
