@@ -77,3 +77,18 @@ def test_an_unknown_key_is_rejected_in_both_pipelines(make):
 def test_a_dumped_config_parses_back_to_itself(example):
     cfg = load_config(ROOT / "examples" / example)
     assert parse_config(cfg.model_dump(mode="json")) == cfg
+
+
+@pytest.mark.parametrize("kafka, match", [
+    ({"max_message_bytes": 2048}, "kafka.max_message_bytes: Input should be greater than or equal to 1048576"),
+    ({"compression_type": "snappy"}, "kafka.compression_type"),
+    ({"payload_retention_ms": -5}, "kafka.payload_retention_ms"),
+])
+def test_payload_settings_are_checked_where_the_config_loads(kafka, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_config(rlvr(kafka=kafka))
+
+
+def test_payload_settings_default_to_a_64k_token_response_with_room_to_spare():
+    kafka = parse_config(rlvr()).kafka
+    assert (kafka.max_message_bytes, kafka.compression_type, kafka.payload_retention_ms) == (16 * 1024 * 1024, "lz4", None)

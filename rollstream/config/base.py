@@ -21,12 +21,14 @@ class KafkaConfig(FrozenModel):
     topic_prefix: str = DEFAULT_TOPIC_PREFIX
     partitions: int = Field(4, gt=0, le=1024, description="Partitions of the prompt_id-keyed topics.")
     max_message_bytes: int = Field(
-        PAYLOAD_MAX_MESSAGE_BYTES, ge=1024, le=512 * 1024 * 1024,
+        PAYLOAD_MAX_MESSAGE_BYTES, ge=1024 * 1024, le=512 * 1024 * 1024,
         description="Largest payload event (a Response or Trajectory with its token arrays), in bytes: "
                     "`max.message.bytes` of the payload topics (responses, trajectories) and the size "
                     "every producer and consumer is set up for. A larger payload is dead-lettered "
                     "`too_large`. The default carries one 64k-token response with its prompt, arrays and "
-                    "text several times over; raise it for per-token extras such as routed_experts.")
+                    "text several times over; raise it for per-token extras such as routed_experts. At "
+                    "least 1 MiB: every client is sized by it, and decision events, table values and "
+                    "producer batches must fit too.")
     compression_type: Literal["lz4", "zstd", "gzip", "none"] = Field(
         "lz4", description="Compression of the payload topics (producers and topic).")
     payload_retention_ms: int | None = Field(

@@ -24,6 +24,9 @@ def make_producer(bootstrap: str, *, max_request_size: int = PAYLOAD_MAX_MESSAGE
         acks="all",
         linger_ms=5,
         max_request_size=max_request_size,
+        # a batch of small records must never exceed the limit either (kafka-python's default
+        # batch is 16 KiB; a record larger than the batch size travels alone)
+        batch_size=min(16384, max_request_size),
         compression_type=None if compression_type == "none" else compression_type,
         **kwargs,
     )

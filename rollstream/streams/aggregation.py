@@ -61,6 +61,16 @@ def unpack_state(value: bytes) -> tuple[PromptState, dict[str, bytes]]:
     return state, responses
 
 
+def member_bytes(record: dict, event_value: bytes) -> bytes:
+    """What the table keeps, and the Group lists, for an accepted RewardedResponse: the event
+    without its prompt text and ground truth, which the Group carries once. So a member's size
+    depends neither on the response's length (the tokens are referenced) nor on the prompt's."""
+    summary = record["response"]
+    if not summary.get("prompt") and not summary.get("ground_truth"):
+        return event_value
+    return encode({**record, "response": {**summary, "prompt": "", "ground_truth": ""}}, "RewardedResponse")
+
+
 @dataclass
 class Applied:
     changed: bool = False  # the prompt's table value changed: write Aggregation.table_value(prompt_id)
@@ -125,7 +135,7 @@ class Aggregation:
             out = Applied(effects=effects)
             for effect in effects:
                 if isinstance(effect, ResponseAccepted):
-                    stored[str(effect.sample_index)] = event_value
+                    stored[str(effect.sample_index)] = member_bytes(record, event_value)
                     out.changed = True
                 elif isinstance(effect, ResponseRejected):
                     out.changed = True  # its counters live in the state

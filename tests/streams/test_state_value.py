@@ -30,13 +30,13 @@ def test_state_value_round_trip_keeps_response_bytes_in_order():
     assert back_state == state and back_stored == stored and list(back_stored) == ["2", "0"]
 
 
-def _payloads(tokens: int) -> list[bytes]:
+def _payloads(tokens: int, prompt: str = "What is 0 + 1?") -> list[bytes]:
     """A group of encoded Response payloads, ``tokens`` response tokens each (with a 2-D extra)."""
     rng = np.random.default_rng(tokens)
     out = []
     for i in range(GROUP):
         out.append(encode({
-            "prompt_id": "pBig", "domain": "synth", "mode": "train", "prompt": "What is 0 + 1?",
+            "prompt_id": "pBig", "domain": "synth", "mode": "train", "prompt": prompt,
             "ground_truth": "1", "round": 0, "sample_index": i,
             "prompt_token_ids": np.arange(32, dtype=np.int32),
             "response_token_ids": rng.integers(0, 150_000, tokens, dtype=np.int32),
@@ -49,11 +49,11 @@ def _payloads(tokens: int) -> list[bytes]:
     return out
 
 
-def _decision_plane(tokens: int) -> tuple[list[bytes], bytes, int]:
+def _decision_plane(tokens: int, prompt: str = "What is 0 + 1?") -> tuple[list[bytes], bytes, int]:
     """The real path: reward worker -> aggregator. Returns (RewardedResponse events, the Group
     event, total payload bytes)."""
     topics = Topics("size.")
-    payloads = _payloads(tokens)
+    payloads = _payloads(tokens, prompt)
     inputs = []
     for offset, value in enumerate(payloads):
         schema, record = decode(value)
@@ -91,6 +91,18 @@ def test_decision_events_do_not_grow_with_response_length():
     assert [r["response"]["response_length"] for r in group["responses"]] == [16384] * GROUP
     assert [r["payload"]["offset"] for r in group["responses"]] == list(range(1000, 1000 + GROUP))
     assert "prompt_token_ids" not in group
+
+
+def test_group_members_do_not_repeat_the_prompt():
+    short = "What is 0 + 1?"
+    long = short + " Think step by step." * 200
+    _, short_group, _ = _decision_plane(16, short)
+    _, long_group, _ = _decision_plane(16, long)
+    # the Group carries the prompt once; its members carry neither prompt nor ground truth
+    assert len(long_group) - len(short_group) == len(long) - len(short) + 1  # + one varint byte
+    _, group = decode(long_group)
+    assert group["prompt"] == long and group["ground_truth"] == "1"
+    assert {(r["response"]["prompt"], r["response"]["ground_truth"]) for r in group["responses"]} == {("", "")}
 
 
 def _config(n: int = 4):

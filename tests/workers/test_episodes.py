@@ -239,21 +239,22 @@ def test_bad_env_type_or_config_is_env_failed_not_a_crash(backend):
 
 def test_slow_env_times_out_while_the_other_trajectory_completes(recording):
     SlowEnv.reset_count()
-    slow = {"delay_s": 30.0, "slow_instances": 1, "episode_len": 2, "reward": 0.5}
-    reqs = [request(i, f"{FAULT}:SlowEnv", slow, env_step_timeout_s=0.3) for i in (0, 1)]
+    # generous margins: a loaded 2-core machine must not turn the fast env's steps into timeouts
+    slow = {"delay_s": 600.0, "slow_instances": 1, "episode_len": 2, "reward": 0.5}
+    reqs = [request(i, f"{FAULT}:SlowEnv", slow, env_step_timeout_s=2.0) for i in (0, 1)]
     started = time.monotonic()
-    trajs = player(recording).play(reqs, timeout_s=120)
+    trajs = player(recording).play(reqs, timeout_s=300)
     took = time.monotonic() - started
-    assert took < 20  # nobody waited for the 30 s step
+    assert took < 300  # nobody waited for the 600 s step
     by_reason = {t["stop_reason"]: t for t in trajs}
     assert sorted(by_reason) == ["done", "env_timeout"]
     stuck, ok = by_reason["env_timeout"], by_reason["done"]
     assert (stuck["env_timeout"], stuck["drop_flag"], stuck["env_failed"]) == (True, True, False)
-    assert stuck["error"] == "env step exceeded 0.3s (still running)"
+    assert stuck["error"] == "env step exceeded 2s (still running)"
     assert len(stuck["turns"]) == 1 and stuck["step_rewards"] == [0.0]
     assert (ok["success"], ok["drop_flag"], ok["error"]) == (True, False, None)
     assert ok["step_rewards"] == [0.5, 0.5] and ok["response_level_rewards"] == 1.0
-    assert all(t["env_ms"] < 300 for t in ok["turns"])
+    assert all(t["env_ms"] < 2000 for t in ok["turns"])
     assert recording.batches[0] == 2  # both first turns in one batch
     for t in trajs:
         check_layout(t, recording.tokenizer)
