@@ -35,6 +35,7 @@ from rollstream.filtering.prompt_state import (
 from rollstream.kafka.events import Send
 from rollstream.kafka.topics import Topics
 from rollstream.schemas import REGISTRY, encode
+from rollstream.schemas.codec import HEADER_LEN
 from rollstream.streams.events import decided_group, derive_seed, prompt_outcome, replacement_request
 
 _U32 = struct.Struct("<I")
@@ -64,11 +65,42 @@ def unpack_state(value: bytes) -> tuple[PromptState, dict[str, bytes]]:
 def member_bytes(record: dict, event_value: bytes) -> bytes:
     """What the table keeps, and the Group lists, for an accepted RewardedResponse: the event
     without its prompt text and ground truth, which the Group carries once. So a member's size
-    depends neither on the response's length (the tokens are referenced) nor on the prompt's."""
+    depends neither on the response's length (the tokens are referenced) nor on the prompt's.
+
+    An event of the current schema is cut at the byte level (both are Avro strings near its
+    start: length-prefixed, so each becomes the single byte of an empty string); an older
+    writer's event is re-encoded."""
     summary = record["response"]
     if not summary.get("prompt") and not summary.get("ground_truth"):
         return event_value
+    if event_value[2:HEADER_LEN] == _REWARDED_FP:
+        start = HEADER_LEN
+        for _ in range(_BEFORE_PROMPT):
+            start = _after_string(event_value, start)
+        end = _after_string(event_value, _after_string(event_value, start))
+        return event_value[:start] + b"\x00\x00" + event_value[end:]
     return encode({**record, "response": {**summary, "prompt": "", "ground_truth": ""}}, "RewardedResponse")
+
+
+def _after_string(data: bytes, pos: int) -> int:
+    """The offset just after the Avro string (zig-zag varint length, then bytes) at ``pos``."""
+    shift = n = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        n |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return pos + ((n >> 1) ^ -(n & 1))
+
+
+_REWARDED_FP = REGISTRY.fingerprint("RewardedResponse")
+_SUMMARY_HEAD = [f["name"] for f in REGISTRY.schema("ResponseSummary")["fields"][:5]]
+_BEFORE_PROMPT = 3
+if (REGISTRY.schema("RewardedResponse")["fields"][0]["name"] != "response"
+        or _SUMMARY_HEAD != ["prompt_id", "domain", "mode", "prompt", "ground_truth"]):
+    raise RuntimeError(f"member_bytes expects RewardedResponse to start with response: ResponseSummary whose first "
+                       f"fields are prompt_id, domain, mode, prompt, ground_truth (all strings); got {_SUMMARY_HEAD}")
 
 
 @dataclass

@@ -12,7 +12,7 @@ from rollstream.kafka.events import Input
 from rollstream.kafka.topics import Topics
 from rollstream.schemas import decode, encode
 from rollstream.schemas.records import payload_ref
-from rollstream.streams.aggregation import Aggregation, pack_state, unpack_state
+from rollstream.streams.aggregation import Aggregation, member_bytes, pack_state, unpack_state
 from rollstream.workers.rewards import RewardWorker
 from tests.integration.harness import response
 
@@ -185,3 +185,14 @@ def test_a_failure_after_unwritten_changes_is_reported_never_silently_dropped(mo
     monkeypatch.undo()
     assert aggregation.apply(table, events[1], decode(events[1])[1]).changed
     assert aggregation.state_decodes == 1
+
+
+@pytest.mark.parametrize("prompt, truth", [("q", "1"), ("é" * 70, ""), ("", "x" * 300), ("p" * 20000, "42" * 99)])
+def test_member_bytes_cut_at_the_byte_level_equal_a_re_encode(prompt, truth):
+    record = response("p-é", 3, reward=1.0, payload=payload_ref("t", 0, 7, 9))
+    record["response"].update(prompt=prompt, ground_truth=truth, domain="d" * 130, mode="train")
+    value = encode(record, "RewardedResponse")
+    cut = member_bytes(record, value)
+    expected = encode({**record, "response": {**record["response"], "prompt": "", "ground_truth": ""}},
+                      "RewardedResponse")
+    assert cut == expected
