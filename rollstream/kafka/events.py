@@ -1,15 +1,20 @@
 """What a stage reads and writes: a decoded ``Input``, an ``Output`` record to encode, an already
-encoded ``Send``; decoding an expected event; the one dead-letter event builder."""
+encoded ``Send``; decoding an expected event; the one dead-letter event builder; a payload that
+must fit ``kafka.max_message_bytes`` (``fit``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from rollstream.exceptions import DecodeError, UnknownFingerprintError
 from rollstream.kafka.topics import Topics
 from rollstream.runtime import now_ms
-from rollstream.schemas import decode
+from rollstream.schemas import decode, encode
+
+TOO_LARGE = "too_large"
+"""Dead-letter reason of an event above ``kafka.max_message_bytes``, and the prefix of the
+``error`` of the stand-in a worker sends in its place (``fit``)."""
 
 
 @dataclass(frozen=True)
@@ -84,12 +89,34 @@ def too_large(topics: Topics, topic: str, key: str, schema: str, size: int, limi
         topic=topics.dead_letter, key=topic, schema="DeadLetter",
         record={
             "source_topic": topic, "partition": -1, "offset": -1, "key": key.encode(), "payload": b"",
-            "reason": "too_large",
+            "reason": TOO_LARGE,
             "error": f"{schema} for {topic} (key {key!r}) is {size} bytes, above kafka.max_message_bytes = {limit}; "
                      f"raise kafka.max_message_bytes (the payload topics' max.message.bytes) to carry it",
             "worker": worker, "created_ms": now_ms(),
         },
     )
+
+
+def fit(topics: Topics, topic: str, key: str, schema: str, record: dict, limit: int, worker: str,
+        stand_in: Callable[[dict, int], dict]) -> tuple[dict, list[Output | Send]]:
+    """``record`` (of ``schema``) encoded once as a ``Send`` on ``topic``; when it is ``size`` bytes,
+    above ``limit`` (``kafka.max_message_bytes``), ``stand_in(record, size)`` instead (the same
+    identity without the payload, so whatever waits for it moves on; see ``too_large_error``) and
+    the record's ``too_large`` dead letter. Returns the record sent and the outputs. Raises
+    EncodeError when a record does not encode."""
+    value = encode(record, schema)
+    if len(value) <= limit:
+        return record, [Send(topic, key, value)]
+    replacement = stand_in(record, len(value))
+    return replacement, [Send(topic, key, encode(replacement, schema)),
+                         too_large(topics, topic, key, schema, len(value), limit, worker)]
+
+
+def too_large_error(schema: str, size: int, limit: int, detail: str) -> str:
+    """The ``error`` of a stand-in for a ``schema`` event of ``size`` bytes above ``limit``:
+    ``too_large: ...`` naming the size, the setting and ``detail`` (what made it large)."""
+    return (f"{TOO_LARGE}: {schema} is {size} bytes, above kafka.max_message_bytes = {limit} ({detail}); "
+            "raise kafka.max_message_bytes to carry it")
 
 
 def dead_letter(topics: Topics, source: SourceRecord, reason: str, error: str, worker: str) -> Output:

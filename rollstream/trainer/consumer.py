@@ -52,7 +52,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollstream.config.base import PAYLOAD_MAX_MESSAGE_BYTES
 from rollstream.filtering.decision import Decision
 from rollstream.filtering.reasons import RejectReason
 from rollstream.filtering.staleness import stale_decision
@@ -62,7 +61,7 @@ from rollstream.kafka.offsets import OffsetTracker
 from rollstream.kafka.payloads import Fetched, PayloadFetcher, ref_key
 from rollstream.kafka.topics import Topics
 from rollstream.observability.metrics import process_metrics
-from rollstream.runtime import now_ms, worker_id
+from rollstream.runtime import PAYLOAD_MAX_MESSAGE_BYTES, now_ms, worker_id
 from rollstream.schemas import encode
 from rollstream.schemas.records import batch_event, group_rows, group_schema
 from rollstream.trainer.batch import RolloutBatch, build_batch, check_payloads, extras_shapes

@@ -24,16 +24,15 @@ from typing import Any, Callable, Sequence
 
 from kafka.errors import CommitFailedError
 
-from rollstream.config.base import PAYLOAD_MAX_MESSAGE_BYTES
 from rollstream.exceptions import EncodeError
 from rollstream.kafka.clients import commit_offsets
-from rollstream.kafka.events import Output, Send, SourceRecord, dead_letter, decode_expected, too_large
+from rollstream.kafka.events import Output, Send, SourceRecord, dead_letter, decode_expected, fit, too_large_error
 from rollstream.kafka.offsets import OffsetTracker
 from rollstream.kafka.topics import Topics
 from rollstream.kafka.worker import PartitionWorker
 from rollstream.observability.metrics import process_metrics
 from rollstream.policy.versions import PolicyFollower, PolicyVersionWatcher
-from rollstream.schemas import encode
+from rollstream.runtime import PAYLOAD_MAX_MESSAGE_BYTES
 from rollstream.schemas.records import STOP_ENV_FAILED
 from rollstream.workers.engines import GenerationBackend, make_backend
 from rollstream.workers.envs import TextEnv, make_env, resolve_env
@@ -42,18 +41,14 @@ from rollstream.workers.episodes import DEFAULT_MAX_CONTEXT_TOKENS, EpisodePlaye
 log = logging.getLogger(__name__)
 
 POLICY_MAX_AGE_S = 1.0  # between turns, policy.versions is asked at most this often
-TOO_LARGE = "too_large"
-"""Prefix of ``Trajectory.error`` for a trajectory that would not fit in one Kafka message."""
-
-
 def too_large_stub(record: dict, size: int, limit: int) -> dict:
     """The Trajectory sent in place of ``record`` when its event is ``size`` bytes, above
     ``kafka.max_message_bytes`` = ``limit``: same identity, rewards and timing, no turns, an empty
     response_mask and no extras, ``stop_reason`` env_failed with ``env_failed`` and ``drop_flag``
     set (an infra failure: the group queue sets it aside and refills the run)."""
-    error = (f"{TOO_LARGE}: Trajectory is {size} bytes, above kafka.max_message_bytes = {limit} "
-             f"({len(record.get('turns', ()))} turns, {len(record.get('response_mask', ()))} response tokens; "
-             f"played as {record['stop_reason']}); raise kafka.max_message_bytes to carry it")
+    error = too_large_error("Trajectory", size, limit,
+                            f"{len(record.get('turns', ()))} turns, {len(record.get('response_mask', ()))} response "
+                            f"tokens; played as {record['stop_reason']}")
     return {**record, "turns": [], "response_mask": [], "extras": {}, "stop_reason": STOP_ENV_FAILED,
             "env_failed": True, "env_timeout": False, "drop_flag": True, "success": False, "error": error}
 
@@ -156,22 +151,20 @@ class EnvWorker(PartitionWorker):
             rec = done.record
             key = str(rec["group_id"])
             try:
-                value = encode(rec, "Trajectory")
-                if len(value) > self.max_message_bytes:
-                    size = len(value)
-                    log.warning("trajectory %s is %d bytes, above max_message_bytes %d: sent as a too_large stub",
-                                identity_of(rec), size, self.max_message_bytes)
-                    rec = too_large_stub(rec, size, self.max_message_bytes)
-                    value = encode(rec, "Trajectory")
-                    outputs.append(too_large(self.topics, self.topics.trajectories, key, "Trajectory", size,
-                                             self.max_message_bytes, self.worker))
-                    self.too_large += 1
-                    self.dead_lettered += 1
+                sent, events = fit(self.topics, self.topics.trajectories, key, "Trajectory", rec,
+                                   self.max_message_bytes, self.worker,
+                                   lambda r, size: too_large_stub(r, size, self.max_message_bytes))
             except EncodeError as exc:  # a bug, but one bad record must not stop the worker
                 log.exception("trajectory %s does not encode", identity_of(rec))
                 outputs.append(self._dead_letter(done.tag, "handler_error", f"EncodeError: {exc}"))
                 continue
-            outputs.append(Send(self.topics.trajectories, key, value))
+            if sent is not rec:
+                log.warning("trajectory %s is above max_message_bytes %d: sent as a too_large stub",
+                            identity_of(rec), self.max_message_bytes)
+                self.too_large += 1
+                self.dead_lettered += 1
+                rec = sent
+            outputs += events
             self.emitted += 1
             self.stop_reasons[rec["stop_reason"]] += 1
             if rec["error"]:  # infra failures must be visible to whoever runs the worker

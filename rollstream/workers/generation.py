@@ -11,23 +11,17 @@ import time
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
-from rollstream.config.base import PAYLOAD_MAX_MESSAGE_BYTES
-from rollstream.kafka.events import Input, Output, Send, too_large
+from rollstream.kafka.events import Input, Output, Send, fit, too_large_error
 from rollstream.kafka.topics import Topics
 from rollstream.kafka.worker import EventWorker
 from rollstream.policy.model import chat_prompt_ids, load_tokenizer
 from rollstream.policy.versions import PolicyFollower, PolicyVersionWatcher
-from rollstream.runtime import now_ms
-from rollstream.schemas import encode
+from rollstream.runtime import PAYLOAD_MAX_MESSAGE_BYTES, now_ms
 from rollstream.schemas.packed import packed_array
 from rollstream.schemas.records import FINISH_ERROR
 from rollstream.workers.engines import GenerationBackend, Sample, SamplingParams, error_samples, make_backend
 
 log = logging.getLogger(__name__)
-
-TOO_LARGE = "too_large"
-"""Prefix of ``Response.error`` for a sample whose Response would not fit in one Kafka message."""
-
 
 def pack_extras(sample: Sample) -> dict:
     """``sample.extras`` as ``Response.extras`` (name -> PackedArray record).
@@ -142,24 +136,19 @@ class GenerationWorker:
 
     def _encoded(self, record: dict) -> list[Send | Output]:
         """The Response ``record`` encoded once; above ``max_message_bytes`` its error Response
-        and the ``too_large`` dead letter instead."""
-        key = record["prompt_id"]
-        value = encode(record, "Response")
-        size = len(value)
-        if size <= self.max_message_bytes:
-            return [Send(self.topics.responses, key, value)]
-        self.too_large += 1
-        n_tokens = len(record["response_token_ids"])
-        log.warning("Response of %s/%d is %d bytes (%d response tokens), above kafka.max_message_bytes %d: "
-                    "sent as an error response", key, record["sample_index"], size, n_tokens, self.max_message_bytes)
-        error = (f"{TOO_LARGE}: the Response is {size} bytes ({n_tokens} response tokens, "
-                 f"{len(record['prompt_token_ids'])} prompt tokens, extras {sorted(record['extras'])}), above "
-                 f"kafka.max_message_bytes = {self.max_message_bytes}; raise kafka.max_message_bytes to keep "
-                 "responses this long")
-        replacement = error_response(record, error)
-        return [Send(self.topics.responses, key, encode(replacement, "Response")),
-                too_large(self.topics, self.topics.responses, key, "Response", size, self.max_message_bytes,
-                          self.worker)]
+        and the ``too_large`` dead letter instead (``rollstream.kafka.events.fit``)."""
+        def stand_in(r: dict, size: int) -> dict:
+            detail = (f"{len(r['response_token_ids'])} response tokens, {len(r['prompt_token_ids'])} prompt tokens, "
+                      f"extras {sorted(r['extras'])}")
+            return error_response(r, too_large_error("Response", size, self.max_message_bytes, detail))
+
+        sent, outputs = fit(self.topics, self.topics.responses, record["prompt_id"], "Response", record,
+                            self.max_message_bytes, self.worker, stand_in)
+        if sent is not record:
+            self.too_large += 1
+            log.warning("Response of %s/%d is above kafka.max_message_bytes %d: sent as an error response",
+                        record["prompt_id"], record["sample_index"], self.max_message_bytes)
+        return outputs
 
 
 def error_response(record: Mapping, error: str) -> dict:

@@ -33,11 +33,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
-from rollstream.config.base import PAYLOAD_MAX_MESSAGE_BYTES
 from rollstream.filtering.response_filters import BLANK_TEXT
 from rollstream.kafka.events import Input, Output
 from rollstream.kafka.topics import Topics
 from rollstream.kafka.worker import EventWorker
+from rollstream.runtime import PAYLOAD_MAX_MESSAGE_BYTES
 from rollstream.schemas.records import FINISH_ERROR, payload_ref, response_summary
 from rollstream.workers.answers import last_boxed
 
