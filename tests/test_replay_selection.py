@@ -10,7 +10,7 @@ import pytest
 
 from rollstream.schemas import decode, encode
 from rollstream.schemas.packed import packed_array
-from rollstream.schemas.records import payload_ref, response_summary, trajectory_summary
+from rollstream.schemas.records import payload_ref, payload_refs, response_summary, trajectory_summary
 from rollstream.tools.replay import (
     Payload,
     Predicate,
@@ -20,7 +20,6 @@ from rollstream.tools.replay import (
     jsonable,
     parse_time_ms,
     payload_digest,
-    payload_refs,
     summary,
     with_payloads,
 )

@@ -87,6 +87,28 @@ def is_payload_ref(payload: Mapping) -> bool:
     return "offset" in payload and "topic" in payload
 
 
+MEMBER_LISTS = ("responses", "trajectories")
+"""The fields of a decided group that list its members (``Group``, ``TrajectoryGroup``)."""
+
+
+def payload_members(value: Mapping | None) -> list[Mapping]:
+    """The parts of a decoded event that name a payload (have a ``payload`` record): the event
+    itself (``RewardedResponse``, ``TrajectorySummary``) or its members (``Group.responses``,
+    ``TrajectoryGroup.trajectories``). Payload events, and anything else, have none."""
+    if not isinstance(value, Mapping):
+        return []
+    if isinstance(value.get("payload"), Mapping):
+        return [value]
+    return [m for name in MEMBER_LISTS if isinstance(value.get(name), list)
+            for m in value[name] if isinstance(m, Mapping) and isinstance(m.get("payload"), Mapping)]
+
+
+def payload_refs(value: Mapping | None) -> list[Mapping]:
+    """The ``PayloadRef`` records a decoded event names, in member order (inline payloads, from
+    events written before references, need no fetch and are left out)."""
+    return [m["payload"] for m in payload_members(value) if is_payload_ref(m["payload"])]
+
+
 def response_summary(response: Mapping) -> dict:
     """The ``ResponseSummary`` of a ``Response`` record: its identity, lengths and finish reason,
     without token arrays or text."""

@@ -31,7 +31,7 @@ from rollstream.exceptions import DecodeError, TopicNotFound
 from rollstream.kafka.clients import reader_consumer
 from rollstream.kafka.payloads import PayloadFetcher, RefKey, ref_key
 from rollstream.schemas import decode
-from rollstream.schemas.records import is_payload_ref
+from rollstream.schemas.records import MEMBER_LISTS, is_payload_ref, payload_members, payload_refs
 
 _OPS: dict[str, Callable[[Any, Any], bool]] = {
     "!=": operator.ne, ">=": operator.ge, "<=": operator.le, "=": operator.eq, ">": operator.gt, "<": operator.lt,
@@ -212,27 +212,6 @@ def jsonable(value: Any) -> Any:
 
 # -- payload references ---------------------------------------------------------------------
 
-_MEMBER_LISTS = ("responses", "trajectories")
-
-
-def payload_members(value: Mapping | None) -> list[Mapping]:
-    """The parts of a decoded event that name a payload (have a ``payload`` record): the event
-    itself (``RewardedResponse``, ``TrajectorySummary``) or its members (``Group.responses``,
-    ``TrajectoryGroup.trajectories``). Payload events themselves have none."""
-    if not isinstance(value, Mapping):
-        return []
-    if isinstance(value.get("payload"), Mapping):
-        return [value]
-    return [m for name in _MEMBER_LISTS if isinstance(value.get(name), list)
-            for m in value[name] if isinstance(m, Mapping) and isinstance(m.get("payload"), Mapping)]
-
-
-def payload_refs(value: Mapping | None) -> list[Mapping]:
-    """The ``PayloadRef`` records a decoded event names (inline payloads, from events written
-    before references, need no fetch and are not listed)."""
-    return [m["payload"] for m in payload_members(value) if is_payload_ref(m["payload"])]
-
-
 def payload_figures(schema: str | None, payload: Mapping) -> dict:
     """What a member shows of its payload: ``payload_tokens`` (Response: prompt and response
     tokens; Trajectory: first prompt, flattened response, model tokens, turns) and the text
@@ -273,7 +252,7 @@ def with_payloads(value: Mapping, payloads: Mapping[RefKey, Payload], full: bool
     if isinstance(value.get("payload"), Mapping):
         return resolve(value)
     out = dict(value)
-    for name in _MEMBER_LISTS:
+    for name in MEMBER_LISTS:
         if isinstance(value.get(name), list):
             out[name] = [resolve(m) if isinstance(m, Mapping) and isinstance(m.get("payload"), Mapping) else m
                          for m in value[name]]

@@ -63,12 +63,11 @@ from rollstream.kafka.topics import Topics
 from rollstream.observability.metrics import process_metrics
 from rollstream.runtime import PAYLOAD_MAX_MESSAGE_BYTES, now_ms, worker_id
 from rollstream.schemas import encode
-from rollstream.schemas.records import batch_event, group_rows, group_schema
+from rollstream.schemas.records import batch_event, group_rows, group_schema, payload_refs
 from rollstream.trainer.batch import RolloutBatch, build_batch, check_payloads, extras_shapes
 from rollstream.trainer.intake import (
     DEDUP_WINDOW,
     RecentKeys,
-    payload_refs,
     resolve_payloads,
     stale_rejection,
     trainable_group,

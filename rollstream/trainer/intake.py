@@ -40,12 +40,6 @@ def trainable_group(value: bytes | None) -> tuple[dict, None] | tuple[None, tupl
     return record, None
 
 
-def payload_refs(group: Mapping) -> list[dict]:
-    """The ``PayloadRef`` records of ``group``'s members, in member order; members whose payload
-    is inline (events of the old format, upgraded at decode) need no fetch and are left out."""
-    return [member["payload"] for member in group_rows(group) if is_payload_ref(member["payload"])]
-
-
 def resolve_payloads(group: Mapping, values: Mapping[RefKey, bytes]) -> dict:
     """A copy of ``group`` in which every member's ``payload`` is the decoded record: the
     ``Response`` (``Group``) or ``Trajectory`` (``TrajectoryGroup``) whose bytes ``values`` holds

@@ -7,9 +7,9 @@ import pytest
 
 from rollstream.filtering.staleness import stale_decision
 from rollstream.schemas import encode
-from rollstream.schemas.records import payload_ref
+from rollstream.schemas.records import payload_ref, payload_refs
 from rollstream.trainer.batch import check_payloads
-from rollstream.trainer.intake import RecentKeys, payload_refs, resolve_payloads, stale_rejection, trainable_group
+from rollstream.trainer.intake import RecentKeys, resolve_payloads, stale_rejection, trainable_group
 
 from . import records
 
