@@ -5,8 +5,11 @@ an event the trainer would refuse is refused where it enters."""
 from __future__ import annotations
 
 import math
+from typing import Mapping
 
 import numpy as np
+
+from rollstream.schemas.packed import unpack_array
 
 
 def check_trajectory(traj: dict, where: str = "") -> None:
@@ -42,13 +45,22 @@ def check_trajectory(traj: dict, where: str = "") -> None:
         bad = np.unique(values[(values != 0) & (values != 1)])
         if bad.size:
             raise ValueError(f"{where}: response_mask values must be 0 or 1, got {sorted(bad.tolist())}")
-    for name, extra in (traj.get("extras") or {}).items():
-        shape = extra.get("shape") if isinstance(extra, dict) else getattr(extra, "shape", None)
-        first = int(shape[0]) if shape is not None and len(shape) else None
-        if first != n_flat:
-            raise ValueError(f"{where}: extras[{name!r}] has first dimension {first} but the flattened response "
-                             f"has {n_flat} tokens")
+    check_extras(traj, n_flat, where)
     reward = traj["response_level_rewards"]
     if not math.isfinite(reward):
         raise ValueError(f"{where}: non-finite response_level_rewards {reward} "
                          "(such groups must be rejected upstream with reason invalid_reward)")
+
+
+def check_extras(payload: Mapping, n_tokens: int, where: str) -> None:
+    """Raise ``ValueError`` unless every ``extras`` entry of a payload (``Response``: along its
+    response tokens; ``Trajectory``: along its flattened response) is a consistent ``PackedArray``
+    (or array) whose first dimension is ``n_tokens``. ``where`` prefixes the message."""
+    for name, packed in (payload.get("extras") or {}).items():
+        try:
+            array = unpack_array(packed) if isinstance(packed, Mapping) else np.asarray(packed)
+        except ValueError as exc:
+            raise ValueError(f"{where}: extras[{name!r}]: {exc}") from None
+        if array.ndim < 1 or array.shape[0] != n_tokens:
+            raise ValueError(f"{where}: extras[{name!r}] has shape {tuple(array.shape)}; its first dimension must "
+                             f"be the {n_tokens} response tokens")

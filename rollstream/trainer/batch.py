@@ -63,7 +63,7 @@ from torch import Tensor
 
 from rollstream.schemas.packed import unpack_array
 from rollstream.schemas.records import group_rows, is_payload_ref, is_trajectory_group
-from rollstream.schemas.validation import check_trajectory
+from rollstream.schemas.validation import check_extras, check_trajectory
 
 GRPO_EPS = 1e-6
 """Added to the group std before dividing, so a near-constant group cannot blow up."""
@@ -217,8 +217,7 @@ def check_payloads(group: dict) -> None:
         for traj in group.get("trajectories") or []:
             where = f"group {key!r} trajectory {traj['traj_index']}"
             payload = _resolved(traj, where)
-            check_trajectory(payload, where=where)
-            _check_extras(payload, len(payload["response_mask"]), where)
+            check_trajectory(payload, where=where)  # its extras too
         extras_shapes(group)
         return
     extras_shapes(group)
@@ -230,7 +229,7 @@ def check_payloads(group: dict) -> None:
             raise ValueError(f"{where}: {n_tok} response tokens but {n_lp} infer_logprobs")
         if not len(resp["prompt_token_ids"]):
             raise ValueError(f"{where}: no prompt tokens")
-        _check_extras(resp, n_tok, where)
+        check_extras(resp, n_tok, where)
 
 
 def extras_shapes(group: Mapping) -> dict[str, tuple[int, ...]]:
@@ -261,17 +260,6 @@ def _resolved(member: Mapping, where: str) -> Mapping:
         raise ValueError(f"{where}: payload not resolved (a PayloadRef; fetch it first, "
                          "see rollstream.trainer.intake.resolve_payloads)")
     return payload
-
-
-def _check_extras(payload: Mapping, n_tokens: int, where: str) -> None:
-    for name, packed in (payload.get("extras") or {}).items():
-        try:
-            array = unpack_array(packed)
-        except ValueError as exc:
-            raise ValueError(f"{where}: extras[{name!r}]: {exc}") from None
-        if array.ndim < 1 or array.shape[0] != n_tokens:
-            raise ValueError(f"{where}: extras[{name!r}] has shape {tuple(array.shape)}; its first dimension must "
-                             f"be the {n_tokens} response tokens")
 
 
 def _unique_members(key: str, members: list, kind: str, index_of, index_name: str):
