@@ -13,7 +13,7 @@ export UV_CACHE_DIR ?= $(HOME)/.cache/uv
 export UV_LINK_MODE ?= hardlink
 export PYTHONWARNINGS ?= ignore::SyntaxWarning,ignore::DeprecationWarning
 
-.PHONY: env browser demo demo-agentic test test-unit bench clean
+.PHONY: env browser demo demo-byo demo-agentic test test-unit bench gpu-check clean
 
 $(UV):
 	$(PYTHON) -m venv $(CACHE)/tools
@@ -32,6 +32,9 @@ env: .venv/.installed
 
 demo: env
 	$(PY) -m rollstream run examples/rlvr_math.yaml --summary-json runs/demo-rlvr/summary.json
+
+demo-byo: env
+	$(PY) -m rollstream run examples/byo/rlvr_own.yaml --summary-json runs/byo-rlvr/summary.json
 
 demo-agentic: env
 	$(PY) -m rollstream run examples/agentic_frozenlake.yaml --summary-json runs/demo-agentic/summary.json
@@ -57,6 +60,11 @@ bench: env
 	$(PY) benchmarks/corrections.py --out runs/bench/corrections.json
 	$(PY) benchmarks/cpu_sharing.py --out runs/bench/cpu_sharing.json
 	$(PY) benchmarks/real_sizes.py --out runs/bench/real_sizes.json
+
+# Correction masks and one training step on CUDA against the CPU; needs only torch + transformers,
+# so no `env`: on a bare CUDA machine `make gpu-check GPU_PYTHON=python3`. Exit 2 without CUDA.
+gpu-check:
+	$(or $(GPU_PYTHON),$(wildcard $(PY)),python3) benchmarks/gpu_check.py --out runs/gpu-check.json
 
 clean:
 	rm -rf .venv runs .rollstream

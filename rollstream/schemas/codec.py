@@ -9,8 +9,9 @@ specification's canonical form (and Java's ``SchemaNormalization``) requires.
 
 ``history/<name>.v<N>.avsc`` holds older writer versions, each self-contained (decode only). An
 event of an older version is read with the current schema when Avro resolution allows it; for the
-names in ``rollstream.schemas.upgrades.UPGRADES`` (changes resolution cannot express, e.g. arrays
-that became packed bytes) it is read with the newest history version and then upgraded.
+versions an upgrade in ``rollstream.schemas.upgrades.UPGRADES`` covers (changes resolution cannot
+express, e.g. arrays that became packed bytes) it is read with the newest version that upgrade
+covers and then upgraded.
 ``history/legacy_fingerprints.json`` maps fingerprints rollstream once wrote by mistake to the
 schema file they stand for. Per-token arrays are packed bytes (``rollstream.schemas.packed``).
 """
@@ -109,11 +110,12 @@ class SchemaRegistry:
 
     @classmethod
     def from_directory(cls, directory: Path = SCHEMA_DIR,
-                       upgrades: dict[str, Callable[[dict], dict]] | None = None) -> "SchemaRegistry":
+                       upgrades: dict[str, tuple[int, Callable[[dict], dict]]] | None = None) -> "SchemaRegistry":
         """Current schemas from ``directory/*.avsc``; older versions that producers may still
         write from ``directory/history/*.avsc`` (decode only, self-contained). ``upgrades``:
-        schema name -> conversion of a record read with the newest history version of that name
-        to the current shape (default: none)."""
+        schema name -> (last history version N it covers, conversion to the current shape of a
+        record read with version N): versions <= N are read with N, then converted; later
+        versions resolve to the current schema (default: none)."""
         registry = cls()
         pending = {p.name: json.loads(p.read_text()) for p in sorted(directory.glob("*.avsc"))}
         # Files reference each other's named types: parse until a pass makes no progress.
@@ -138,13 +140,14 @@ class SchemaRegistry:
                 registry.add_legacy_fingerprint(int(fp), entry["file"])
         return registry
 
-    def _plan_history(self, upgrades: dict[str, Callable[[dict], dict]]) -> None:
+    def _plan_history(self, upgrades: dict[str, tuple[int, Callable[[dict], dict]]]) -> None:
         for name, versions in self._history.items():
             versions.sort(key=lambda v: v[0])
-            newest = versions[-1][2]
-            for _, fp, writer in versions:
-                if name in upgrades:
-                    self._read_as[fp] = (None if writer is newest else newest, upgrades[name])
+            covered, upgrade = upgrades.get(name, (None, None))
+            older = [parsed for version, _, parsed in versions if upgrade is not None and version <= covered]
+            for version, fp, writer in versions:
+                if upgrade is not None and version <= covered:
+                    self._read_as[fp] = (None if writer is older[-1] else older[-1], upgrade)
                 else:
                     self._read_as[fp] = (self._reader.get(name), None)
 

@@ -54,7 +54,8 @@ def batch_event(*, step: int, status: str, target: int, accepted: int, prompts_c
 
     Args:
         step: the trainer step the batch is for.
-        status: ``underfilled`` (admission), ``complete``, ``partial`` or ``recovered`` (trainer).
+        status: ``underfilled`` or ``end_of_data`` (admission's verdicts), ``complete``,
+            ``partial`` or ``recovered`` (trainer).
         target: groups a full batch has; ``accepted``: groups it has (or admission accepted).
         prompts_consumed, rejected_by_reason: admission's counts for an underfilled batch.
         group_keys: the batch's groups; ``offsets``: partition (as str) -> next offset committed.
@@ -71,8 +72,8 @@ def batch_event(*, step: int, status: str, target: int, accepted: int, prompts_c
 
 # ---- decision plane: summaries and payload references (issue 12) ---------------------------
 
-RESPONSE_SUMMARY_FIELDS = ("prompt_id", "domain", "mode", "prompt", "ground_truth", "round", "sample_index",
-                           "finish_reason", "error", "policy_version", "generation_ms", "created_ms")
+RESPONSE_SUMMARY_FIELDS = ("prompt_id", "domain", "mode", "prompt", "ground_truth", "messages", "round",
+                           "sample_index", "finish_reason", "error", "policy_version", "generation_ms", "created_ms")
 TRAJECTORY_PAYLOAD_FIELDS = ("turns", "response_mask", "extras")
 
 
@@ -116,6 +117,7 @@ def response_summary(response: Mapping) -> dict:
     summary["mode"] = summary["mode"] or "train"
     summary["prompt"] = summary["prompt"] or ""
     summary["ground_truth"] = summary["ground_truth"] or ""
+    summary["messages"] = list(summary["messages"] or [])
     summary["policy_version"] = int(summary["policy_version"] or 0)
     summary["generation_ms"] = float(summary["generation_ms"] or 0.0)
     summary["created_ms"] = int(summary["created_ms"] or 0)
@@ -139,3 +141,12 @@ def trajectory_summary(trajectory: Mapping, payload: Mapping) -> dict:
         payload=payload,
     )
     return summary
+
+
+PROMPTS_END_KEY = b"__end__"
+"""The key of the ``PromptsEnd`` marker on ``prompts``."""
+
+
+def prompts_end(prompts: int, producer: str = "") -> dict:
+    """A ``PromptsEnd`` record: ``prompts`` were published before it and none follow."""
+    return {"prompts": int(prompts), "producer": producer, "created_ms": now_ms()}

@@ -3,7 +3,8 @@
 Schema evolution by Avro resolution covers added fields with defaults; the change to packed
 arrays and payload references (issue 12) is not such a change (an ``array<int>`` does not
 resolve to ``bytes``). So an event of an older writer schema is decoded with the newest history
-version of its name (Avro resolution from older versions to that one), then converted here. An
+version the upgrade covers (Avro resolution from older versions to that one), then converted here;
+later history versions (e.g. before ``messages`` existed, issue 13) resolve to the current schema. An
 upgraded payload-carrying decision event keeps its payload inline (``payload`` is the Response or
 Trajectory itself, not a PayloadRef): nothing to fetch, nothing lost.
 """
@@ -22,9 +23,9 @@ def _arrays(record: dict, fields: dict[str, type]) -> dict:
 
 
 def upgrade_response(old: dict) -> dict:
-    """Response v1 (int/float arrays) -> Response (packed arrays, extras)."""
+    """Response v1 (int/float arrays) -> Response (packed arrays, extras, no chat messages)."""
     return {**_arrays(old, {"prompt_token_ids": np.int32, "response_token_ids": np.int32,
-                            "infer_logprobs": np.float32}), "extras": {}}
+                            "infer_logprobs": np.float32}), "extras": {}, "messages": []}
 
 
 def upgrade_rewarded_response(old: dict, prompt_token_ids: list[int] | None = None) -> dict:
@@ -42,6 +43,7 @@ def upgrade_group(old: dict) -> dict:
     """Group v1 (responses inline, group prompt_token_ids) -> Group (small members)."""
     prompt_ids = old.get("prompt_token_ids") or []
     group = {k: v for k, v in old.items() if k != "prompt_token_ids"}
+    group["messages"] = []
     group["responses"] = [upgrade_rewarded_response(rr, prompt_ids) for rr in old["responses"]]
     return group
 
@@ -63,11 +65,11 @@ def upgrade_trajectory_group(old: dict) -> dict:
     return {**old, "trajectories": members}
 
 
-UPGRADES: dict[str, Callable[[dict], dict]] = {
-    "Response": upgrade_response,
-    "RewardedResponse": upgrade_rewarded_response,
-    "Group": upgrade_group,
-    "Trajectory": upgrade_trajectory,
-    "TrajectoryGroup": upgrade_trajectory_group,
+UPGRADES: dict[str, tuple[int, Callable[[dict], dict]]] = {
+    "Response": (1, upgrade_response),
+    "RewardedResponse": (1, upgrade_rewarded_response),
+    "Group": (1, upgrade_group),
+    "Trajectory": (1, upgrade_trajectory),
+    "TrajectoryGroup": (3, upgrade_trajectory_group),
 }
-"""Schema name -> conversion of a record decoded with the newest history version of that name."""
+"""Schema name -> (last history version covered, conversion of a record decoded with that version)."""

@@ -5,6 +5,12 @@ table entry; the decisions come from rollstream.filtering.admission.
 The prompts agent waits (does not consume further) while no credit is free; the outcomes agent
 returns credits and wakes it. Both topics have one partition and one app, so both agents always
 run in the same process.
+
+End of data: on the ``PromptsEnd`` marker the state records where the data ended, and a task
+re-reads the train prompts before it with its own consumer (seeking ``prompts`` back) and admits
+them in each later epoch's order. The epoch and the position in it are saved with every
+admission, so a restarted admission, once its table is restored, starts the task again at that
+position (faust acks an event whose handler was cancelled, so the marker is not redelivered).
 """
 
 from __future__ import annotations
@@ -12,14 +18,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import Callable, Sequence
 
 import faust
+from kafka import TopicPartition
 
 from rollstream.config import RLVRConfig
 from rollstream.filtering import admission as core
 from rollstream.filtering.decision import Decision
 from rollstream.kafka import names
+from rollstream.kafka.clients import reader_consumer
+from rollstream.kafka.events import decode_expected
 from rollstream.kafka.topics import Topics
 from rollstream.observability.metrics import process_metrics
 from rollstream.policy.model import chat_prompt_ids, load_tokenizer
@@ -30,14 +40,43 @@ from rollstream.streams.events import derive_seed, generation_request, group_rec
 
 log = logging.getLogger(__name__)
 
-Tokenize = Callable[[str], Sequence[int]]
+Tokenize = Callable[[dict], Sequence[int]]  # a Prompt record -> its chat-templated token ids
 VERSION_POLL_S = 0.5
+EPOCHS_RETRY_S = 5.0
 
 
-def default_tokenize() -> Tokenize:
-    """The generation model's chat-templated tokenisation (what `prompt_length` limits)."""
-    tokenizer = load_tokenizer()
-    return lambda text: chat_prompt_ids(tokenizer, text)
+def default_tokenize(model_path: str | None = None) -> Tokenize:
+    """The generation model's chat-templated tokenisation of a Prompt (what `prompt_length`
+    limits): its ``messages`` when non-empty, else its ``prompt`` as one user turn."""
+    tokenizer = load_tokenizer(model_path)
+    return lambda prompt: chat_prompt_ids(tokenizer, prompt.get("messages") or prompt["prompt"])
+
+
+def read_train_prompts(bootstrap: str, topic: str, end_offset: int, domains: set[str],
+                       timeout_s: float = 60.0) -> list[dict]:
+    """The train Prompt records of ``domains`` at offsets below ``end_offset`` on partition 0 of
+    ``topic``, in topic order (what each later epoch re-reads; undecodable events, validation
+    prompts and unknown domains were never admitted and are skipped). Raises TimeoutError when
+    the broker does not deliver them within ``timeout_s``."""
+    consumer = reader_consumer(bootstrap)
+    tp = TopicPartition(topic, 0)
+    try:
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)  # the earliest offset the topic still holds
+        out: list[dict] = []
+        deadline = time.monotonic() + timeout_s
+        while consumer.position(tp) < end_offset:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: read up to offset {consumer.position(tp)} of {end_offset} in {timeout_s}s")
+            for message in consumer.poll(timeout_ms=500).get(tp, []):
+                if message.offset >= end_offset:
+                    break
+                _, record, problem = decode_expected(message.value, ("Prompt",))
+                if problem is None and record.get("mode", "train") == "train" and record["domain"] in domains:
+                    out.append(record)
+        return out
+    finally:
+        consumer.close()
 
 
 def limits_of(config: RLVRConfig) -> core.AdmissionLimits:
@@ -48,6 +87,8 @@ def limits_of(config: RLVRConfig) -> core.AdmissionLimits:
         max_additional_running_prompts=config.max_additional_running_prompts,
         max_steps=config.max_steps,
         max_staleness=config.max_staleness,
+        num_epochs=config.num_epochs,
+        seed=config.seed,
     )
 
 
@@ -59,8 +100,9 @@ def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize |
     emit = Emitter(app, topics, "admission")
     prompts = raw_topic(app, topics.prompts, 1)
     outcomes = raw_topic(app, topics.prompt_outcomes, 1)
-    table = app.Table(names.ADMISSION_TABLE, default=None, partitions=1, key_type=bytes,
-                      value_type=bytes, help="the single AdmissionState (credits, step, budget)")
+    # use_partitioner: the epochs task saves the state outside any event (one partition anyway)
+    table = app.Table(names.ADMISSION_TABLE, default=None, partitions=1, key_type=bytes, value_type=bytes,
+                      use_partitioner=True, help="the single AdmissionState (credits, step, budget, epoch)")
     credit = asyncio.Event()
     metrics = process_metrics()
     prompt_filter, prompt_filter_hash = core.prompt_filter_config(config.prompt_length)
@@ -68,6 +110,7 @@ def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize |
     # credits arrive as events; policy versions are polled while the staleness bound holds a step
     recheck_s = VERSION_POLL_S if versions is not None else None
     tokenizer: list[Tokenize] = [tokenize] if tokenize else []
+    epochs_task: list[asyncio.Future] = []  # the running task of resume_epochs, if any
 
     def load() -> core.AdmissionState:
         raw = table.get(names.ADMISSION_KEY)
@@ -78,14 +121,33 @@ def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize |
         metrics.in_flight.labels("prompts").set(len(state.in_flight))
 
     async def admit_one(event) -> None:
-        prompt = await emit.decode_or_dead_letter(event, "Prompt")
-        if prompt is None:
+        schema, record, problem = decode_expected(event.value, ("Prompt", "PromptsEnd"))
+        if problem is not None:
+            await emit.dead_letter(event, *problem)
             return
-        if prompt["domain"] not in config.rewards:
-            await emit.dead_letter(event, "invalid_event", f"unknown domain {prompt['domain']!r}")
+        offset = event.message.offset
+        if schema == "PromptsEnd":
+            await end_of_data(offset)
             return
+        end = load().end_offset
+        if end is not None and offset < end:  # redelivered after a restart: admitted already
+            log.info("prompt %s at offset %d before the end marker: already admitted", record["prompt_id"], offset)
+            return
+        if end is not None:
+            await emit.dead_letter(event, "invalid_event", f"prompt after the end of data (PromptsEnd at offset {end})")
+            return
+        if record["domain"] not in config.rewards:
+            await emit.dead_letter(event, "invalid_event", f"unknown domain {record['domain']!r}")
+            return
+        await admit_prompt(record, replay=False)
+
+    async def admit_prompt(prompt: dict, replay: bool) -> None:
+        """Wait for a credit, then admit ``prompt`` or reject it before generation; ``replay``:
+        it is the next prompt of a later epoch (its position is saved with the decision)."""
         mode = prompt.get("mode", "train")
-        prompt_ids = list(tokenizer[0](prompt["prompt"]))
+        if not tokenizer:  # the epochs task may start before the prompts agent loaded it
+            tokenizer.append(default_tokenize(config.infer_model_path))
+        prompt_ids = list(tokenizer[0](prompt))
         while not core.can_admit(state := load(), limits, mode,
                                  versions.latest_version() if versions is not None else None):
             credit.clear()
@@ -93,6 +155,8 @@ def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize |
                 await asyncio.wait_for(credit.wait(), timeout=recheck_s)
             except asyncio.TimeoutError:
                 pass
+        if replay:
+            state = core.take_replay(state, limits)
         verdict = core.prompt_length_decision(len(prompt_ids), config.prompt_length)
         if verdict is not None:
             state = core.reject_before_generation(state, verdict.reason, mode)
@@ -111,10 +175,63 @@ def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize |
         )
         await emit.send(topics.generation_requests, prompt["prompt_id"], request, "GenerationRequest")
 
+    async def end_of_data(offset: int) -> None:
+        """The PromptsEnd marker at ``offset``: record the end (or ignore a later marker), then
+        run the later epochs."""
+        state = load()
+        if state.end_offset not in (None, offset):
+            await _apply(core.on_data_end(state, limits, offset, state.epoch_size)[1])  # ExtraEnd
+            return
+        train = await asyncio.to_thread(read_train_prompts, bootstrap, topics.prompts, offset, set(config.rewards))
+        state, effects = core.on_data_end(load(), limits, offset, len(train))
+        save(state)
+        await _apply(effects)
+        resume_epochs(train)
+
+    def resume_epochs(train: list[dict] | None = None) -> None:
+        """Start the task that admits the later epochs' prompts, unless it runs or none is left."""
+        if (epochs_task and not epochs_task[0].done()) or core.next_replay(load(), limits) is None:
+            return
+        epochs_task[:] = [asyncio.ensure_future(run_epochs(train))]
+
+    async def run_epochs(train: list[dict] | None) -> None:
+        while True:
+            try:
+                await admit_epochs(train)
+                return
+            except Exception:  # e.g. the broker did not deliver the prompts in time: read them again
+                log.exception("admitting the next epoch's prompts failed; retrying in %.0f s", EPOCHS_RETRY_S)
+                train = None
+                await asyncio.sleep(EPOCHS_RETRY_S)
+
+    async def admit_epochs(train: list[dict] | None) -> None:
+        state = load()
+        if train is None:  # resumed after a restart
+            log.info("resuming epoch %d at position %d", state.epoch, state.epoch_position)
+            train = await asyncio.to_thread(read_train_prompts, bootstrap, topics.prompts, state.end_offset,
+                                            set(config.rewards))
+        if len(train) != state.epoch_size:
+            log.error("%s holds %d train prompts before the end marker, the first epoch had %d (retention deleted "
+                      "some?): the later epochs cannot be replayed", topics.prompts, len(train), state.epoch_size)
+            return
+        while (nxt := core.next_replay(load(), limits)) is not None:
+            epoch, index = nxt
+            original = train[index]
+            await admit_prompt({**original, "prompt_id": core.epoch_prompt_id(original["prompt_id"], epoch)},
+                               replay=True)
+        state, effects = core.check_step(load(), limits)  # when nothing is in flight, the verdict is due now
+        save(state)
+        await _apply(effects)
+
+    @app.on_rebalance_complete.connect
+    async def restored(sender, **kwargs) -> None:
+        """The table is restored: a restarted admission resumes its epochs."""
+        resume_epochs()
+
     @app.agent(prompts)
     async def admit(stream):
         if not tokenizer:
-            tokenizer.append(default_tokenize())
+            tokenizer.append(default_tokenize(config.infer_model_path))
         async for event in stream.events():
             await emit.guarded(admit_one, event)
 
@@ -146,13 +263,15 @@ def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize |
             if isinstance(effect, core.StepComplete):
                 log.info("step %d complete: %d groups accepted after %d prompts; rejected %s", effect.step,
                          effect.accepted, effect.prompts_consumed, dict(effect.rejected_by_reason))
-            elif isinstance(effect, core.BatchUnderfilled):
-                log.warning("batch %d underfilled: %d/%d groups after %d prompts", effect.step,
+            elif isinstance(effect, core.StepVerdict):
+                log.warning("step %d ends %s: %d/%d groups after %d prompts", effect.step, effect.status,
                             effect.accepted, effect.target, effect.prompts_consumed)
                 await emit.send(topics.batches, str(effect.step), batch_event(
-                    step=effect.step, status="underfilled", target=effect.target,
+                    step=effect.step, status=effect.status, target=effect.target,
                     accepted=effect.accepted, prompts_consumed=effect.prompts_consumed,
                     rejected_by_reason=effect.rejected_by_reason), "Batch")
+            elif isinstance(effect, core.ExtraEnd):
+                log.warning("PromptsEnd at offset %d after the end of data: ignored", effect.offset)
             elif isinstance(effect, core.UnknownOutcome):
                 log.info("outcome for unknown prompt %s ignored (redelivery)", effect.prompt_id)
 

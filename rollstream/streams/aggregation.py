@@ -64,26 +64,28 @@ def unpack_state(value: bytes) -> tuple[PromptState, dict[str, bytes]]:
 
 def member_bytes(record: dict, event_value: bytes) -> bytes:
     """What the table keeps, and the Group lists, for an accepted RewardedResponse: the event
-    without its prompt text and ground truth, which the Group carries once. So a member's size
-    depends neither on the response's length (the tokens are referenced) nor on the prompt's.
+    without its prompt text, ground truth and chat messages, which the Group carries once. So a
+    member's size depends neither on the response's length (the tokens are referenced) nor on the
+    prompt's.
 
-    An event of the current schema is cut at the byte level (both are Avro strings near its
-    start: length-prefixed, so each becomes the single byte of an empty string); an older
-    writer's event is re-encoded."""
+    An event of the current schema is cut at the byte level (two Avro strings and an array of
+    ChatMessage near its start, each length- or count-prefixed: they become the single bytes of
+    two empty strings and an empty array); an older writer's event is re-encoded."""
     summary = record["response"]
-    if not summary.get("prompt") and not summary.get("ground_truth"):
+    if not summary.get("prompt") and not summary.get("ground_truth") and not summary.get("messages"):
         return event_value
     if event_value[2:HEADER_LEN] == _REWARDED_FP:
         start = HEADER_LEN
         for _ in range(_BEFORE_PROMPT):
             start = _after_string(event_value, start)
-        end = _after_string(event_value, _after_string(event_value, start))
-        return event_value[:start] + b"\x00\x00" + event_value[end:]
-    return encode({**record, "response": {**summary, "prompt": "", "ground_truth": ""}}, "RewardedResponse")
+        end = _after_messages(event_value, _after_string(event_value, _after_string(event_value, start)))
+        return event_value[:start] + b"\x00\x00\x00" + event_value[end:]
+    return encode({**record, "response": {**summary, "prompt": "", "ground_truth": "", "messages": []}},
+                  "RewardedResponse")
 
 
-def _after_string(data: bytes, pos: int) -> int:
-    """The offset just after the Avro string (zig-zag varint length, then bytes) at ``pos``."""
+def _read_long(data: bytes, pos: int) -> tuple[int, int]:
+    """The Avro long (zig-zag varint) at ``pos`` and the offset just after it."""
     shift = n = 0
     while True:
         byte = data[pos]
@@ -91,16 +93,42 @@ def _after_string(data: bytes, pos: int) -> int:
         n |= (byte & 0x7F) << shift
         shift += 7
         if not byte & 0x80:
-            return pos + ((n >> 1) ^ -(n & 1))
+            return (n >> 1) ^ -(n & 1), pos
+
+
+def _after_string(data: bytes, pos: int) -> int:
+    """The offset just after the Avro string (long length, then bytes) at ``pos``."""
+    size, pos = _read_long(data, pos)
+    return pos + size
+
+
+def _after_messages(data: bytes, pos: int) -> int:
+    """The offset just after the Avro array of ChatMessage (blocks of a long count, then items of
+    two strings; a negative count is followed by the block's byte size; count 0 ends) at ``pos``."""
+    while True:
+        count, pos = _read_long(data, pos)
+        if count == 0:
+            return pos
+        if count < 0:
+            size, pos = _read_long(data, pos)
+            pos += size
+            continue
+        for _ in range(count):
+            pos = _after_string(data, _after_string(data, pos))
 
 
 _REWARDED_FP = REGISTRY.fingerprint("RewardedResponse")
-_SUMMARY_HEAD = [f["name"] for f in REGISTRY.schema("ResponseSummary")["fields"][:5]]
+_SUMMARY_HEAD = [(f["name"], f["type"] if isinstance(f["type"], str) else f["type"]["type"])
+                 for f in REGISTRY.schema("ResponseSummary")["fields"][:6]]
+_MESSAGE_FIELDS = [(f["name"], f["type"]) for f in REGISTRY.schema("ChatMessage")["fields"]]
 _BEFORE_PROMPT = 3
 if (REGISTRY.schema("RewardedResponse")["fields"][0]["name"] != "response"
-        or _SUMMARY_HEAD != ["prompt_id", "domain", "mode", "prompt", "ground_truth"]):
+        or _SUMMARY_HEAD != [("prompt_id", "string"), ("domain", "string"), ("mode", "string"), ("prompt", "string"),
+                             ("ground_truth", "string"), ("messages", "array")]
+        or _MESSAGE_FIELDS != [("role", "string"), ("content", "string")]):
     raise RuntimeError(f"member_bytes expects RewardedResponse to start with response: ResponseSummary whose first "
-                       f"fields are prompt_id, domain, mode, prompt, ground_truth (all strings); got {_SUMMARY_HEAD}")
+                       f"fields are the strings prompt_id, domain, mode, prompt, ground_truth, then messages: "
+                       f"array<ChatMessage{{role, content: string}}>; got {_SUMMARY_HEAD}, {_MESSAGE_FIELDS}")
 
 
 @dataclass

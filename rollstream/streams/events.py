@@ -12,10 +12,12 @@ from rollstream.runtime import now_ms
 
 def generation_request(prompt: Mapping, *, round_: int, num_return_sequences: int,
                        sample_offset: int, seed: int) -> dict:
-    """A GenerationRequest for ``prompt`` (a Prompt record, or a Response carrying its fields)."""
+    """A GenerationRequest for ``prompt`` (a Prompt record, or a Response carrying its fields),
+    its chat ``messages`` included (replacement rounds template the same chat)."""
     return {
         "prompt_id": prompt["prompt_id"], "domain": prompt["domain"], "mode": prompt.get("mode", "train"),
-        "prompt": prompt["prompt"], "ground_truth": prompt.get("ground_truth", ""), "round": round_,
+        "prompt": prompt["prompt"], "ground_truth": prompt.get("ground_truth", ""),
+        "messages": list(prompt.get("messages") or []), "round": round_,
         "num_return_sequences": num_return_sequences, "sample_offset": sample_offset, "seed": seed,
         "created_ms": now_ms(),
     }
@@ -34,7 +36,8 @@ def group_record(
     rounds: int, responses_generated: int,
 ) -> dict:
     """A ``Group`` record: a decision-plane event. ``responses`` are RewardedResponse records
-    (summaries naming their Response by a PayloadRef); no token arrays travel with a group."""
+    (summaries naming their Response by a PayloadRef); no token arrays travel with a group. The
+    prompt's text, ground truth and chat messages are carried once, here."""
     return {
         "group_key": prompt["prompt_id"], "kind": "rlvr", "prompt_id": prompt["prompt_id"],
         "domain": prompt["domain"], "mode": prompt.get("mode", "train"), "accepted": decided_accepted,
@@ -42,7 +45,7 @@ def group_record(
         "filter_config": filter_config, "filter_config_hash": filter_config_hash,
         "policy_version": policy_version, "rounds": rounds, "responses_generated": responses_generated,
         "prompt": prompt["prompt"], "ground_truth": prompt.get("ground_truth", ""),
-        "responses": list(responses), "created_ms": now_ms(),
+        "messages": list(prompt.get("messages") or []), "responses": list(responses), "created_ms": now_ms(),
     }
 
 

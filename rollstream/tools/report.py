@@ -53,7 +53,7 @@ class RunData:
 
     def steps(self) -> dict[int, dict]:
         """Built batches by step (Batch events are at least once: the last per step counts)."""
-        return {b["step"]: b for b in self.batches if b["status"] != "underfilled"}
+        return {b["step"]: b for b in self.batches if b["status"] not in ("underfilled", "end_of_data")}
 
     def step_metric(self, name: str) -> dict[tuple, dict[int, float]]:
         """``trainer/<name>`` samples: labels other than step -> {step: value}."""

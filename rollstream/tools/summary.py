@@ -60,7 +60,7 @@ def summarize_rlvr(config: RLVRConfig, bootstrap: str, topics: Topics, batches: 
         "batches": [
             {"step": b["step"], "status": b["status"], "groups": b["accepted_groups"],
              "responses_per_group": b["responses_per_group"], "fill_seconds": round(b["fill_seconds"], 2),
-             **_training(b)}
+             **({"end_of_data": True} if b.get("end_of_data") else {}), **_training(b)}
             for b in batches
         ],
         "retention_rate": round(len(accepted) / decided, 4) if decided else 0.0,

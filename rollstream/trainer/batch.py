@@ -10,8 +10,9 @@ Capabilities and entry points:
   arrays that agree, prompt tokens, ``response_mask``, per-token ``extras``.
 - ``build_batch(groups, step, pad_token_id)``: resolved ``Group`` / ``TrajectoryGroup`` records,
   in any mix -> padded ``RolloutBatch`` with per-token advantages.
-- ``grpo_advantages(rewards)``: group-normalised advantages, for a ``(G, n)`` tensor or for
-  groups of unequal size.
+- ``group_advantages(rewards, estimator)``: per-response advantages from each group's rewards,
+  by ``adv_estimator`` (``ADV_ESTIMATORS``: ``grpo``, ``dr_grpo``, ``rloo``), for a ``(G, n)``
+  tensor or for groups of unequal size; ``grpo_advantages(rewards)`` is the GRPO one.
 
 The two kinds are told apart by key: a ``TrajectoryGroup`` has ``trajectories``, a ``Group`` has
 ``responses``. A member is a small summary (``RewardedResponse`` / ``TrajectorySummary``) whose
@@ -45,8 +46,11 @@ References:
 
 - GRPO advantage: Shao et al. 2024, "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in
   Open Language Models", section 4.1.2 (outcome supervision).
-- Mean-only variant (``norm_by_std=False``): Liu et al. 2025, "Understanding R1-Zero-Like Training:
-  A Critical Perspective" (Dr. GRPO).
+- Mean-only variant (``dr_grpo``, ``norm_by_std=False``): Liu et al. 2025, "Understanding
+  R1-Zero-Like Training: A Critical Perspective" (Dr. GRPO), section 3.2.
+- Leave-one-out baseline (``rloo``): Ahmadian et al. 2024, "Back to Basics: Revisiting
+  REINFORCE Style Optimization for Learning from Human Feedback in LLMs", section 3.2 (after
+  Kool et al. 2019, "Buy 4 REINFORCE Samples, Get a Baseline for Free!").
 - Unbiased std (n - 1) as torch's default, like the reference query filter:
   reference-behaviour.md section (b).
 """
@@ -67,6 +71,9 @@ from rollstream.schemas.validation import check_extras, check_trajectory
 
 GRPO_EPS = 1e-6
 """Added to the group std before dividing, so a near-constant group cannot blow up."""
+
+ADV_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+"""The advantage estimators of ``group_advantages`` (the pipeline config's ``adv_estimator``)."""
 
 EXTRAS_TORCH_DTYPE = {"uint16": np.int32}
 """numpy dtypes of ``extras`` widened for torch (which has few uint16 operations); the others
@@ -90,8 +97,9 @@ class RolloutBatch:
     - ``response_lengths``: ``(B,) int64``, real tokens in each row's response (model and
       environment tokens); positions from there on are padding.
     - ``response_level_rewards``: ``(B,) float32``, the scalar reward of each row.
-    - ``advantages``: ``(B, T) float32``, the row's GRPO advantage broadcast over its trained
-      tokens (``response_mask == 1``), 0 at padding and environment tokens.
+    - ``advantages``: ``(B, T) float32``, the row's advantage (``group_advantages`` of its
+      group's rewards, by the batch's estimator) broadcast over its trained tokens
+      (``response_mask == 1``), 0 at padding and environment tokens.
     - ``group_index``: ``(B,) int64``, index in ``group_keys`` of the row's group.
     - ``extras``: name -> ``(B, T, *rest)`` tensor for every optional per-token array (payload
       ``extras``, e.g. ``routed_experts`` of shape ``(B, T, layers, top_k)``) that EVERY row's
@@ -347,7 +355,7 @@ def _extras_tensors(rows: list[_Row], T: int) -> dict[str, Tensor]:
     return out
 
 
-def build_batch(groups: Sequence[dict], step: int, pad_token_id: int) -> RolloutBatch:
+def build_batch(groups: Sequence[dict], step: int, pad_token_id: int, adv_estimator: str = "grpo") -> RolloutBatch:
     """Pad resolved ``Group`` / ``TrajectoryGroup`` records into one ``RolloutBatch``.
 
     Args:
@@ -359,14 +367,15 @@ def build_batch(groups: Sequence[dict], step: int, pad_token_id: int) -> Rollout
             laid out as in the module doc. Groups may differ in size.
         step: training step recorded on the batch.
         pad_token_id: token id written at padded positions of ``prompt_ids`` / ``response_ids``.
+        adv_estimator: one of ``ADV_ESTIMATORS`` (see ``group_advantages``).
 
     Returns:
         A ``RolloutBatch``; rows are ordered by group (in ``groups`` order), then by
-        ``sample_index`` (``traj_index``). ``advantages`` are ``grpo_advantages`` of each group's
-        rewards, broadcast over each row's ``response_mask``. ``extras``: see RolloutBatch.
+        ``sample_index`` (``traj_index``). ``advantages`` are ``group_advantages`` of each
+        group's rewards, broadcast over each row's ``response_mask``. ``extras``: see RolloutBatch.
 
     Raises:
-        ValueError: ``groups`` is empty, or a group fails ``check_group`` / ``check_payloads``
+        ValueError: ``groups`` is empty, ``adv_estimator`` is unknown, or a group fails ``check_group`` / ``check_payloads``
             (no responses / trajectories, a payload not resolved, logprob/token length mismatch,
             bad response_mask, no prompt tokens, non-finite reward, repeated sample_index /
             traj_index, an extras array not along the response), or the rows' extras of one
@@ -374,6 +383,7 @@ def build_batch(groups: Sequence[dict], step: int, pad_token_id: int) -> Rollout
     """
     if not groups:
         raise ValueError("build_batch needs at least one group, got an empty sequence")
+    _check_estimator(adv_estimator)
     rows: list[_Row] = []
     group_index: list[int] = []
     group_rewards: list[Tensor] = []
@@ -404,7 +414,7 @@ def build_batch(groups: Sequence[dict], step: int, pad_token_id: int) -> Rollout
             response_mask[b, :n] = 1.0 if row.mask is None else row.mask
     response_mask_t = torch.from_numpy(response_mask)
 
-    row_advantages = torch.cat(grpo_advantages(group_rewards))  # (B,)
+    row_advantages = torch.cat(group_advantages(group_rewards, adv_estimator))  # (B,)
     return RolloutBatch(
         prompt_ids=torch.from_numpy(prompt_ids),
         prompt_mask=torch.from_numpy(prompt_mask),
@@ -425,6 +435,53 @@ def build_batch(groups: Sequence[dict], step: int, pad_token_id: int) -> Rollout
 
 
 @overload
+def group_advantages(rewards: Tensor, estimator: str = ..., eps: float = ...) -> Tensor: ...
+@overload
+def group_advantages(rewards: Sequence[Tensor], estimator: str = ..., eps: float = ...) -> list[Tensor]: ...
+
+
+def group_advantages(rewards, estimator: str = "grpo", eps: float = GRPO_EPS):
+    """Per-response advantages from each group's rewards (outcome supervision: one scalar per
+    response, broadcast over its tokens by ``build_batch``).
+
+    Estimators, for a group of ``n`` rewards ``r`` with mean ``m``:
+
+    - ``grpo``: ``(r_i - m) / (std(r) + eps)``, std unbiased (n - 1) (Shao et al. 2024,
+      DeepSeekMath, section 4.1.2; the reference's std: reference-behaviour.md (b)).
+    - ``dr_grpo``: ``r_i - m``, no std division, which biases updates towards groups with a
+      small reward spread (Liu et al. 2025, "Understanding R1-Zero-Like Training", section 3.2).
+      Dr. GRPO's other change, no per-response length normalisation, is the loss's
+      ``loss_agg_mode: token-mean``.
+    - ``rloo``: ``r_i - mean_{j != i} r_j = n / (n - 1) * (r_i - m)``, the leave-one-out
+      baseline (Ahmadian et al. 2024, "Back to Basics", section 3.2).
+
+    Args:
+        rewards: ``(G, n)`` float tensor, one row per group of ``n`` responses; or a sequence of
+            ``G`` 1-D tensors ``(n_g,)`` for groups of unequal size. Integer rewards are cast to
+            float32.
+        estimator: one of ``ADV_ESTIMATORS``.
+        eps: added to the std before dividing (``grpo`` only).
+
+    Returns:
+        Advantages shaped like ``rewards``: a ``(G, n)`` tensor, or a list of ``(n_g,)`` tensors.
+        Every estimator gives exactly 0 to a group of size 1 (no baseline from one sample) and
+        to a group whose rewards are all equal (ties: no learning signal); rounding of the mean
+        cannot make them non-zero.
+
+    Raises:
+        ValueError: an unknown ``estimator``, a NaN or infinite reward, or ``rewards`` not 2-D /
+            a sequence of 1-D tensors.
+    """
+    _check_estimator(estimator)
+    if isinstance(rewards, Tensor):
+        return _advantages_2d(_as_float(rewards, 2), estimator, eps, offset=0)
+    out: list[Tensor] = []
+    for g, r in enumerate(rewards):  # one vectorised call per group; never per token
+        out.append(_advantages_2d(_as_float(r, 1)[None, :], estimator, eps, offset=g)[0])
+    return out
+
+
+@overload
 def grpo_advantages(rewards: Tensor, eps: float = ..., norm_by_std: bool = ...) -> Tensor: ...
 @overload
 def grpo_advantages(
@@ -433,7 +490,8 @@ def grpo_advantages(
 
 
 def grpo_advantages(rewards, eps: float = GRPO_EPS, norm_by_std: bool = True):
-    """GRPO group-normalised advantages: ``A_i = (r_i - mean(r)) / (std(r) + eps)`` per group.
+    """GRPO group-normalised advantages: ``A_i = (r_i - mean(r)) / (std(r) + eps)`` per group
+    (``group_advantages`` with ``grpo``, or ``dr_grpo`` when ``norm_by_std`` is False).
 
     Args:
         rewards: ``(G, n)`` float tensor, one row per group of ``n`` responses; or a sequence of
@@ -455,23 +513,23 @@ def grpo_advantages(rewards, eps: float = GRPO_EPS, norm_by_std: bool = True):
         ``norm_by_std=False``: Liu et al. 2025 (Dr. GRPO). Constant groups are set to 0 exactly
         instead of ``(r - mean) / eps``, which float32 rounding of the mean can make non-zero.
     """
-    if isinstance(rewards, Tensor):
-        return _grpo_2d(_as_float(rewards, 2), eps, norm_by_std, offset=0)
-    out: list[Tensor] = []
-    for g, r in enumerate(rewards):  # one vectorised call per group; never per token
-        out.append(_grpo_2d(_as_float(r, 1)[None, :], eps, norm_by_std, offset=g)[0])
-    return out
+    return group_advantages(rewards, "grpo" if norm_by_std else "dr_grpo", eps)
+
+
+def _check_estimator(estimator: str) -> None:
+    if estimator not in ADV_ESTIMATORS:
+        raise ValueError(f"unknown adv_estimator {estimator!r}; expected one of {list(ADV_ESTIMATORS)}")
 
 
 def _as_float(r: Tensor, dim: int) -> Tensor:
     if not isinstance(r, Tensor) or r.dim() != dim:
         got = f"{r.dim()}-D tensor" if isinstance(r, Tensor) else type(r).__name__
-        raise ValueError(f"grpo_advantages expects {'a (G, n)' if dim == 2 else 'per-group 1-D'} "
+        raise ValueError(f"group advantages expect {'a (G, n)' if dim == 2 else 'per-group 1-D'} "
                          f"reward tensors, got a {got}")
     return r if r.is_floating_point() else r.to(torch.float32)
 
 
-def _grpo_2d(r: Tensor, eps: float, norm_by_std: bool, offset: int) -> Tensor:
+def _advantages_2d(r: Tensor, estimator: str, eps: float, offset: int) -> Tensor:
     """``r``: (G, n) floating rewards; ``offset`` numbers groups in error messages."""
     bad = ~torch.isfinite(r)
     if bad.any():
@@ -480,10 +538,13 @@ def _grpo_2d(r: Tensor, eps: float, norm_by_std: bool, offset: int) -> Tensor:
             f"non-finite reward {r[g, i].item()} in group {g + offset} at position {i}; "
             "NaN/inf rewards must be rejected upstream (reason invalid_reward)"
         )
-    if r.shape[1] <= 1:
-        return torch.zeros_like(r)  # std of one sample is undefined: no learning signal
+    n = r.shape[1]
+    if n <= 1:
+        return torch.zeros_like(r)  # no baseline (nor std) from one sample: no learning signal
     centred = r - r.mean(dim=1, keepdim=True)
-    if norm_by_std:
+    if estimator == "grpo":
         centred = centred / (r.std(dim=1, keepdim=True) + eps)  # unbiased, n - 1
+    elif estimator == "rloo":
+        centred = centred * (n / (n - 1))  # r_i - mean of the other n - 1
     constant = r.amax(dim=1, keepdim=True) == r.amin(dim=1, keepdim=True)
     return centred.masked_fill(constant, 0.0)

@@ -9,7 +9,8 @@ published and the offsets committed, in that order, so a restarted trainer neith
 twice nor skips one (README "Guarantees").
 
 One trainer per group id: it owns every partition of ``groups.accepted`` (manual assignment; the
-group id only stores committed offsets).
+group id only stores committed offsets). Data-parallel training ranks share it through
+``rollstream.trainer.api.RolloutStream``: rank 0 holds the one builder and scatters each batch.
 
 Each concern has its home: offsets in ``rollstream.kafka.offsets.OffsetTracker``, the fsynced
 manifest in ``rollstream.trainer.manifest``, the ``Batch`` record in
@@ -64,7 +65,7 @@ from rollstream.observability.metrics import process_metrics
 from rollstream.runtime import PAYLOAD_MAX_MESSAGE_BYTES, now_ms, worker_id
 from rollstream.schemas import encode
 from rollstream.schemas.records import batch_event, group_rows, group_schema, payload_refs
-from rollstream.trainer.batch import RolloutBatch, build_batch, check_payloads, extras_shapes
+from rollstream.trainer.batch import ADV_ESTIMATORS, RolloutBatch, build_batch, check_payloads, extras_shapes
 from rollstream.trainer.intake import (
     DEDUP_WINDOW,
     RecentKeys,
@@ -127,9 +128,11 @@ class BatchBuilder:
         payload_fetch_timeout_s: how long one batch's payload fetch may take before
             ``PayloadFetchTimeout`` (a broker that stopped answering) is raised out of
             ``next_batch`` / ``take_partial``; nothing is committed then.
+        adv_estimator: the advantage estimator of the batches (``ADV_ESTIMATORS``, see
+            ``rollstream.trainer.batch.group_advantages``).
 
     Raises:
-        ValueError: ``rollout_batch_size`` < 1.
+        ValueError: ``rollout_batch_size`` < 1, or an unknown ``adv_estimator``.
     """
 
     def __init__(
@@ -147,9 +150,13 @@ class BatchBuilder:
         max_staleness: int | None = None,
         max_message_bytes: int = PAYLOAD_MAX_MESSAGE_BYTES,
         payload_fetch_timeout_s: float = 60.0,
+        adv_estimator: str = "grpo",
     ) -> None:
         if rollout_batch_size < 1:
             raise ValueError(f"rollout_batch_size must be >= 1, got {rollout_batch_size}")
+        if adv_estimator not in ADV_ESTIMATORS:
+            raise ValueError(f"unknown adv_estimator {adv_estimator!r}; expected one of {list(ADV_ESTIMATORS)}")
+        self.adv_estimator = adv_estimator
         self.topics = topics
         self.topic = topics.groups_accepted
         self.rollout_batch_size = rollout_batch_size
@@ -181,11 +188,11 @@ class BatchBuilder:
             self._seen.add(key)
         self.committed_groups = restored.committed_groups  # groups in committed batches, the manifest's included
         last_entry = restored.last
-        self._last_manifest_step = None if last_entry is None else last_entry["step"]
+        self.last_entry: dict | None = last_entry  # the manifest entry of the newest committed step
         if start_step is not None:
             self.step = start_step
         else:
-            self.step = 0 if self._last_manifest_step is None else self._last_manifest_step + 1
+            self.step = 0 if last_entry is None else last_entry["step"] + 1
 
         # One trainer owns every partition: manual assignment, no group membership; the group id
         # only stores committed offsets. (kafka-python 3.0 could drop a member out of its group
@@ -312,7 +319,7 @@ class BatchBuilder:
         when the manifest already has that step.
         """
         step = int(trained["step"])
-        if self._last_manifest_step is not None and step <= self._last_manifest_step:
+        if self.last_entry is not None and step <= self.last_entry["step"]:
             return None
         keys = list(trained["group_keys"])
         for key in keys:
@@ -490,7 +497,7 @@ class BatchBuilder:
         started = self._fill_started
         fill_seconds = 0.0 if started is None else time.monotonic() - started
         self._fill_started = None
-        batch = build_batch([item.resolved for item in items], self.step, self.pad_token_id)
+        batch = build_batch([item.resolved for item in items], self.step, self.pad_token_id, self.adv_estimator)
         for item in items:  # the tokens are in the batch now; the entry keeps the small event
             item.resolved = None
         self._outstanding[batch.step] = _Outstanding(items, status, fill_seconds)
@@ -502,7 +509,7 @@ class BatchBuilder:
         producer (the event and every pending send acknowledged)."""
         if self._manifest is not None:
             self._manifest.append(entry)
-        self._last_manifest_step = entry["step"]
+        self.last_entry = entry
         self._publish_batch(entry)
         self.producer.flush()
 

@@ -2,101 +2,33 @@
 batches -> (old_log_probs, correction masks, GRPO step, checkpoint) -> commit -> policy version,
 until ``max_steps`` batches exist in total, or a verdict, a deadline or a stop ends the run.
 
-On an underfilled verdict (rollstream.trainer.verdicts) the configured ``min_fill_ratio``
-decides (peer scenario 1):
+rollstream's own GRPO trainer is one client of the public own-trainer API
+(``rollstream.trainer.api.RolloutStream``): the same batches, verdict handling
+(rollstream.trainer.loop: underfilled -> partial batch or ``batch_underfilled`` per
+``min_fill_ratio``; ``end_of_data`` -> a final partial batch marked ``end_of_data`` or none, then
+outcome ``end_of_data`` at once), commits and policy versions as a user's own loop.
 
-* ``accepted / target >= min_fill_ratio`` -> ship the accepted groups as a partial batch;
-* otherwise -> stop with outcome ``batch_underfilled``; the accepted groups stay uncommitted in
-  ``groups.accepted`` (never lost) for a later run.
+Data-parallel: started under ``torchrun --nproc_per_node N`` (``rollstream worker trainer``),
+every rank loads the model and resumes from the same checkpoint; rank 0 consumes and commits,
+each rank trains on its shard of every batch, gradients are summed over the ranks so the step
+is the single-process step of the whole batch (rollstream.trainer.distributed), and rank 0
+writes the checkpoint and publishes the policy version.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from rollstream.config import AgenticConfig, Config
-from rollstream.kafka import names
-from rollstream.kafka.topics import Topics
-from rollstream.observability.metrics import process_metrics
+from rollstream.config import Config
+from rollstream.policy.model import resolve_device
+from rollstream.trainer.api import RolloutStream
 from rollstream.trainer.checkpoint import CheckpointStore
-from rollstream.trainer.consumer import BatchBuilder
-from rollstream.trainer.policy import PolicyTrainer, TrainSettings
-from rollstream.trainer.publisher import PolicyPublisher
-from rollstream.trainer.verdicts import AgenticBatchEvents, BatchEvents, underfill_action
+from rollstream.trainer.distributed import process_group_from_env
+from rollstream.trainer.loop import LoopResult, build_batches
+from rollstream.trainer.policy import PolicyTrainer
 
-
-@dataclass
-class LoopResult:
-    """How a trainer run ended and the manifest entries of the batches it committed."""
-
-    outcome: str = "complete"  # complete | batch_underfilled | timed_out | stopped
-    detail: str = ""
-    batches: list[dict] = field(default_factory=list)  # manifest entries
-
-
-def record_batch_metrics(entry: dict) -> None:
-    """A committed batch in this process's metrics: its groups (unit ``trainer``; the stale
-    ones are counted where BatchBuilder rejects them), its fill time, and its tokens kept or
-    masked by the train-inference correction (unit ``token``)."""
-    metrics = process_metrics()
-    metrics.decided.labels("trainer", "accepted").inc(entry["accepted_groups"])
-    metrics.batch_fill.observe(entry["fill_seconds"])
-    if "tokens_valid" in entry:
-        masked = entry["tokens_valid"] - entry["tokens_kept"]
-        metrics.decided.labels("token", "accepted").inc(entry["tokens_kept"])
-        metrics.decided.labels("token", "rejected").inc(masked)
-        metrics.rejections.labels("token", "train_infer_correction").inc(masked)
-
-
-def build_batches(builder: BatchBuilder, events: BatchEvents | AgenticBatchEvents, *, max_steps: int, min_fill_ratio: float,
-                  deadline: float | None = None, check: Callable[[], None] = lambda: None,
-                  on_progress: Callable[[LoopResult, int], None] = lambda result, buffered: None,
-                  should_stop: Callable[[], bool] = lambda: False,
-                  train: Callable[[object], dict] | None = None,
-                  publish: Callable[[dict], object] = lambda entry: None) -> LoopResult:
-    """Run until the builder's step reaches ``max_steps`` (batches committed in total, a restarted
-    trainer's earlier ones included) or the loop must end (see module doc).
-
-    ``check`` raises when a stage
-    died; ``on_progress(result, buffered_groups)`` is called after every poll; ``train(batch)``
-    (a PolicyTrainer's) runs before the batch is committed, and its report joins the manifest
-    entry, so a batch counts as done only once it was trained (and checkpointed);
-    ``publish(entry)`` then announces the policy version the batch made (PolicyPublisher).
-    """
-    result = LoopResult()
-    while builder.step < max_steps:
-        check()
-        if should_stop():
-            result.outcome = "stopped"
-            break
-        if deadline is not None and time.monotonic() > deadline:
-            result.outcome, result.detail = "timed_out", "time limit reached"
-            break
-        batch = builder.next_batch(timeout_s=1.0)
-        if batch is None:
-            for event in events.underfilled():
-                action = underfill_action(event["accepted_groups"], event["target_groups"], min_fill_ratio)
-                if action == "ship_partial":
-                    # the accepted groups precede the verdict on the topics; wait until they are read
-                    batch = builder.take_partial(timeout_s=30.0, min_groups=event["accepted_groups"])
-                else:
-                    result.outcome = "batch_underfilled"
-                    result.detail = (
-                        f"step {event['step']}: {event['accepted_groups']}/{event['target_groups']} groups after "
-                        f"{event['prompts_consumed']} prompts (min_fill_ratio {min_fill_ratio}); "
-                        f"rejected: {event['rejected_by_reason']}")
-        if batch is not None:
-            entry = builder.commit(batch, train(batch) if train is not None else None)
-            result.batches.append(entry)
-            record_batch_metrics(entry)
-            publish(entry)
-        on_progress(result, builder.buffered)
-        if result.outcome != "complete":
-            break
-    return result
+__all__ = ["LoopResult", "build_batches", "policy_trainer", "run_trainer"]
 
 
 def policy_trainer(config: Config, checkpoint_dir: Path) -> PolicyTrainer | None:
@@ -104,52 +36,30 @@ def policy_trainer(config: Config, checkpoint_dir: Path) -> PolicyTrainer | None
     ``checkpoint_dir``), or None when ``actor_train.enabled`` is off."""
     if not config.actor_train.enabled:
         return None
-    return PolicyTrainer(TrainSettings.from_config(config.actor_train), config.train_infer_correction,
-                         checkpoints=CheckpointStore(checkpoint_dir, config.actor_train.keep_checkpoints))
-
-
-def start_training(config: Config, bootstrap: str, builder: BatchBuilder,
-                   run_dir: Path) -> tuple[PolicyTrainer | None, PolicyPublisher]:
-    """The trainer side of a run: returns ``(trainer, publisher)``.
-
-    The PolicyTrainer (None with training off) resumes from ``run_dir/checkpoints``; a batch a
-    crash left trained but uncommitted is recorded in the builder (BatchBuilder.recover); the
-    current policy version is published, so workers and the admission start from it.
-    """
-    trainer = policy_trainer(config, run_dir / "checkpoints")
-    if trainer is not None and trainer.resumed is not None:
-        builder.recover(trainer.resumed)
-    publisher = PolicyPublisher(bootstrap, Topics(config.kafka.topic_prefix))
-    if trainer is not None:
-        publisher.publish(trainer.policy_version, builder.step - 1, trainer.checkpoint, trainer.policy_version > 0)
-    else:
-        publisher.publish(builder.step, builder.step - 1, "", False)
-    return trainer, publisher
+    return PolicyTrainer.from_config(config, CheckpointStore(checkpoint_dir, config.actor_train.keep_checkpoints))
 
 
 def run_trainer(config: Config, bootstrap: str, run_dir: Path, *, deadline: float | None = None,
                 check: Callable[[], None] = lambda: None,
                 on_progress: Callable[[LoopResult, int], None] = lambda result, buffered: None,
                 should_stop: Callable[[], bool] = lambda: False) -> LoopResult:
-    """Train on ``groups.accepted`` until ``max_steps`` batches exist (see build_batches for
-    ``deadline``, ``check``, ``on_progress`` and ``should_stop``). The manifest and checkpoints
-    live under ``run_dir``; a restarted trainer resumes from them. Every client is closed on
-    return."""
-    topics = Topics(config.kafka.topic_prefix)
-    builder = BatchBuilder(bootstrap, topics, config.groups_per_batch, group_id=names.consumer_group(topics, "trainer"),
-                           manifest_path=run_dir / "batches.jsonl", max_staleness=config.max_staleness,
-                           max_message_bytes=config.kafka.max_message_bytes)
-    events = (AgenticBatchEvents(bootstrap, topics, config, builder) if isinstance(config, AgenticConfig)
-              else BatchEvents(bootstrap, topics))
-    publisher = None
-    try:
-        trainer, publisher = start_training(config, bootstrap, builder, run_dir)
-        return build_batches(builder, events, max_steps=config.max_steps, min_fill_ratio=config.min_fill_ratio,
-                             deadline=deadline, check=check, on_progress=on_progress, should_stop=should_stop,
-                             train=trainer.train if trainer is not None else None,
-                             publish=publisher.publish_batch)
-    finally:
-        events.close()
-        builder.close()
-        if publisher is not None:
-            publisher.close()
+    """Train on ``groups.accepted`` until ``max_steps`` batches exist (see
+    rollstream.trainer.loop.BatchLoop for ``deadline``, ``check``, ``on_progress`` and
+    ``should_stop``, which rank 0 evaluates). The manifest and checkpoints live under ``run_dir``;
+    a restarted trainer resumes from them: a batch its checkpoint holds but the manifest does not
+    (a crash in between) is recorded, not trained again. Under ``torchrun`` each rank runs this
+    (module doc). Every client is closed on return; returns the same result on every rank."""
+    # the ranks' backend follows the training device (nccl on CUDA); without training: gloo
+    device = resolve_device(config.actor_train.device) if config.actor_train.enabled else "cpu"
+    with process_group_from_env(device):
+        trainer = policy_trainer(config, run_dir / "checkpoints")
+        resume = None if trainer is None or trainer.resumed is None else {**trainer.resumed,
+                                                                          "checkpoint": trainer.checkpoint}
+        with RolloutStream.from_config(config, bootstrap, run_dir, resume=resume,
+                                       deadline=deadline, check=check, should_stop=should_stop,
+                                       on_progress=on_progress) as stream:
+            for batch in stream:
+                report = None if trainer is None else trainer.train(
+                    batch.rollout, group_keys=batch.group_keys, policy_versions=batch.policy_versions)
+                batch.commit(report=report)
+        return stream.result

@@ -27,6 +27,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from rollstream.trainer.distributed import Ranks
 from rollstream.trainer.logprobs import response_log_probs
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean")
@@ -125,22 +126,26 @@ class StepReport:
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch, old_log_probs: Tensor,
                final_mask: Tensor, config: PolicyLossConfig = PolicyLossConfig(),
                is_weight: Tensor | None = None, micro_batch_size: int = 8,
-               max_grad_norm: float | None = 1.0) -> StepReport:
+               max_grad_norm: float | None = 1.0, ranks: Ranks = Ranks()) -> StepReport:
     """One GRPO optimiser step over ``batch`` (a RolloutBatch) with gradient accumulation over
     micro-batches of ``micro_batch_size`` rows; the aggregation's normaliser is the whole batch's.
 
     ``old_log_probs``, ``final_mask`` and ``is_weight``: ``(B, T)`` as in ``policy_loss``, on any
     device (moved to the model's). Returns a StepReport; a final mask without any token skips
     the step (nothing is trained on nothing). Raises ValueError for mismatched shapes.
+
+    Data-parallel (``ranks.distributed``): ``batch`` is this rank's shard (possibly empty) and
+    every rank calls this with the same model and optimiser state. The normaliser is summed over
+    the ranks, gradients are summed (not averaged) before clipping, so each rank applies the
+    single-process step of the whole batch; the step is skipped on every rank or none. The
+    report's loss and metrics are the whole batch's.
     """
     device = next(model.parameters()).device
     mask = final_mask.to(device=device, dtype=torch.float32)
-    if mask.sum() == 0:
+    valid_tokens, valid_rows = ranks.sum([float(mask.sum()), float((mask.sum(dim=1) > 0).sum())], device)
+    if valid_tokens == 0:
         return StepReport(skipped=True, loss=0.0, grad_norm=0.0, metrics={"valid_tokens": 0.0})
-    if config.loss_agg_mode == "token-mean":
-        normaliser = float(mask.sum())
-    else:
-        normaliser = float((mask.sum(dim=1) > 0).sum())
+    normaliser = valid_tokens if config.loss_agg_mode == "token-mean" else valid_rows
     model.train()
     optimizer.zero_grad(set_to_none=True)
     total, sums = 0.0, {"pg_clipfrac": 0.0, "approx_kl": 0.0, "ratio_mean": 0.0}
@@ -157,13 +162,17 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch, 
         total += float(loss.detach())
         for key in sums:  # token-weighted, so the batch figure is the mean over valid tokens
             sums[key] += metrics[key] * metrics["valid_tokens"]
+    if ranks.distributed:  # every rank the same parameters, in order: a missing grad is zeros there
+        ranks.sum_gradients(p for p in model.parameters() if p.requires_grad)
+        keys = list(sums)
+        total, *summed = ranks.sum([total, *(sums[k] for k in keys)], device)
+        sums = dict(zip(keys, summed))
     params = [p for p in model.parameters() if p.grad is not None]
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm else float("inf")))
     optimizer.step()
     model.eval()
-    valid = float(mask.sum())
     return StepReport(skipped=False, loss=total, grad_norm=grad_norm,
-                      metrics={**{k: v / valid for k, v in sums.items()}, "valid_tokens": valid})
+                      metrics={**{k: v / valid_tokens for k, v in sums.items()}, "valid_tokens": valid_tokens})
 
 
 def _rows_of(batch, rows: slice):

@@ -54,4 +54,6 @@ def response_log_probs(model: torch.nn.Module, batch: RolloutBatch, micro_batch_
             targets = input_ids[:, P:P + T]
             logp = torch.log_softmax(predicting, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
             out.append(torch.where(response_attention.to(device) > 0, logp, torch.zeros_like(logp)))
+    if not out:  # no rows (a data-parallel rank's empty shard)
+        return torch.zeros((0, T), dtype=torch.float32, device=device)
     return torch.cat(out, dim=0)

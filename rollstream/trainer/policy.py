@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rollstream.config import ActorTrainConfig
-from rollstream.policy.model import load_model
+from rollstream.config import ActorTrainConfig, PipelineConfig
+from rollstream.policy.model import load_model, resolve_device
 from rollstream.trainer.batch import RolloutBatch
 from rollstream.trainer.checkpoint import CheckpointStore
 from rollstream.trainer.corrections import (
@@ -33,6 +33,7 @@ from rollstream.trainer.corrections import (
     compute_train_infer_correction,
     filter_metric_keys,
 )
+from rollstream.trainer.distributed import Ranks
 from rollstream.trainer.grpo import PolicyLossConfig, train_step
 from rollstream.trainer.logprobs import response_log_probs
 
@@ -65,15 +66,18 @@ class PolicyTrainer:
     ``policy_version`` counts the batches consumed (see module doc), so a batch's report says
     which weights it produced. ``resumed`` is the trainer state of the checkpoint it resumed
     from (``step``, ``group_keys``, ``report``, ``version``), or None for a fresh start.
+    ``ranks`` (default: the default process group's) makes it one of several data-parallel
+    replicas (see ``train``); every rank resumes from the same checkpoint.
     """
 
     def __init__(self, settings: TrainSettings, correction: TrainInferCorrectionConfig,
                  model: torch.nn.Module | None = None, device: str | None = None,
-                 checkpoints: CheckpointStore | None = None, tokenizer=None) -> None:
+                 checkpoints: CheckpointStore | None = None, tokenizer=None, ranks: Ranks | None = None) -> None:
         if model is None:
-            tokenizer, model = load_model(device=device or ("cuda" if torch.cuda.is_available() else "cpu"))
+            tokenizer, model = load_model(device=resolve_device(device or "auto"))
         self.model = model
         self.model.eval()
+        self.ranks = ranks or Ranks.current()
         self.tokenizer = tokenizer
         self.settings = settings
         self.correction = correction
@@ -92,7 +96,20 @@ class PolicyTrainer:
             log.info("resumed from %s (policy version %d, step %d)", path, self.policy_version,
                      self.resumed["step"])
 
-    def train(self, batch: RolloutBatch) -> dict:
+    @classmethod
+    def from_config(cls, config: PipelineConfig, checkpoints: CheckpointStore | None = None) -> "PolicyTrainer":
+        """The trainer of ``config``: its ``actor_train`` settings, the training model
+        (``config.train_model_path``; None = the bundled one) in ``actor_train.dtype`` on
+        ``actor_train.device``, resuming from the newest checkpoint of ``checkpoints``. Raises
+        ConfigError for a missing or incomplete model folder or an unusable device."""
+        train = config.actor_train
+        tokenizer, model = load_model(dtype=getattr(torch, train.dtype), device=resolve_device(train.device),
+                                      model_dir=config.train_model_path)
+        return cls(TrainSettings.from_config(train), config.train_infer_correction, model=model,
+                   checkpoints=checkpoints, tokenizer=tokenizer)
+
+    def train(self, batch: RolloutBatch, *, group_keys: list[str] | None = None,
+              policy_versions: list[int] | None = None) -> dict:
         """One step on ``batch``, then its checkpoint (when a store is set). Returns ``loss``,
         ``skipped``, ``policy_version``, ``checkpoint``, ``final_mask_mean``, ``pass_rates``
         (metric key -> share of valid tokens kept by that filter check), ``ratio_means`` and
@@ -101,21 +118,42 @@ class PolicyTrainer:
         ``pg_clipfrac``, ``tokens_valid`` / ``tokens_kept`` (response tokens before and after the
         correction masks), ``policy_lag_max`` (the trained version minus the oldest generating
         version in the batch), ``generator_versions`` (the versions that generated the batch),
-        ``train_seconds``."""
+        ``train_seconds``.
+
+        Data-parallel (``ranks.distributed``; rollstream.trainer.distributed): every rank calls
+        this at once with its shard of the step's batch (possibly empty), ``group_keys`` and
+        ``policy_versions`` of the whole batch (default: ``batch``'s own); the step equals the
+        single-process step on the whole batch, every figure of the report is the whole
+        batch's, and rank 0 alone writes the checkpoint."""
         started = time.perf_counter()
+        ranks = self.ranks
+        group_keys = list(batch.group_keys if group_keys is None else group_keys)
+        policy_versions = list(batch.policy_versions if policy_versions is None else policy_versions)
         device = next(self.model.parameters()).device
         old = response_log_probs(self.model, batch, micro_batch_size=self.settings.micro_batch_size)
         mask = batch.response_mask.to(device)
+        rewards = batch.response_level_rewards
+        valid, valid_rows, reward_sum, rows = ranks.sum(
+            [float(mask.sum()), float((mask.sum(dim=1) > 0).sum()), float(rewards.sum()), len(rewards)], device)
         weight, filter_mask, metrics = compute_train_infer_correction(
-            old, batch.infer_logprobs.to(device), mask, self.correction)
+            old, batch.infer_logprobs.to(device), mask, self.correction,
+            global_valid_samples=int(valid_rows), global_valid_tokens=int(valid))
         final = apply_correction_mask(mask, filter_mask)
+        kept = float(final.sum())
+        if ranks.distributed:  # the @sum metrics were divided by the global counts: sum them
+            keys = [key for key in metrics if key.endswith("@sum")]
+            kept, *values = ranks.sum([kept, *(metrics[key] for key in keys)], device)
+            metrics.update(zip(keys, values))
+            metrics[FINAL_MASK_KEY] = kept / (valid + 1e-8)
+            metrics[f"{METRIC_PREFIX}mask_collapse"] = float(
+                (valid - kept) / max(valid, 1.0) > self.correction.mask_collapse_threshold)
         report = train_step(
             self.model, self.optimizer, batch, old, final, self.settings.loss,
             is_weight=weight if self.correction.is_weight.enabled else None,
-            micro_batch_size=self.settings.micro_batch_size, max_grad_norm=self.settings.max_grad_norm)
+            micro_batch_size=self.settings.micro_batch_size, max_grad_norm=self.settings.max_grad_norm, ranks=ranks)
         if report.skipped:
             log.warning("step %d skipped: the correction masked every token", batch.step)
-        lag = self.policy_version - min(batch.policy_versions, default=self.policy_version)
+        lag = self.policy_version - min(policy_versions, default=self.policy_version)
         self.policy_version += 1
         pass_rates = {key: round(metrics[key], 6) for keys in self.filter_keys
                       for check, key in keys.items() if check != "index"}
@@ -128,19 +166,21 @@ class PolicyTrainer:
             "ratio_means": {agg: round(metrics[f"{METRIC_PREFIX}ratio_{agg}_mean@sum"], 6) for agg in AGG_TYPES},
             "diff_means": {agg: round(metrics[f"{METRIC_PREFIX}diff_{agg}_mean@sum"], 6) for agg in AGG_TYPES},
             "policy_lag_max": lag,
-            "tokens_valid": int(mask.sum().item()),
-            "tokens_kept": int(final.sum().item()),
-            "generator_versions": sorted(set(batch.policy_versions)),
+            "tokens_valid": int(valid),
+            "tokens_kept": int(kept),
+            "generator_versions": sorted(set(policy_versions)),
             "mask_collapse": bool(metrics.get(f"{METRIC_PREFIX}mask_collapse", 0.0)),
-            "reward_mean": round(float(batch.response_level_rewards.mean()), 6),
+            "reward_mean": round(reward_sum / max(rows, 1.0), 6),
             "grad_norm": round(report.grad_norm, 6),
             "pg_clipfrac": round(report.metrics.get("pg_clipfrac", 0.0), 6),
         }
-        if self.checkpoints is not None:
+        if self.checkpoints is not None and ranks.is_main:
             path = self.checkpoints.save(
                 self.policy_version, self.model, self.optimizer, tokenizer=self.tokenizer,
-                state={"step": batch.step, "group_keys": list(batch.group_keys), "report": out})
+                state={"step": batch.step, "group_keys": group_keys, "report": out})
             self.checkpoint = str(path)
+        elif self.checkpoints is not None:  # rank 0's folder; the other ranks only name it
+            self.checkpoint = str(self.checkpoints.path_of(self.policy_version))
         out["checkpoint"] = self.checkpoint
         out["train_seconds"] = round(time.perf_counter() - started, 2)
         return out

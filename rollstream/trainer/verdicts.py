@@ -1,10 +1,11 @@
 """The verdicts that end a step short of a full batch, read from their event topics.
 
 RLVR: the admission publishes ``Batch(status="underfilled")`` on ``batches`` when a step's
-resampling budget is spent. Agentic: every train group id publishes a ``GroupQueueOutcome`` on
+resampling budget is spent, and one ``Batch(status="end_of_data")`` once the prompts of the last
+epoch are all decided. Agentic: every train group id publishes a ``GroupQueueOutcome`` on
 ``episodes.outcomes`` when it stops; once all have stopped and fewer than a batch of accepted
 groups remain uncommitted, that is the verdict. Both readers return verdicts shaped like the
-admission's ``Batch`` event; ``underfill_action`` applies ``min_fill_ratio`` (peer scenario 1).
+admission's ``Batch`` event; ``verdict_action`` applies ``min_fill_ratio`` (peer scenario 1).
 """
 
 from __future__ import annotations
@@ -18,6 +19,21 @@ from rollstream.schemas import decode
 def underfill_action(accepted: int, target: int, min_fill_ratio: float) -> str:
     """``ship_partial`` or ``fail`` for a step that ended with ``accepted`` of ``target`` groups."""
     return "ship_partial" if accepted > 0 and accepted / target >= min_fill_ratio else "fail"
+
+
+def verdict_action(verdict: dict, min_fill_ratio: float) -> str:
+    """What the trainer does on a verdict (a ``Batch`` record of status ``underfilled`` or
+    ``end_of_data``, with ``accepted_groups`` and ``target_groups``).
+
+    ``ship_partial``: train the accepted groups as a partial batch (``accepted > 0`` and
+    ``accepted / target >= min_fill_ratio``). Otherwise ``fail`` for ``underfilled`` (the run
+    stops ``batch_underfilled``) and ``end`` for ``end_of_data`` (the run ends ``end_of_data``;
+    the groups stay uncommitted in ``groups.accepted``). Raises ValueError for another status.
+    """
+    if verdict["status"] not in ("underfilled", "end_of_data"):
+        raise ValueError(f"not a verdict: Batch status {verdict['status']!r}")
+    action = underfill_action(verdict["accepted_groups"], verdict["target_groups"], min_fill_ratio)
+    return "end" if action == "fail" and verdict["status"] == "end_of_data" else action
 
 
 class _Tail:
@@ -42,13 +58,16 @@ class _Tail:
 
 
 class BatchEvents(_Tail):
-    """Tails the ``batches`` topic for the admission's underfilled verdicts."""
+    """Tails the ``batches`` topic for the admission's verdicts."""
 
     def __init__(self, bootstrap: str, topics: Topics) -> None:
         super().__init__(bootstrap, topics.batches)
 
-    def underfilled(self) -> list[dict]:
-        return [record for name, record in self.new() if name == "Batch" and record["status"] == "underfilled"]
+    def verdicts(self) -> list[dict]:
+        """The ``underfilled`` and ``end_of_data`` Batch records that arrived since the last call,
+        in topic order (the trainer's own ``complete``/``partial`` events are skipped)."""
+        return [record for name, record in self.new()
+                if name == "Batch" and record["status"] in ("underfilled", "end_of_data")]
 
 
 class AgenticBatchEvents(_Tail):
@@ -69,7 +88,8 @@ class AgenticBatchEvents(_Tail):
         self.done: dict[int, dict] = {}
         self._verdict_step: int | None = None
 
-    def underfilled(self) -> list[dict]:
+    def verdicts(self) -> list[dict]:
+        """At most one ``underfilled`` verdict per step (agentic runs have no end of data)."""
         for name, record in self.new():
             if name == "GroupQueueOutcome" and record["mode"] == "train":
                 self.done[record["group_id"]] = record

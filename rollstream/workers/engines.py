@@ -20,7 +20,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
 from rollstream.exceptions import ConfigError, RollstreamError
-from rollstream.policy.model import ensure_model_cache, load_model, load_weights_into
+from rollstream.policy.model import load_model, load_tokenizer, load_weights_into, model_folder, resolve_device
 from rollstream.schemas.records import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
 
 log = logging.getLogger(__name__)
@@ -169,6 +169,11 @@ class TransformersBackend:
     Each prompt is expanded ``n`` times into rows; rows are grouped by ``max_new_tokens``,
     sorted by prompt length (less padding) and run ``max_batch`` rows per ``generate`` call,
     left-padded. An exception inside a chunk turns that chunk's rows into error samples.
+
+    ``model_dir``: a model folder or a hub id in the local cache (None: the bundled model);
+    ``device``: ``cpu``, ``cuda`` or ``auto`` (rollstream.policy.model.resolve_device). eos and
+    pad are the model's (rollstream.policy.model.load_tokenizer). Raises ConfigError for a
+    missing or incomplete model folder or an unusable device.
     """
 
     def __init__(
@@ -180,6 +185,7 @@ class TransformersBackend:
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        device = resolve_device(device) if isinstance(device, str) else device
         self.tokenizer, self.model = load_model(dtype=dtype, device=device, model_dir=model_dir)
         self.device = torch.device(device)
         self.max_batch = max_batch
@@ -272,7 +278,7 @@ class TransformersBackend:
         for r in range(len(prompts)):
             ids = new_tokens[r].tolist()
             if self.eos_id in ids:
-                # pad == eos here, so everything after the first eos is padding
+                # generate pads a finished row, so everything after its first eos is padding
                 end = ids.index(self.eos_id) + 1
                 reason = FINISH_STOP
             else:
@@ -304,7 +310,9 @@ class VLLMBackend:
     """vLLM engine behind the same interface (needs a GPU and ``pip install rollstream[vllm]``).
 
     vLLM's V1 sampler returns logprobs of the raw logits by default (``logprobs_mode=
-    "raw_logprobs"``), matching TransformersBackend. Raises RuntimeError when vllm is missing.
+    "raw_logprobs"``), matching TransformersBackend. ``model_dir`` as TransformersBackend's;
+    ``tokenizer`` is the model's (load_tokenizer), for the workers' chat templating. Raises
+    RuntimeError when vllm is missing, ConfigError for a missing or incomplete model folder.
     """
 
     def __init__(self, model_dir: str | os.PathLike | None = None, **llm_kwargs: Any) -> None:
@@ -317,7 +325,8 @@ class VLLMBackend:
         # imported only when this backend is built, here and in the two methods below.
         from vllm import LLM
 
-        self._model_dir = str(model_dir if model_dir is not None else ensure_model_cache())
+        self._model_dir = str(model_folder(model_dir))
+        self.tokenizer = load_tokenizer(model_dir)
         self._llm_kwargs = llm_kwargs
         self.llm = LLM(model=self._model_dir, **llm_kwargs)
         self.policy_version = 0

@@ -250,7 +250,8 @@ def run_env_worker(
 
     ``config``: an AgenticConfig (or None). It supplies the defaults: temperature/top_p from
     ``config.actor_infer.generating_args``, ``max_concurrent_episodes``, ``max_context_tokens``,
-    the backend name and ``max_batch`` from ``config.actor_infer``, ``max_message_bytes`` and
+    the backend name, ``max_batch`` and ``device`` from ``config.actor_infer``, the model from
+    ``config.infer_model_path`` (None: the bundled one), ``max_message_bytes`` and
     ``compression_type`` from ``config.kafka``; every ``custom_envs`` env_type is resolved up
     front. Explicit keyword arguments override it. ``backend``: a GenerationBackend instance,
     or a backend name built with ``make_backend(name, **backend_kwargs)``.
@@ -271,8 +272,11 @@ def run_env_worker(
         actor = getattr(config, "actor_infer", None)
         name = backend or (actor.backend if actor is not None else "transformers")
         kwargs = dict(backend_kwargs or {})
+        if actor is not None:
+            kwargs.setdefault("model_dir", getattr(config, "infer_model_path", None))
         if actor is not None and name == "transformers":
             kwargs.setdefault("max_batch", actor.max_batch)
+            kwargs.setdefault("device", actor.device)
         backend = make_backend(name, **kwargs)
     kafka = getattr(config, "kafka", None)
     worker = EnvWorker(

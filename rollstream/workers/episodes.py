@@ -19,7 +19,8 @@ Token layout of a Trajectory (the trainer's contract, see trajectory.avsc)::
                                   tokens("\\n<|im_start|>user\\n{observation}<|im_end|>\\n"
                                   "<|im_start|>assistant\\n")
 
-A non-model ``<|im_end|>`` therefore always sits at the START of the next turn's prompt (never
+(shown for the bundled SmolLM2's template; a user model's eos and template take their places,
+see rollstream.policy.model.chat_turn_ids). A non-model ``<|im_end|>`` therefore always sits at the START of the next turn's prompt (never
 in a response), and none is added after the final turn. The flattened response is
 ``turns[0].response + turns[1].prompt + turns[1].response + ...``; ``response_mask`` has exactly
 ``sum_k len(response_k) + sum_{k>=1} len(prompt_k)`` entries, 1 on response tokens, 0 on prompt
@@ -53,7 +54,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from rollstream.policy.model import EOS_TOKEN, chat_prompt_ids, load_tokenizer
+from rollstream.policy.model import chat_prompt_ids, chat_turn_ids, load_tokenizer
 from rollstream.runtime import now_ms
 from rollstream.schemas.packed import DTYPES, packed_array
 from rollstream.schemas.records import (
@@ -168,7 +169,7 @@ class EpisodePlayer:
         SamplingParams(temperature=temperature, top_p=top_p)  # raises ValueError if out of range
         self.backend = backend
         self.tokenizer = tokenizer or getattr(backend, "tokenizer", None) or load_tokenizer()
-        self.im_end_id = int(self.tokenizer.convert_tokens_to_ids(EOS_TOKEN))
+        self.im_end_id = int(self.tokenizer.eos_token_id)  # the model's eos ends a turn
         self.temperature = temperature
         self.top_p = top_p
         self.max_concurrent = max_concurrent
@@ -353,10 +354,9 @@ class EpisodePlayer:
         return self._queue_prompt(traj, prompt)
 
     def observation_ids(self, observation: str) -> list[int]:
-        """Token ids of a later turn's user message (without any leading im_end): one string
-        tokenized at once, token-for-token what the chat template produces."""
-        text = f"\n<|im_start|>user\n{observation}<|im_end|>\n<|im_start|>assistant\n"
-        return [int(i) for i in self.tokenizer(text, add_special_tokens=False)["input_ids"]]
+        """Token ids of a later turn's user message (without any leading eos): token-for-token
+        what the model's chat template produces (rollstream.policy.model.chat_turn_ids)."""
+        return chat_turn_ids(self.tokenizer, observation)
 
     def _queue_prompt(self, traj: _Trajectory, prompt: list[int]) -> str | None:
         budget = int(traj.request["max_tokens_per_step"])

@@ -83,7 +83,8 @@ class GenerationWorker:
         errors: list[str | None] = []
         for rec in records:
             try:
-                prompt_ids.append(chat_prompt_ids(self.tokenizer, rec["prompt"]))
+                # a chat prompt's messages (system turn included) as given, else the text as one user turn
+                prompt_ids.append(chat_prompt_ids(self.tokenizer, rec.get("messages") or rec["prompt"]))
                 errors.append(None)
             except Exception as exc:
                 prompt_ids.append(None)
@@ -112,6 +113,7 @@ class GenerationWorker:
                     "mode": rec.get("mode", "train"),
                     "prompt": rec["prompt"],
                     "ground_truth": rec.get("ground_truth", ""),
+                    "messages": list(rec.get("messages") or []),
                     "round": int(rec["round"]),
                     "sample_index": int(rec.get("sample_offset", 0)) + i,
                     "prompt_token_ids": prompt_ids[k] or [],

@@ -22,6 +22,7 @@ RESPONSE = {
     "round": 1, "sample_index": 5, "prompt_token_ids": [1, 2, 3], "response_token_ids": [7, 8],
     "infer_logprobs": [-0.5, -1.25], "response_text": "4", "finish_reason": "stop", "error": None,
     "policy_version": 3, "generation_ms": 12.5, "created_ms": 1700000000000, "extras": {},
+    "messages": [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "2+2?"}],
 }
 ARRAYS = ("prompt_token_ids", "response_token_ids", "infer_logprobs")
 
@@ -34,8 +35,9 @@ def plain(record: dict) -> dict:
 def test_every_event_has_its_own_schema_file():
     names = {json.loads(p.read_text())["name"] for p in SCHEMA_DIR.glob("*.avsc")}
     assert names == set(REGISTRY.names) == {
-        "Batch", "DeadLetter", "EpisodeRequest", "GenerationRequest", "Group", "GroupCommand", "GroupQueueOutcome",
-        "Metric", "PackedArray", "PayloadRef", "PolicyVersion", "Prompt", "PromptOutcome", "Response",
+        "Batch", "ChatMessage", "DeadLetter", "EpisodeRequest", "GenerationRequest", "Group", "GroupCommand",
+        "GroupQueueOutcome", "Metric", "PackedArray", "PayloadRef", "PolicyVersion", "Prompt", "PromptOutcome",
+        "PromptsEnd", "Response",
         "ResponseSummary", "RewardedResponse", "Trajectory", "TrajectoryGroup", "TrajectorySummary",
     }
 
@@ -90,7 +92,7 @@ def test_unknown_schema_name():
 
 
 def _older_prompt_schema() -> dict:
-    schema = json.loads((SCHEMA_DIR / "prompt.avsc").read_text())
+    schema = json.loads((SCHEMA_DIR / "history" / "prompt.v1.avsc").read_text())
     schema["fields"] = [f for f in schema["fields"] if f["name"] not in ("tag", "created_ms")]
     return schema
 
@@ -106,7 +108,8 @@ def test_writer_schema_without_a_newer_field_still_decodes():
         registry.decode(data)  # the old version is not registered yet
     registry.add(old, current=False)
     assert registry.decode(data) == ("Prompt", {"prompt_id": "p", "domain": "d", "mode": "train", "prompt": "q",
-                                                "ground_truth": "1", "tag": "", "created_ms": 0})
+                                                "ground_truth": "1", "messages": [], "tag": "",
+                                                "created_ms": 0})
     # encoding still uses the current schema
     assert registry.decode(registry.encode({"prompt_id": "p", "domain": "d", "prompt": "q"}, "Prompt"))[1]["tag"] == ""
 
@@ -233,7 +236,7 @@ def test_payload_events_in_the_format_before_packed_arrays_still_decode(name):
     old = fixture["record"]
     assert decoded_name == name and record["extras"] == {}
     if name == "Response":
-        assert plain(record) == {**old, "extras": {}}
+        assert plain(record) == {**old, "extras": {}, "messages": []}
     else:
         assert record["response_mask"].dtype == np.uint8 and record["response_mask"].tolist() == old["response_mask"]
         assert [plain(t) for t in record["turns"]] == old["turns"]
@@ -245,7 +248,7 @@ def test_decision_events_in_the_old_format_decode_with_their_payload_inline():
     _, rewarded = decode(base64.b64decode(OLD_EVENTS["RewardedResponse"]["message_b64"]))
     old = OLD_EVENTS["RewardedResponse"]["record"]
     assert not is_payload_ref(rewarded["payload"])
-    assert plain(rewarded["payload"]) == {**old["response"], "extras": {}}
+    assert plain(rewarded["payload"]) == {**old["response"], "extras": {}, "messages": []}
     assert rewarded["response"]["response_length"] == 3 and rewarded["response_level_reward"] == 1.0
 
     _, group = decode(base64.b64decode(OLD_EVENTS["Group"]["message_b64"]))

@@ -57,12 +57,12 @@ def test_a_group_event_written_by_the_landed_main_still_decodes():
     assert name == "Group"
     old = fixture["record"]
     assert {k: v for k, v in record.items() if k != "responses"} == {
-        k: v for k, v in old.items() if k not in ("responses", "prompt_token_ids")}
+        **{k: v for k, v in old.items() if k not in ("responses", "prompt_token_ids")}, "messages": []}
     assert [r["response"]["sample_index"] for r in record["responses"]] == [1, 2]
     # upgraded to the current shape: a summary, the reward, and the Response itself as payload
     for new, was in zip(record["responses"], old["responses"]):
         payload = {k: v.tolist() if hasattr(v, "tolist") else v for k, v in new["payload"].items()}
-        assert payload == {**was["response"], "extras": {}}
+        assert payload == {**was["response"], "extras": {}, "messages": []}
         assert (new["response"]["response_length"], new["response_level_reward"], new["scores"]) == (
             2, was["response_level_reward"], was["scores"])
 

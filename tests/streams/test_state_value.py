@@ -11,6 +11,7 @@ from rollstream.filtering.prompt_state import DomainFilters, step
 from rollstream.kafka.events import Input
 from rollstream.kafka.topics import Topics
 from rollstream.schemas import decode, encode
+from rollstream.schemas.codec import _zigzag_varint
 from rollstream.schemas.records import payload_ref
 from rollstream.streams.aggregation import Aggregation, member_bytes, pack_state, unpack_state
 from rollstream.workers.rewards import RewardWorker
@@ -187,12 +188,33 @@ def test_a_failure_after_unwritten_changes_is_reported_never_silently_dropped(mo
     assert aggregation.state_decodes == 1
 
 
-@pytest.mark.parametrize("prompt, truth", [("q", "1"), ("é" * 70, ""), ("", "x" * 300), ("p" * 20000, "42" * 99)])
-def test_member_bytes_cut_at_the_byte_level_equal_a_re_encode(prompt, truth):
+CHAT = [{"role": "system", "content": "Answer briefly. " * 20}, {"role": "user", "content": "é?"}]
+
+
+@pytest.mark.parametrize("prompt, truth, messages", [
+    ("q", "1", []), ("é" * 70, "", []), ("", "x" * 300, []), ("p" * 20000, "42" * 99, []),
+    ("é?", "1", CHAT), ("", "", CHAT), ("", "", [{"role": "user", "content": "m" * 200}] * 70),
+])
+def test_member_bytes_cut_at_the_byte_level_equal_a_re_encode(prompt, truth, messages):
     record = response("p-é", 3, reward=1.0, payload=payload_ref("t", 0, 7, 9))
-    record["response"].update(prompt=prompt, ground_truth=truth, domain="d" * 130, mode="train")
+    record["response"].update(prompt=prompt, ground_truth=truth, messages=messages, domain="d" * 130, mode="train")
     value = encode(record, "RewardedResponse")
     cut = member_bytes(record, value)
-    expected = encode({**record, "response": {**record["response"], "prompt": "", "ground_truth": ""}},
+    expected = encode({**record, "response": {**record["response"], "prompt": "", "ground_truth": "", "messages": []}},
                       "RewardedResponse")
     assert cut == expected
+    assert decode(cut)[1]["response"]["messages"] == []
+
+
+def test_member_bytes_reads_messages_written_in_sized_blocks():
+    """Avro lets a writer give an array block a negative count followed by its byte size (Java's
+    blocking encoder does): the cut skips such a block too."""
+    record = response("pB", 1, reward=1.0, payload=payload_ref("t", 0, 7, 9))
+    record["response"].update(prompt="é?", ground_truth="1", messages=CHAT)
+    value = encode(record, "RewardedResponse")
+    items = b"".join(_zigzag_varint(len(s.encode())) + s.encode() for m in CHAT for s in (m["role"], m["content"]))
+    standard = _zigzag_varint(len(CHAT)) + items + b"\x00"
+    sized = value.replace(standard, _zigzag_varint(-len(CHAT)) + _zigzag_varint(len(items)) + items + b"\x00")
+    assert value.count(standard) == 1 and sized != value
+    assert decode(sized)[1] == decode(value)[1]
+    assert member_bytes(record, sized) == member_bytes(record, value)

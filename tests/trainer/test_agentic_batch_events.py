@@ -99,13 +99,13 @@ def test_underfill_verdict_from_outcome_events_equals_the_metric_derived_one(kaf
         got: list[dict] = []
 
         def read_all() -> bool:
-            got.extend(events.underfilled())  # the call that reads the last outcome gives the verdict
+            got.extend(events.verdicts())  # the call that reads the last outcome gives the verdict
             return len(events.done) == 3
 
         try:
             wait_for(read_all, timeout=30, what="three outcomes read")
             assert got == expected
-            assert events.underfilled() == []  # one verdict per step
+            assert events.verdicts() == []  # one verdict per step
         finally:
             events.close()
     assert expected == [{"step": 3, "status": "underfilled", "target_groups": 2, "accepted_groups": 0,

@@ -1,0 +1,165 @@
+"""The one trainer loop: which batch is next, and when a run ends (rank 0; the consuming side).
+
+``BatchLoop.batches()`` yields the batches of a run until the builder's step reaches ``max_steps``
+(batches committed in total, a restarted trainer's earlier ones included) or the loop must end;
+the caller trains each batch and confirms it with ``BatchLoop.commit`` before asking for the next.
+It serves ``rollstream run``, ``rollstream worker trainer`` (both through
+``rollstream.trainer.api.RolloutStream``, like a user's own loop) and ``build_batches`` (the same
+loop with a ``train`` callback).
+
+Verdicts (rollstream.trainer.verdicts) end a step short of a full batch; ``verdict_action``
+applies the configured ``min_fill_ratio`` (peer scenario 1):
+
+* underfilled, ``accepted / target >= min_fill_ratio`` -> the accepted groups ship as a partial
+  batch;
+* underfilled, otherwise -> the run stops with outcome ``batch_underfilled``; the accepted groups
+  stay uncommitted in ``groups.accepted`` (never lost) for a later run;
+* ``end_of_data`` (every prompt of the last epoch decided): the full batches before its step are
+  built, then the same ratio decides whether the accepted rest ships as a final partial batch
+  (manifest entry ``"end_of_data": true``); either way the run ends at once with outcome
+  ``end_of_data``, never by a timeout.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from rollstream.observability.metrics import process_metrics
+from rollstream.trainer.batch import RolloutBatch
+from rollstream.trainer.consumer import BatchBuilder
+from rollstream.trainer.verdicts import AgenticBatchEvents, BatchEvents, verdict_action
+
+POLL_S = 1.0
+"""How long ``batches`` waits for a full batch before it reads the verdicts and the stop checks."""
+
+CATCH_UP_S = 30.0
+"""How long it waits for groups a verdict says precede it on the topics."""
+
+
+@dataclass
+class LoopResult:
+    """How a trainer run ended and the manifest entries of the batches it committed."""
+
+    outcome: str = "complete"  # complete | batch_underfilled | end_of_data | timed_out | stopped
+    detail: str = ""
+    batches: list[dict] = field(default_factory=list)  # manifest entries
+
+
+def record_batch_metrics(entry: dict) -> None:
+    """A committed batch in this process's metrics: its groups (unit ``trainer``; the stale
+    ones are counted where BatchBuilder rejects them), its fill time, and its tokens kept or
+    masked by the train-inference correction (unit ``token``)."""
+    metrics = process_metrics()
+    metrics.decided.labels("trainer", "accepted").inc(entry["accepted_groups"])
+    metrics.batch_fill.observe(entry["fill_seconds"])
+    if "tokens_valid" in entry:
+        masked = entry["tokens_valid"] - entry["tokens_kept"]
+        metrics.decided.labels("token", "accepted").inc(entry["tokens_kept"])
+        metrics.decided.labels("token", "rejected").inc(masked)
+        metrics.rejections.labels("token", "train_infer_correction").inc(masked)
+
+
+class BatchLoop:
+    """The batches of one run from ``builder``, ended by ``events``' verdicts (module doc).
+
+    Args:
+        builder: the run's BatchBuilder (its ``step`` counts committed batches).
+        events: the verdict reader (``BatchEvents``, or ``AgenticBatchEvents``).
+        max_steps: batches in total, then the loop ends ``complete``.
+        min_fill_ratio: the pipeline's; see ``verdict_action``.
+        deadline: ``time.monotonic()`` value after which it ends ``timed_out``; None: none.
+        check: called before each poll; raises when a stage died.
+        should_stop: polled before each batch; True ends the loop ``stopped``.
+        on_progress: ``(result, buffered_groups)`` after every poll.
+        publish: ``publish(entry)`` after each commit (PolicyPublisher.publish_batch).
+    """
+
+    def __init__(self, builder: BatchBuilder, events: BatchEvents | AgenticBatchEvents, *, max_steps: int,
+                 min_fill_ratio: float, deadline: float | None = None, check: Callable[[], None] = lambda: None,
+                 should_stop: Callable[[], bool] = lambda: False,
+                 on_progress: Callable[[LoopResult, int], None] = lambda result, buffered: None,
+                 publish: Callable[[dict], object] = lambda entry: None) -> None:
+        self.builder = builder
+        self.events = events
+        self.max_steps = max_steps
+        self.min_fill_ratio = min_fill_ratio
+        self.deadline = deadline
+        self.check = check
+        self.should_stop = should_stop
+        self.on_progress = on_progress
+        self.publish = publish
+        self.result = LoopResult()
+
+    def batches(self) -> Iterator[tuple[RolloutBatch, bool]]:
+        """Yield ``(batch, end_of_data)``: each batch to train, and whether it is the final
+        partial batch of the data. Commit each (``commit``) before taking the next; a batch not
+        committed stays uncommitted on the topic (a later run gets it again). ``result`` says how
+        the loop ended once this is exhausted."""
+        builder, result = self.builder, self.result
+        while builder.step < self.max_steps:
+            self.check()
+            if self.should_stop():
+                result.outcome = "stopped"
+                break
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                result.outcome, result.detail = "timed_out", "time limit reached"
+                break
+            batch = builder.next_batch(timeout_s=POLL_S)
+            if batch is not None:
+                yield batch, False
+            for event in self.events.verdicts() if batch is None else []:
+                end = event["status"] == "end_of_data"
+                # A restarted trainer re-reads every verdict: one on a step its manifest already
+                # has was answered before (an underfilled one is void; the data still ended).
+                answered = event["step"] < builder.step
+                if answered and not end:
+                    continue
+                if end:  # the full batches before the verdict's step precede it on the topics
+                    while (builder.step < min(event["step"], self.max_steps)
+                           and (full := builder.next_batch(CATCH_UP_S)) is not None):
+                        yield full, False
+                action = "end" if answered else verdict_action(event, self.min_fill_ratio)
+                if action == "ship_partial":
+                    # the accepted groups precede the verdict on the topics; wait until they are read
+                    partial = builder.take_partial(timeout_s=CATCH_UP_S, min_groups=event["accepted_groups"])
+                    if partial is not None:
+                        yield partial, end
+                if action != "ship_partial" or end:
+                    result.outcome = "end_of_data" if end else "batch_underfilled"
+                    result.detail = (
+                        f"step {event['step']}: {event['accepted_groups']}/{event['target_groups']} groups after "
+                        f"{event['prompts_consumed']} prompts (min_fill_ratio {self.min_fill_ratio}); "
+                        f"rejected: {event['rejected_by_reason']}")
+                    break
+            self.on_progress(result, builder.buffered)
+            if result.outcome != "complete":
+                break
+
+    def commit(self, batch: RolloutBatch, report: dict | None = None, end_of_data: bool = False) -> dict:
+        """Commit a yielded ``batch`` with the training ``report`` joined to its manifest entry
+        (plus ``"end_of_data": true`` for the final partial batch), count it in the metrics, then
+        ``publish`` the entry. Returns the entry; raises as ``BatchBuilder.commit``."""
+        entry = self.builder.commit(batch, {**(report or {}), "end_of_data": True} if end_of_data else report)
+        self.result.batches.append(entry)
+        record_batch_metrics(entry)
+        self.publish(entry)
+        return entry
+
+
+def build_batches(builder: BatchBuilder, events: BatchEvents | AgenticBatchEvents, *, max_steps: int,
+                  min_fill_ratio: float, deadline: float | None = None, check: Callable[[], None] = lambda: None,
+                  on_progress: Callable[[LoopResult, int], None] = lambda result, buffered: None,
+                  should_stop: Callable[[], bool] = lambda: False,
+                  train: Callable[[RolloutBatch], dict] | None = None,
+                  publish: Callable[[dict], object] = lambda entry: None) -> LoopResult:
+    """Run a ``BatchLoop`` (same arguments) in this process: ``train(batch)`` (a PolicyTrainer's)
+    runs before each batch is committed, and its report joins the manifest entry, so a batch
+    counts as done only once it was trained (and checkpointed); ``publish(entry)`` then announces
+    the policy version the batch made. Returns the loop's result."""
+    loop = BatchLoop(builder, events, max_steps=max_steps, min_fill_ratio=min_fill_ratio, deadline=deadline,
+                     check=check, should_stop=should_stop, on_progress=on_progress, publish=publish)
+    for batch, end_of_data in loop.batches():
+        loop.commit(batch, train(batch) if train is not None else None, end_of_data)
+    return loop.result

@@ -1,0 +1,63 @@
+"""`rewards.<domain>.reward_type` as an import path: checked when the config loads."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from rollstream.config import parse_config
+from rollstream.exceptions import ConfigError
+
+USER = "tests.workers.user_rewards"
+
+
+def config(**domain) -> dict:
+    return {"name": "m", "rollout_batch_size": 1, "num_return_sequences_in_group": 2, "max_prompts_per_batch": 4,
+            "datasets": [], "rewards": {"mine": domain}}
+
+
+def test_import_path_with_its_timeout_batched_form_and_pool_size():
+    cfg = parse_config({**config(reward_type=f"{USER}:batched", reward_timeout_s=2.5, reward_batched=True),
+                        "reward_concurrency": 3})
+    mine = cfg.rewards["mine"]
+    assert (mine.reward_type, mine.reward_timeout_s, mine.reward_batched) == (f"{USER}:batched", 2.5, True)
+    assert cfg.reward_concurrency == 3
+    defaults = parse_config(config(reward_type="gsm8k"))
+    assert (defaults.rewards["mine"].reward_timeout_s, defaults.rewards["mine"].reward_batched) == (30.0, False)
+    assert defaults.reward_concurrency == 4
+
+
+@pytest.mark.parametrize("reward_type, batched, message", [
+    ("no_such_pkg.rewards:exact_match", False,
+     "reward_type 'no_such_pkg.rewards:exact_match': cannot import 'no_such_pkg.rewards': "
+     "ModuleNotFoundError: No module named 'no_such_pkg'"),
+    (f"{USER}:nope", False, f"reward_type '{USER}:nope': module '{USER}' has no attribute 'nope'"),
+    (f"{USER}:NOT_A_FUNCTION", False, f"reward_type '{USER}:NOT_A_FUNCTION' is not callable (int)"),
+    ("exact_match", False, "reward_type 'exact_match' is neither a built-in ['gsm8k', 'math', 'reasoning_gym'] "
+                           "nor an import path 'pkg.module:function'"),
+    (f"{USER}:", False, f"reward_type '{USER}:' is neither a built-in"),
+    (f"{USER}:two_args", False, f"reward_type '{USER}:two_args' cannot be called as "
+                                "(response_text, ground_truth, **info): too many positional arguments"),
+    (f"{USER}:exact_match", True, f"reward_type '{USER}:exact_match' cannot be called as "
+                                  "(response_texts, ground_truths, infos): too many positional arguments"),
+    (f"{USER}:lambda_reward", False, f"reward_type '{USER}:lambda_reward' must be a module-level function"),
+])
+def test_bad_reward_type_fails_at_load(reward_type, batched, message):
+    with pytest.raises(ConfigError, match=re.escape(f"rewards.mine: Value error, {message}")):
+        parse_config(config(reward_type=reward_type, reward_batched=batched))
+
+
+def test_metric_any_named_score_of_a_user_function_only():
+    for metric in ("acc", "score", "f1"):
+        cfg = parse_config(config(reward_type=f"{USER}:exact_match", query_filter_config={"metric": metric}))
+        assert cfg.domain_filters()["mine"].metric == metric
+    with pytest.raises(ConfigError, match="query_filter_config.metric 'f1' is not a reward field"):
+        parse_config(config(reward_type="gsm8k", query_filter_config={"metric": "f1"}))
+
+
+def test_timeout_and_concurrency_must_be_positive():
+    with pytest.raises(ConfigError, match="rewards.mine.reward_timeout_s"):
+        parse_config(config(reward_type=f"{USER}:exact_match", reward_timeout_s=0))
+    with pytest.raises(ConfigError, match="reward_concurrency"):
+        parse_config({**config(reward_type="gsm8k"), "reward_concurrency": 0})
