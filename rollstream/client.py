@@ -34,6 +34,7 @@ from rollstream.data import prompt_record
 from rollstream.exceptions import RollstreamError
 from rollstream.kafka.admin import create_topics
 from rollstream.kafka.clients import make_producer
+from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.topics import Topics
 from rollstream.runtime import DEFAULT_TOPIC_PREFIX
 
@@ -44,7 +45,8 @@ class PromptPublisher:
     """Publishes prompts to ``<topic_prefix>prompts`` on the Kafka cluster at ``bootstrap``.
 
     Args:
-        bootstrap: Kafka bootstrap servers, ``host:port[,host:port]``.
+        bootstrap: Kafka bootstrap servers, ``host:port[,host:port]``, or a
+            ``rollstream.kafka.cluster.Cluster`` (TLS / SASL settings with them).
         topic_prefix: the pipeline's ``kafka.topic_prefix``.
         domain: the reward domain of prompts that do not name one (a ``rewards`` key of the config).
         mode: ``train`` or ``val``, for prompts that do not say.
@@ -53,18 +55,20 @@ class PromptPublisher:
         end_on_exit: leaving the ``with`` block without an exception calls ``end_of_data()``.
 
     The prompts topic is created when missing (one partition, so the end marker follows every
-    prompt). Raises RollstreamError subclasses when the broker cannot be reached.
+    prompt), replicated ``replication_factor`` times (None: the smaller of 3 and the cluster's
+    brokers). Raises RollstreamError subclasses when the broker cannot be reached.
     """
 
-    def __init__(self, bootstrap: str, topic_prefix: str = DEFAULT_TOPIC_PREFIX, *, domain: str | None = None,
+    def __init__(self, bootstrap: Bootstrap, topic_prefix: str = DEFAULT_TOPIC_PREFIX, *, domain: str | None = None,
                  mode: str = "train", id_prefix: str = "prompt-", name: str = "client",
-                 end_on_exit: bool = True) -> None:
+                 end_on_exit: bool = True, replication_factor: int | None = None) -> None:
         self.topics = Topics(topic_prefix)
         self.domain, self.mode, self.id_prefix, self.name = domain, mode, id_prefix, name
         self.end_on_exit = end_on_exit
         self.published = 0  # prompts sent so far
         self.ended = False
-        create_topics(bootstrap, {self.topics.prompts: self.topics.all(1)[self.topics.prompts]})
+        create_topics(bootstrap, {self.topics.prompts: self.topics.all(1)[self.topics.prompts]},
+                      replicas=replication_factor)
         self._producer = make_producer(bootstrap)
 
     def publish(self, prompts: Iterable[str | Mapping[str, Any]]) -> int:

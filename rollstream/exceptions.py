@@ -57,3 +57,7 @@ class TopicNotFound(RollstreamError):
 
 class StageDied(RollstreamError):
     """A stage process exited while the run needed it."""
+
+
+class BrokerAuthenticationError(RollstreamError):
+    """The Kafka cluster refused this client's credentials (SASL or TLS)."""

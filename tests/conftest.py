@@ -10,7 +10,8 @@ import pytest
 
 from rollstream.config import KafkaConfig
 from rollstream.kafka.admin import create_topics
-from rollstream.kafka.broker import EmbeddedBroker
+from rollstream.kafka.broker import SASL_ADMIN_USER, EmbeddedBroker, EmbeddedCluster
+from rollstream.kafka.cluster import Cluster
 from rollstream.kafka.topics import TOPICS, Topics
 
 
@@ -27,6 +28,35 @@ def kafka_broker(tmp_path_factory) -> str:
         yield bootstrap
     finally:
         broker.stop()
+
+
+SASL_USER, SASL_PASSWORD = "alice", "alice-secret"
+
+
+@pytest.fixture(scope="session")
+def sasl_broker(tmp_path_factory) -> Cluster:
+    """A single-node broker with SASL/SCRAM on its client port and the user SASL_USER
+    (SASL_PASSWORD); returned as the Cluster of that user (SCRAM-SHA-256)."""
+    broker = EmbeddedBroker(tmp_path_factory.mktemp("kafka-sasl"),
+                            sasl_users={SASL_ADMIN_USER: "admin-secret", SASL_USER: SASL_PASSWORD})
+    bootstrap = broker.start(timeout=90)
+    try:
+        yield Cluster(bootstrap, security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-256",
+                      sasl_username=SASL_USER, sasl_password=SASL_PASSWORD)
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(tmp_path_factory) -> EmbeddedCluster:
+    """A 3-node KRaft cluster on loopback (internal topics replicated 3 times, min ISR 2); tests
+    may kill and restart its nodes but must leave all three running."""
+    cluster = EmbeddedCluster(tmp_path_factory.mktemp("kafka-cluster"), brokers=3)
+    cluster.start(timeout=180)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ["name", "seed", "pretrain", "kafka", "rollout_batch_size", "max_steps", "max_staleness", "min_fill_ratio",
           "time_limit_s", "adv_estimator", "actor_infer", "actor_train", "train_infer_correction"]
 RLVR_KEYS = SHARED + ["num_return_sequences_in_group", "val_num_return_sequences", "max_running_prompts",
-                      "max_additional_running_prompts", "max_response_rounds", "max_prompts_per_batch",
+                      "max_additional_running_prompts", "max_response_rounds", "prompt_timeout_s",
+                      "max_reissues_per_prompt", "max_prompts_per_batch",
                       "prompt_length", "num_epochs", "rewards", "datasets", "domain_interleave_probs",
                       "reward_concurrency"]
 AGENTIC_KEYS = SHARED + ["max_concurrent_episodes", "max_context_tokens", "train_env_manager", "val_env_manager",

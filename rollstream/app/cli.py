@@ -19,9 +19,10 @@ from rich.live import Live
 
 from rollstream.app.render import print_whatif, replay_row, replay_table, stats_table
 from rollstream.exceptions import RollstreamError
-from rollstream.kafka.admin import check_copartitioned, create_topics, wait_for_broker
+from rollstream.kafka.admin import check_copartitioned, create_pipeline_topics, wait_for_broker
 from rollstream.kafka.broker import DEFAULT_DATA_DIR, daemon_status, start_daemon, stop_daemon
 from rollstream.kafka.clients import make_producer
+from rollstream.kafka.cluster import Cluster
 from rollstream.kafka.topics import DEFAULT_PREFIX, TOPICS, Topics
 from rollstream.tools.replay import Predicate, Selection, parse_time_ms
 from rollstream.tools.replay import replay as replay_topic
@@ -38,6 +39,8 @@ app.add_typer(broker_app, name="broker")
 console = Console(soft_wrap=True)  # a message is one line, whatever the width (logs, grep)
 err = Console(stderr=True, soft_wrap=True)
 
+SECURITY_CONFIG_OPT = typer.Option(None, "--config", "-c", help="A pipeline YAML whose `kafka:` security settings "
+                                   "(SASL/TLS) to connect with; plaintext without one.")
 DATA_DIR_OPT = typer.Option(DEFAULT_DATA_DIR, "--data-dir", help="Broker data dir (log, kraft data, broker.json).")
 
 
@@ -47,13 +50,25 @@ def _fail(exc: Exception) -> None:
 
 
 @broker_app.command("start")
-def broker_start(data_dir: Path = DATA_DIR_OPT, port: Optional[int] = typer.Option(None, help="Client port; free one when omitted.")) -> None:
-    """Start a broker that keeps running after this command; prints its bootstrap address."""
+def broker_start(data_dir: Path = DATA_DIR_OPT,
+                 port: Optional[int] = typer.Option(None, help="Client port (one broker); free one when omitted."),
+                 brokers: int = typer.Option(1, "--brokers", min=1, max=9, help="Nodes: 3 gives a replicated "
+                                             "KRaft cluster on loopback (each node a broker and a controller)."),
+                 sasl: bool = typer.Option(False, "--sasl", help="SASL/SCRAM on the client port: a user is created "
+                                           "and written to <data-dir>/sasl.env for the ROLLSTREAM_KAFKA_* variables.")) -> None:
+    """Start a broker (or a cluster) that keeps running after this command; prints its bootstrap address."""
+    if port is not None and brokers > 1:
+        _fail(ValueError("--port applies to one broker; a cluster picks free ports"))
     try:
-        state = start_daemon(data_dir, port=port)
+        state = start_daemon(data_dir, port=port, brokers=brokers, sasl=sasl)
     except RollstreamError as exc:
         _fail(exc)
-    console.print(f"broker ready at [bold]{state['bootstrap']}[/] (pid {state['pid']}, log {state['log_path']})")
+    pids = ", ".join(str(n["pid"]) for n in state["nodes"])
+    console.print(f"broker ready at [bold]{state['bootstrap']}[/] (pid {pids}, log {state['log_path']})")
+    if state["sasl"]:
+        console.print(f"SASL/SCRAM ({state['sasl']['mechanism']}): user and password in {state['sasl']['env_file']}; "
+                      f"`set -a; . {state['sasl']['env_file']}; set +a` and set kafka.security_protocol: SASL_PLAINTEXT, "
+                      f"kafka.sasl_mechanism: {state['sasl']['mechanism']}")
 
 
 @broker_app.command("stop")
@@ -72,11 +87,16 @@ def broker_status(data_dir: Path = DATA_DIR_OPT) -> None:
     console.print_json(json.dumps(status))
 
 
-def _reach(bootstrap: str) -> None:
+def _reach(bootstrap: str, cfg=None) -> Cluster:
+    """The cluster at ``bootstrap`` with the security of ``cfg.kafka`` (PLAINTEXT without a
+    config), once it answers; a clear error and exit code 2 when it does not, or refuses the
+    credentials."""
     try:
-        wait_for_broker(bootstrap, timeout=float(os.environ.get("ROLLSTREAM_BROKER_WAIT_S", "15")))
+        cluster = Cluster.from_config(bootstrap, cfg.kafka) if cfg is not None else Cluster(bootstrap)
+        wait_for_broker(cluster, timeout=float(os.environ.get("ROLLSTREAM_BROKER_WAIT_S", "15")))
     except RollstreamError as exc:
         _fail(exc)
+    return cluster
 
 
 def _config(path: Path):
@@ -109,11 +129,11 @@ def worker(
     except ValueError:
         _fail(ValueError(f"unknown stage {stage!r}; valid: {[s.value for s in Stage]}"))
     cfg = _config(config)
-    _reach(bootstrap)
     if not 0 <= instance < instances:
         _fail(ValueError(f"--instance must be in [0, --instances={instances}), got {instance}"))
+    cluster = _reach(bootstrap, cfg)
     try:
-        run_stage(stage_enum, cfg, bootstrap, max_idle_s=max_idle_s, instance=instance, instances=instances,
+        run_stage(stage_enum, cfg, cluster, max_idle_s=max_idle_s, instance=instance, instances=instances,
                   metrics_port=metrics_port, concurrency=concurrency)
     except RollstreamError as exc:
         _fail(exc)
@@ -123,10 +143,13 @@ def worker(
 def create_topics_cmd(config: Path = typer.Option(..., "--config", "-c"), bootstrap: str = typer.Option(..., "--bootstrap", "-b")) -> None:
     """Create every topic of the config's prefix (idempotent) and check co-partitioning."""
     cfg = _config(config)
-    _reach(bootstrap)
+    cluster = _reach(bootstrap, cfg)
     topics = Topics(cfg.kafka.topic_prefix)
-    create_topics(bootstrap, topics.all(cfg.kafka.partitions), configs=topics.topic_configs(cfg.kafka))
-    check_copartitioned(bootstrap, topics.keyed())
+    try:
+        create_pipeline_topics(cluster, cfg.kafka)
+        check_copartitioned(cluster, topics.keyed())
+    except RollstreamError as exc:
+        _fail(exc)
     console.print(f"topics ready under prefix {topics.prefix!r}")
 
 
@@ -182,8 +205,8 @@ def produce_prompts_cmd(
             prompts = config_prompts(cfg, [dataset])
         except ValueError as exc:
             _fail(exc)
-    _reach(bootstrap)
-    sent = produce_prompts(cfg, bootstrap, prompts, end=end, producer_name="produce-prompts")
+    cluster = _reach(bootstrap, cfg)
+    sent = produce_prompts(cfg, cluster, prompts, end=end, producer_name="produce-prompts")
     console.print(f"produced {sent} prompts" + (", then the end-of-data marker" if end and (prompts is not None or cfg.datasets) else ""))
 
 
@@ -196,8 +219,8 @@ def start_groups_cmd(config: Path = typer.Option(..., "--config", "-c"), bootstr
     cfg = _config(config)
     if not isinstance(cfg, AgenticConfig):
         _fail(ValueError(f"{config} is an RLVR config; start-groups needs an agentic one (train_env_manager)"))
-    _reach(bootstrap)
-    console.print(f"started {start_env_groups(cfg, bootstrap)} env groups")
+    cluster = _reach(bootstrap, cfg)
+    console.print(f"started {start_env_groups(cfg, cluster)} env groups")
 
 
 @app.command()
@@ -234,6 +257,7 @@ def replay(
     limit: Optional[int] = typer.Option(None, "--limit", help="Stop after this many selected records."),
     to_topic: Optional[str] = typer.Option(None, "--to-topic", help="Re-inject the selected records (same key and bytes) into this topic (a full name: --prefix does not apply)."),
     payloads: bool = typer.Option(False, "--payloads", help="Fetch the token payloads the shown records reference (one fetch per page) and show each member's token counts and text; JSON lines carry the payload record under `payload`, the reference under `payload_ref`. Without it only references are shown and no payload topic is read."),
+    config: Optional[Path] = SECURITY_CONFIG_OPT,
 ) -> None:
     """Decode a rollstream topic: what was filtered and why (e.g. `replay groups.rejected -w reason=zero_std`)."""
     try:
@@ -252,11 +276,11 @@ def replay(
     name = Topics(prefix).name(topic) if topic in TOPICS else topic
     if to_topic is not None and to_topic == name:
         _fail(ValueError("--to-topic must differ from the topic read"))
-    _reach(bootstrap)
-    _print_replay(bootstrap, name, selection, output, follow, limit, to_topic, payloads)
+    cluster = _reach(bootstrap, _config(config) if config else None)
+    _print_replay(cluster, name, selection, output, follow, limit, to_topic, payloads)
 
 
-def _print_replay(bootstrap: str, name: str, selection, output: str, follow: bool, limit: Optional[int],
+def _print_replay(bootstrap: Cluster, name: str, selection, output: str, follow: bool, limit: Optional[int],
                   to_topic: Optional[str], payloads: bool = False) -> None:
     """Stream the selection as JSON lines (or collect a rich table), re-injecting on request;
     ``payloads``: with the referenced token payloads resolved (rollstream.tools.replay.replay)."""
@@ -301,9 +325,9 @@ def whatif(
     cfg = _config(config)
     if prefix is not None:
         cfg = cfg.model_copy(update={"kafka": cfg.kafka.model_copy(update={"topic_prefix": prefix})})
-    _reach(bootstrap)
+    cluster = _reach(bootstrap, cfg)
     try:
-        report = run_whatif(cfg, bootstrap)
+        report = run_whatif(cfg, cluster)
     except (RollstreamError, ValueError) as exc:
         _fail(exc)
     if report["actual"]["groups_decided"] == 0 and not report["needs_generation"]:
@@ -328,8 +352,8 @@ def report(
     cfg = _config(config)
     if out.is_dir():
         _fail(ValueError(f"--out {out} is a directory; give a file name, e.g. {out / 'report.html'}"))
-    _reach(bootstrap)
-    plots, with_data = write_report(bootstrap, Topics(prefix or cfg.kafka.topic_prefix), out, f"rollstream run {cfg.name}")
+    cluster = _reach(bootstrap, cfg)
+    plots, with_data = write_report(cluster, Topics(prefix or cfg.kafka.topic_prefix), out, f"rollstream run {cfg.name}")
     console.print(f"wrote {out} ({plots} plots, {with_data} with data)")
     if with_data == 0:
         err.print(f"[yellow]warning:[/] nothing recorded under prefix {prefix or cfg.kafka.topic_prefix!r}")
@@ -342,9 +366,10 @@ def stats(
     follow: bool = typer.Option(False, "--follow", help="Refresh live until interrupted."),
     interval_s: float = typer.Option(2.0, "--interval", help="Refresh period with --follow."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON instead of a table."),
+    config: Optional[Path] = SECURITY_CONFIG_OPT,
 ) -> None:
     """The pipeline's live figures from the workers' metric snapshots (topic `metrics`)."""
-    _reach(bootstrap)
+    bootstrap = _reach(bootstrap, _config(config) if config else None)
     topic = Topics(prefix).metrics
     try:
         records = [r.record.value for r in replay_topic(bootstrap, topic, Selection()) if r.record.value]

@@ -16,7 +16,7 @@ from rollstream.exceptions import StageDied
 class StageProcesses:
     """One subprocess per stage, logs under ``log_dir``; SIGTERM on close, then SIGKILL."""
 
-    def __init__(self, config_path: Path, bootstrap: str, log_dir: Path) -> None:
+    def __init__(self, config_path: Path, bootstrap, log_dir: Path) -> None:
         self.config_path, self.bootstrap, self.log_dir = config_path, bootstrap, log_dir
         self.procs: dict[str, subprocess.Popen] = {}
 
@@ -31,7 +31,7 @@ class StageProcesses:
         with open(self.log_dir / f"{name}.log", "wb") as log:  # the child keeps its own copy
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "rollstream", "worker", stage.value,
-                 "--config", str(self.config_path), "--bootstrap", self.bootstrap, *extra_args],
+                 "--config", str(self.config_path), "--bootstrap", str(self.bootstrap), *extra_args],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
         return name

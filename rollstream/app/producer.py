@@ -6,7 +6,8 @@ from typing import Iterable
 
 from rollstream.config import AgenticConfig, DatasetConfig, RLVRConfig
 from rollstream.data import dataset_prompts, interleave
-from rollstream.kafka.admin import create_topics
+from rollstream.kafka.admin import create_pipeline_topics
+from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import Topics
 from rollstream.runtime import now_ms
@@ -48,7 +49,7 @@ def publish_end(producer, topics: Topics, prompts: int, name: str) -> None:
     producer.send(topics.prompts, key=PROMPTS_END_KEY, value=encode(prompts_end(prompts, name), "PromptsEnd"))
 
 
-def produce_prompts(config: RLVRConfig, bootstrap: str, prompts: list[dict] | None = None, *,
+def produce_prompts(config: RLVRConfig, bootstrap: Bootstrap, prompts: list[dict] | None = None, *,
                     end: bool = True, producer_name: str = "rollstream") -> int:
     """Publish ``prompts`` (default: the config's datasets, ``config_prompts``), then a
     ``PromptsEnd`` unless ``end`` is False; returns the prompts published. A config with
@@ -58,7 +59,7 @@ def produce_prompts(config: RLVRConfig, bootstrap: str, prompts: list[dict] | No
     if prompts is None and not config.datasets:
         return 0
     topics = Topics(config.kafka.topic_prefix)
-    create_topics(bootstrap, {topics.prompts: topics.all(1)[topics.prompts]})  # one partition: the marker comes last
+    create_pipeline_topics(bootstrap, config.kafka, only=("prompts",))  # one partition: the marker comes last
     producer = make_producer(bootstrap)
     try:
         sent = publish_prompts(producer, topics, records)
@@ -70,7 +71,7 @@ def produce_prompts(config: RLVRConfig, bootstrap: str, prompts: list[dict] | No
     return sent
 
 
-def start_env_groups(config: AgenticConfig, bootstrap: str) -> int:
+def start_env_groups(config: AgenticConfig, bootstrap: Bootstrap) -> int:
     """Send a ``start`` GroupCommand for every env group of every mode (validation first); the
     group queue opens each one once, so sending again is harmless. Returns the number sent."""
     topics = Topics(config.kafka.topic_prefix)

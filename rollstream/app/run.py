@@ -29,8 +29,9 @@ from rollstream.app.render import print_summary
 from rollstream.app.stages import pipeline_stages, preflight, start_metrics
 from rollstream.config import AgenticConfig, Config
 from rollstream.exceptions import StageDied
-from rollstream.kafka.admin import create_topics, wait_for_broker
+from rollstream.kafka.admin import create_pipeline_topics, wait_for_broker
 from rollstream.kafka.broker import EmbeddedBroker
+from rollstream.kafka.cluster import Cluster
 from rollstream.kafka.topics import Topics
 from rollstream.tools.summary import summarize_agentic, summarize_rlvr
 from rollstream.trainer.driver import LoopResult, run_trainer
@@ -50,13 +51,13 @@ def run_pipeline(config: Config, summary_json: Path | None = None, console: Cons
     config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
 
     broker = None
-    bootstrap = config.kafka.bootstrap_servers
-    if bootstrap is None:
+    if config.kafka.bootstrap_servers is None:
         broker = EmbeddedBroker(run_dir / "kafka")
         with console.status("starting the local Kafka broker"):
-            bootstrap = broker.start()
+            bootstrap = Cluster(broker.start())
         console.print(f"local Kafka broker at {bootstrap} (log {broker.log_path})")
     else:
+        bootstrap = Cluster.from_config(config.kafka.bootstrap_servers, config.kafka)
         wait_for_broker(bootstrap)
     topics = Topics(config.kafka.topic_prefix)
     stages = StageProcesses(config_path, bootstrap, run_dir / "logs")
@@ -80,9 +81,9 @@ def run_pipeline(config: Config, summary_json: Path | None = None, console: Cons
     return summary
 
 
-def _build(config: Config, bootstrap: str, topics: Topics, stages: StageProcesses, run_dir: Path,
+def _build(config: Config, bootstrap: Cluster, topics: Topics, stages: StageProcesses, run_dir: Path,
            console: Console, started: float) -> LoopResult:
-    create_topics(bootstrap, topics.all(config.kafka.partitions), configs=topics.topic_configs(config.kafka))
+    create_pipeline_topics(bootstrap, config.kafka)
     for stage in pipeline_stages(config):
         stages.start(stage)
     if isinstance(config, AgenticConfig):

@@ -16,7 +16,8 @@ from rollstream.config import AgenticConfig, Config
 from rollstream.exceptions import ConfigError
 from rollstream.filtering.group_filters import load_group_filter
 from rollstream.kafka import names
-from rollstream.kafka.admin import create_topics
+from rollstream.kafka.admin import create_changelog_topics
+from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import Topics
 from rollstream.observability.metrics import process_metrics
@@ -50,6 +51,9 @@ def run_faust_app(app: faust.App) -> None:
     # loggers speak at INFO; faust, mode and the Kafka clients only from WARNING (chatty).
     for name in ("faust", "mode", "aiokafka", "kafka"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    if os.environ.get("XDEBUG_FAUST"):
+        for name in ("faust", "aiokafka"):
+            logging.getLogger(name).setLevel(logging.DEBUG)
     faust.Worker(app, loglevel="INFO", quiet=True).execute_from_commandline()
 
 
@@ -75,7 +79,7 @@ def backend_kwargs(config: Config) -> dict:
     return {"model_dir": config.infer_model_path, "dtype": actor_infer.dtype}  # vllm.LLM takes the name
 
 
-def start_metrics(stage: str, bootstrap: str, topics: Topics, port: int = 0):
+def start_metrics(stage: str, bootstrap: Bootstrap, topics: Topics, port: int = 0):
     """This process's metrics, named after ``stage``: snapshots to ``metrics`` every 10 s, and
     ``/metrics`` for Prometheus on ``port`` (0: not served)."""
     metrics = process_metrics(worker_id(stage))
@@ -84,9 +88,10 @@ def start_metrics(stage: str, bootstrap: str, topics: Topics, port: int = 0):
     return metrics
 
 
-def run_stage(stage: Stage, config: Config, bootstrap: str, max_idle_s: float | None = None,
+def run_stage(stage: Stage, config: Config, bootstrap: Bootstrap, max_idle_s: float | None = None,
               instance: int = 0, instances: int = 1, metrics_port: int = 0, concurrency: int | None = None) -> None:
-    """``instance``/``instances`` split the input partitions of the plain workers (generation,
+    """Run ``stage`` on the cluster ``bootstrap`` (a Cluster carries the client security).
+    ``instance``/``instances`` split the input partitions of the plain workers (generation,
     reward, env); the faust stages share theirs through their consumer group. ``concurrency``:
     the reward stage's processes for user reward functions (None: ``reward_concurrency``).
     Raises ConfigError when the stage does not belong to the config's pipeline."""
@@ -106,12 +111,12 @@ def run_stage(stage: Stage, config: Config, bootstrap: str, max_idle_s: float | 
         metrics.close()
 
 
-def _run(stage: Stage, config: Config, bootstrap: str, topics: Topics, max_idle_s: float | None,
+def _run(stage: Stage, config: Config, bootstrap: Bootstrap, topics: Topics, max_idle_s: float | None,
          instance: int, instances: int, concurrency: int | None = None) -> None:
     # Each stage process imports only its own stage module and what that pulls in (model code,
     # environments, reward libraries): one stage takes ~4 s to import on 2 cores, all ~11 s.
     if stage in (Stage.admission, Stage.aggregator, Stage.group_queue):
-        create_topics(bootstrap, names.changelog_topics(topics, config.kafka.partitions))
+        create_changelog_topics(bootstrap, config.kafka)
     if stage is Stage.admission:
         from rollstream.streams.admission import build_admission_app
 

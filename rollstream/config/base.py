@@ -3,9 +3,10 @@ Kafka connection, the inference engine and the trainer (one meaning in both pipe
 
 from __future__ import annotations
 
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rollstream.config.models import check_model_path
 from rollstream.runtime import DEFAULT_TOPIC_PREFIX, PAYLOAD_MAX_MESSAGE_BYTES
@@ -36,6 +37,67 @@ class KafkaConfig(FrozenModel):
         None, ge=-1, description="`retention.ms` of the payload topics (-1: forever; null: the "
                                  "broker's default). Must outlive every decision naming a payload: a "
                                  "reference to a deleted record rejects its group `payload_expired`.")
+    # -- the cluster: replication and per-topic settings, applied to every topic rollstream creates
+    replication_factor: int | None = Field(
+        None, ge=1, le=32, description="Replicas of every topic rollstream creates, faust changelogs included; "
+                                       "null: the smaller of 3 and the number of brokers the cluster reports.")
+    min_insync_replicas: int | None = Field(
+        None, ge=1, le=32, description="`min.insync.replicas` of every topic rollstream creates (producers wait "
+                                       "for that many replicas: acks=all); null: the broker's default.")
+    topic_configs: dict[str, dict[str, bool | int | float | str]] = Field(
+        default_factory=dict, description="More topic configs by logical topic name (`responses`, `groups.accepted`, "
+                                          "... or `changelogs` for the tables' changelogs), e.g. "
+                                          "{groups.rejected: {retention.ms: 604800000}}; applied on creation and to "
+                                          "existing topics; they win over rollstream's own settings.")
+    table_standby_replicas: int = Field(
+        0, ge=0, le=8, description="faust standby replicas per table partition: set 1 when two or more workers "
+                                   "run a faust stage (admission, aggregator, group-queue), so a failed worker's "
+                                   "table moves without replaying its whole changelog.")
+    # -- client security (kafka-python, faust/aiokafka and the admin client alike)
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        None, description="Required with SASL_PLAINTEXT and SASL_SSL.")
+    sasl_username_env: str = Field("ROLLSTREAM_KAFKA_USERNAME", description="Environment variable holding the SASL user name.")
+    sasl_password_env: str = Field("ROLLSTREAM_KAFKA_PASSWORD", description="Environment variable holding the SASL password.")
+    ssl_cafile: str | None = Field(None, description="PEM file of the CA that signed the brokers' certificates (SSL, SASL_SSL).")
+    ssl_certfile: str | None = Field(None, description="PEM client certificate (mutual TLS).")
+    ssl_keyfile: str | None = Field(None, description="PEM private key of ssl_certfile.")
+    ssl_password_env: str = Field("ROLLSTREAM_KAFKA_SSL_PASSWORD", description="Environment variable holding ssl_keyfile's password, if any.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_secrets(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in sorted(data):
+                if "password" in key and not key.endswith("_env") or key in ("sasl_plain_username", "sasl_username"):
+                    raise ValueError(
+                        f"{key}: secrets are not read from the config; put them in environment variables "
+                        "(kafka.sasl_username_env, kafka.sasl_password_env, kafka.ssl_password_env name them; "
+                        "defaults $ROLLSTREAM_KAFKA_USERNAME, $ROLLSTREAM_KAFKA_PASSWORD)")
+        return data
+
+    @model_validator(mode="after")
+    def _consistent_security(self) -> "KafkaConfig":
+        sasl = self.security_protocol.startswith("SASL_")
+        if sasl and self.sasl_mechanism is None:
+            raise ValueError(f"security_protocol {self.security_protocol} needs sasl_mechanism "
+                             "(PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)")
+        if not sasl and self.sasl_mechanism is not None:
+            raise ValueError(f"sasl_mechanism is set but security_protocol is {self.security_protocol}; "
+                             "use SASL_PLAINTEXT or SASL_SSL")
+        files = {k: getattr(self, k) for k in ("ssl_cafile", "ssl_certfile", "ssl_keyfile") if getattr(self, k)}
+        if files and self.security_protocol not in ("SSL", "SASL_SSL"):
+            raise ValueError(f"{sorted(files)} apply to SSL and SASL_SSL only; security_protocol is {self.security_protocol}")
+        for key, path in files.items():
+            if not Path(path).is_file():
+                raise ValueError(f"{key}: no file {path!r}")
+        if self.ssl_keyfile and not self.ssl_certfile:
+            raise ValueError("ssl_keyfile needs ssl_certfile")
+        if (self.replication_factor is not None and self.min_insync_replicas is not None
+                and self.min_insync_replicas > self.replication_factor):
+            raise ValueError(f"min_insync_replicas {self.min_insync_replicas} > replication_factor "
+                             f"{self.replication_factor}: no write could ever succeed")
+        return self
 
 
 class ModelArgs(FrozenModel):

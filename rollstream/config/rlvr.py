@@ -134,6 +134,11 @@ class RLVRConfig(PipelineConfig):
     max_running_prompts: int = Field(8, gt=0, description="Prompts in flight at most.")
     max_additional_running_prompts: int = Field(0, ge=0, description="Over-provisioning beyond the batch's deficit.")
     max_response_rounds: int = Field(5, gt=0, le=100, description="Generation rounds per prompt in total (1 + retries).")
+    prompt_timeout_s: float = Field(600.0, gt=0, le=7 * 86400, description="A round's samples not all back this long after "
+                                    "its generation request are requested again (the same request: round, seed, sample "
+                                    "indices). Must exceed the time a request may wait in the generation queue.")
+    max_reissues_per_prompt: int = Field(2, ge=0, le=100, description="Deadline reissues per prompt; after the last one "
+                                         "the prompt is aborted prompt_timeout and its credit returns.")
     max_prompts_per_batch: int = Field(..., gt=0, description="Resampling budget: training prompts spent on one batch at most.")
     prompt_length: int = Field(1024, gt=0, description="Tokenised (chat-templated) prompt length at most; longer -> prompt_too_long.")
     num_epochs: int = Field(1, gt=0, description="Passes over the train prompts; each later pass re-reads them "
@@ -173,6 +178,8 @@ class RLVRConfig(PipelineConfig):
                 max_response_rounds=self.max_response_rounds,
                 val_num_return_sequences=self.val_num_return_sequences,
                 max_staleness=self.max_staleness,
+                prompt_timeout_ms=int(self.prompt_timeout_s * 1000),
+                max_reissues=self.max_reissues_per_prompt,
             )
             for name, d in self.rewards.items()
         }

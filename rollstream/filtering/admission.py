@@ -68,6 +68,7 @@ class AdmissionLimits:
 class AdmissionState:
     step: int = 0
     in_flight: dict[str, int] = field(default_factory=dict)  # prompt_id -> step (-1 = val)
+    admitted_ms: dict[str, int] = field(default_factory=dict)  # prompt_id in flight -> when it was admitted
     admitted_in_step: int = 0
     accepted_in_step: int = 0
     rejected_in_step: dict[str, int] = field(default_factory=dict)
@@ -226,6 +227,12 @@ def prompt_filter_config(prompt_length: int) -> tuple[str, str]:
     return text, config_hash(text)
 
 
+def oldest_admission_ms(state: AdmissionState) -> int | None:
+    """When the longest-running prompt in flight was admitted (epoch ms); None when none is.
+    An outcome of a prompt in flight cannot be older than this."""
+    return min((state.admitted_ms.get(p, 0) for p in state.in_flight), default=None)
+
+
 def can_admit(state: AdmissionState, limits: AdmissionLimits, mode: str = "train",
               policy_version: int | None = None) -> bool:
     """Whether a prompt of ``mode`` may be admitted now; ``policy_version`` is the newest
@@ -243,8 +250,9 @@ def can_admit(state: AdmissionState, limits: AdmissionLimits, mode: str = "train
     )
 
 
-def admit(state: AdmissionState, prompt_id: str, mode: str = "train") -> AdmissionState:
-    """Take a credit for ``prompt_id``; call only when can_admit says so."""
+def admit(state: AdmissionState, prompt_id: str, mode: str = "train", now_ms: int = 0) -> AdmissionState:
+    """Take a credit for ``prompt_id`` at ``now_ms`` (epoch ms); call only when can_admit says so."""
+    state.admitted_ms[prompt_id] = now_ms
     if mode == "val":
         state.in_flight[prompt_id] = -1
         state.val_admitted += 1
@@ -268,6 +276,7 @@ def on_outcome(
 ) -> tuple[AdmissionState, list[AdmissionEffect]]:
     """Return the prompt's credit; may complete or underfill the step."""
     step = state.in_flight.pop(prompt_id, None)
+    state.admitted_ms.pop(prompt_id, None)
     if step is None:
         return state, [UnknownOutcome(prompt_id)]
     if step < 0:  # validation: counts towards no batch, only towards the end of data

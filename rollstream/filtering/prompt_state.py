@@ -17,6 +17,12 @@ Lifecycle (reference-behaviour.md sections a-c, with our differences):
    ``max_response_rounds`` rounds (in total, first one included) are used, in which case the
    prompt is aborted with ``response_retries_exhausted`` (the reference crashes here).
 4. A complete group goes to the query filter (validation bypasses it): commit or abort.
+5. No prompt waits forever (``on_request``, ``on_tick``): the open round's GenerationRequest is
+   kept in the state with a deadline, ``prompt_timeout_ms`` after the request was seen. At the
+   deadline the same request (round, seed, sample indices) is issued again, at most
+   ``max_reissues`` times per prompt; samples that did arrive come back as duplicates and are
+   ignored. After the last reissue the prompt is aborted with ``prompt_timeout``. A state may be
+   opened by the round-0 request or by a response, whichever comes first.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ class DomainFilters:
     max_response_rounds: int = 5
     val_num_return_sequences: int = 1
     max_staleness: int | None = None  # policy versions; None = unbounded (filtering/staleness.py)
+    prompt_timeout_ms: int = 600_000  # a round's samples not all back this long after its request: reissue
+    max_reissues: int = 2  # deadline reissues per prompt; then abort prompt_timeout
 
     @property
     def metric(self) -> str:
@@ -72,6 +80,9 @@ class PromptState:
     next_sample_index: int = 0
     policy_version: int = -1  # oldest policy version among accepted responses
     decided: str | None = None  # set once decided: a closed transaction ignores redeliveries
+    request: dict | None = None  # the open round's GenerationRequest, reissued as is at the deadline
+    deadline_ms: int = 0  # when the open round times out (epoch ms; 0: no request seen yet)
+    reissues: int = 0  # deadline reissues so far
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)  # fields are plain JSON types; asdict's deep copy is 5x slower
@@ -114,6 +125,15 @@ class Replacement:
 
 
 @dataclass(frozen=True)
+class Reissue:
+    """Issue the open round's GenerationRequest again (``request``, unchanged: the same round,
+    seed and sample indices); ``reissue`` counts the prompt's reissues (1, 2, ...)."""
+
+    request: Mapping[str, Any]
+    reissue: int
+
+
+@dataclass(frozen=True)
 class Decided:
     """The prompt's transaction ends: commit (accepted) or abort."""
 
@@ -128,7 +148,7 @@ class Decided:
     rewards: tuple[float, ...] = ()  # response_level_reward of the kept responses, in sample order
 
 
-Effect = Union[ResponseAccepted, ResponseRejected, DuplicateResponse, Replacement, Decided]
+Effect = Union[ResponseAccepted, ResponseRejected, DuplicateResponse, Replacement, Reissue, Decided]
 
 
 def _metric_value(rewarded: Mapping[str, Any], metric: str) -> float:
@@ -147,6 +167,55 @@ def open_state(rewarded: Mapping[str, Any], filters: DomainFilters) -> PromptSta
         prompt_id=response["prompt_id"], domain=response["domain"], mode=response.get("mode", "train"),
         num_return_sequences=n, expected=list(range(n)), next_sample_index=n,
     )
+
+
+def open_from_request(request: Mapping[str, Any]) -> PromptState:
+    """A state opened by its round-0 GenerationRequest (before any response arrived)."""
+    n, offset = int(request["num_return_sequences"]), int(request.get("sample_offset", 0))
+    return PromptState(prompt_id=request["prompt_id"], domain=request["domain"], mode=request.get("mode", "train"),
+                       num_return_sequences=n, expected=list(range(offset, offset + n)), next_sample_index=offset + n)
+
+
+def on_request(state: PromptState | None, request: Mapping[str, Any], filters: DomainFilters,
+               now_ms: int) -> tuple[PromptState | None, bool]:
+    """A GenerationRequest of the prompt (round 0 from admission, or a replacement or reissue
+    coming back): the open round's request is kept, with its deadline ``prompt_timeout_ms``
+    from ``now_ms``, the first time it is seen. Returns the state and whether it changed. A
+    request of another round, of a decided prompt, or of a prompt without state beyond round 0
+    (decided and forgotten) changes nothing."""
+    rnd = int(request["round"])
+    if state is None:
+        if rnd != 0:
+            return None, False
+        state = open_from_request(request)
+    if state.decided is not None or state.request is not None or rnd != state.rounds - 1:
+        return state, False
+    return with_request(state, request, filters, now_ms), True
+
+
+def with_request(state: PromptState, request: Mapping[str, Any], filters: DomainFilters,
+                 now_ms: int) -> PromptState:
+    """``state`` waiting for ``request`` (its open round's), due ``prompt_timeout_ms`` from now."""
+    state.request = {k: v for k, v in request.items() if k != "created_ms"}
+    state.deadline_ms = now_ms + filters.prompt_timeout_ms
+    return state
+
+
+def on_tick(state: PromptState, filters: DomainFilters, now_ms: int) -> tuple[PromptState, list[Effect]]:
+    """Check the open round's deadline at ``now_ms``: past it, ``Reissue`` the round's request
+    (while reissues are left) or abort the prompt ``prompt_timeout`` with what it has (values:
+    reissues, missing samples, accepted responses, rounds). Nothing changes before the deadline,
+    for a decided prompt, or without a request."""
+    if state.decided is not None or state.request is None or now_ms < state.deadline_ms:
+        return state, []
+    if state.reissues < filters.max_reissues:
+        state.reissues += 1
+        state.deadline_ms = now_ms + filters.prompt_timeout_ms
+        return state, [Reissue(dict(state.request), state.reissues)]
+    decision = Decision.reject(RejectReason.PROMPT_TIMEOUT, reissues=float(state.reissues),
+                               missing=float(len(state.expected)), accepted=float(len(state.accepted)),
+                               rounds=float(state.rounds))
+    return _decide(state, decision)
 
 
 def closed(state: PromptState, reason: str) -> PromptState:
@@ -197,6 +266,7 @@ def _round_complete(
     missing = state.num_return_sequences - len(state.accepted)
     if missing > 0 and state.rounds < filters.max_response_rounds:
         replacement = Replacement(state.rounds, missing, state.next_sample_index)
+        state.request, state.deadline_ms = None, 0  # the shell records the replacement's request
         state.expected = list(range(state.next_sample_index, state.next_sample_index + missing))
         state.next_sample_index += missing
         state.rounds += 1
@@ -214,7 +284,13 @@ def _round_complete(
         metrics = [state.accepted[str(i)] for i in indices]
         decision = (stale_decision(max(state.policy_version, 0), current_version, filters.max_staleness)
                     or decide_query(metrics, filters.query_filter_config))
-    return closed(state, decision.reason), [*effects, Decided(
+    state, decided = _decide(state, decision)
+    return state, [*effects, *decided]
+
+
+def _decide(state: PromptState, decision: Decision) -> tuple[PromptState, list[Effect]]:
+    indices = state.accepted_indices
+    return closed(state, decision.reason), [Decided(
         accepted=decision.keep, reason=decision.reason, values=dict(decision.values),
         sample_indices=indices, rounds=state.rounds,
         responses_generated=state.responses_generated,

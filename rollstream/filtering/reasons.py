@@ -19,6 +19,7 @@ class RejectReason(str, Enum):
     CUSTOM_RESPONSE_FILTER = "custom_response_filter"
     # prompt transaction
     RESPONSE_RETRIES_EXHAUSTED = "response_retries_exhausted"
+    PROMPT_TIMEOUT = "prompt_timeout"  # samples still missing after the deadline and its reissues
     # query (group) level
     MEAN_TOO_LOW = "mean_too_low"
     MEAN_TOO_HIGH = "mean_too_high"

@@ -6,76 +6,136 @@ All timeouts are in seconds.
 
 from __future__ import annotations
 
-import socket
-import struct
 import time
 
+import asyncio
+from typing import TYPE_CHECKING
+
+import aiokafka.errors
 import kafka.errors as Errors
+from aiokafka.conn import create_conn
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 
-from rollstream.exceptions import BrokerUnreachableError, TopicPartitionsMismatch
+from rollstream.exceptions import (BrokerAuthenticationError, BrokerUnreachableError, ConfigError,
+                                   TopicPartitionsMismatch)
+from rollstream.kafka import names
+from rollstream.kafka.cluster import Bootstrap, as_cluster
+from rollstream.kafka.topics import Topics
+
+if TYPE_CHECKING:
+    from rollstream.config.base import KafkaConfig
 
 
-def metadata_ready(bootstrap: str, timeout: float = 2.0) -> bool:
-    """True when the broker at ``host:port`` answers a Metadata request listing a broker.
-
-    A raw Metadata v4 request (no topics) over one socket: cheaper and more predictable than
-    constructing a client on every poll, and v4 is accepted by Kafka 3.x and 4.x alike.
-    An empty broker list means the node is up but not yet registered, so it is not ready.
-    """
-    host, _, port = bootstrap.rpartition(":")
-    client_id = b"rollstream-ready"
-    # header v1: api_key=3 (Metadata), api_version=4, correlation_id, client_id
-    # body v4: topics=[] (int32 0 = none), allow_auto_topic_creation=false
-    body = struct.pack(">hhih", 3, 4, 7, len(client_id)) + client_id + struct.pack(">ib", 0, 0)
+def cluster_brokers(bootstrap: Bootstrap, timeout: float = 5.0) -> int:
+    """The number of brokers the cluster at ``bootstrap`` reports (a Metadata request through
+    kafka-python's admin client, so TLS and SASL apply). Raises KafkaTimeoutError when no server
+    answers within ``timeout`` s and BrokerAuthenticationError when the cluster refuses the
+    credentials."""
+    admin = _admin(bootstrap, timeout)
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout) as s:
-            s.settimeout(timeout)
-            s.sendall(struct.pack(">i", len(body)) + body)
-            size = struct.unpack(">i", _recv_exact(s, 4))[0]
-            resp = _recv_exact(s, size)
-    except (OSError, ValueError, struct.error):
-        return False
-    # response header v0: correlation_id; body v4: throttle_time_ms, brokers array length
-    if len(resp) < 12:
-        return False
-    correlation_id, _throttle, n_brokers = struct.unpack(">iii", resp[:12])
-    return correlation_id == 7 and n_brokers > 0
+        return len(admin.describe_cluster()["brokers"])
+    except AUTH_ERRORS as exc:
+        raise authentication_error(bootstrap, exc) from exc
+    finally:
+        admin.close()
 
 
-def wait_for_broker(bootstrap: str, timeout: float = 15.0) -> None:
-    """Return once a server of the comma-separated ``bootstrap`` list answers Metadata; raise
-    BrokerUnreachableError after ``timeout`` seconds."""
-    servers = [s.strip() for s in bootstrap.split(",") if s.strip()]
+def metadata_ready(bootstrap: Bootstrap, timeout: float = 2.0) -> bool:
+    """True when the cluster at ``bootstrap`` answers Metadata listing a broker (a node that is
+    up but not yet registered is not ready). An authentication failure is raised
+    (BrokerAuthenticationError), never read as "not ready yet"."""
+    try:
+        return cluster_brokers(bootstrap, timeout) > 0
+    except (Errors.KafkaError, OSError, ValueError):
+        return False
+
+
+def wait_for_broker(bootstrap: Bootstrap, timeout: float = 15.0) -> None:
+    """Return once the cluster at ``bootstrap`` answers Metadata; raise BrokerUnreachableError
+    after ``timeout`` seconds, BrokerAuthenticationError as soon as it refuses the
+    credentials."""
     deadline = time.monotonic() + timeout
-    while not any(metadata_ready(server) for server in servers):
+    while not metadata_ready(bootstrap, timeout=min(5.0, max(1.0, timeout))):
+        check_credentials(bootstrap)
         if time.monotonic() > deadline:
             raise BrokerUnreachableError(
-                f"no Kafka broker answers at {bootstrap!r} (waited {timeout:.0f} s); start one with "
+                f"no Kafka broker answers at {str(bootstrap)!r} (waited {timeout:.0f} s); start one with "
                 "`rollstream broker start` or fix --bootstrap")
         time.sleep(0.5)
 
 
-def _recv_exact(s: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            raise ValueError("connection closed")
-        buf += chunk
-    return bytes(buf)
+AUTH_ERRORS = (Errors.SaslAuthenticationFailedError, Errors.IllegalSaslStateError,
+               Errors.UnsupportedSaslMechanismError)
 
 
+def authentication_error(bootstrap: Bootstrap, exc: BaseException) -> BrokerAuthenticationError:
+    """The clear error for a cluster that refused ``bootstrap``'s credentials (no password in it)."""
+    cluster = as_cluster(bootstrap)
+    how = " ".join(p for p in (cluster.security_protocol, cluster.sasl_mechanism) if p)
+    return BrokerAuthenticationError(
+        f"the Kafka cluster at {cluster.bootstrap} refused the credentials ({how}, user "
+        f"{cluster.sasl_username!r}): {type(exc).__name__}; check the user and password in the environment "
+        "variables that kafka.sasl_username_env / kafka.sasl_password_env name")
 
-def _admin(bootstrap: str) -> KafkaAdminClient:
-    return KafkaAdminClient(bootstrap_servers=bootstrap, client_id="rollstream-admin")
+
+def check_credentials(bootstrap: Bootstrap, timeout: float = 5.0) -> None:
+    """Raise BrokerAuthenticationError when a server of ``bootstrap`` refuses the SASL
+    credentials; return otherwise (also when none answers: that is not an authentication error).
+
+    kafka-python's bootstrap only logs a refused SASL handshake and retries until its timeout, so
+    one connection per server is opened with aiokafka, which raises the broker's error."""
+    cluster = as_cluster(bootstrap)
+    if cluster.sasl_mechanism is None:
+        return
+
+    async def probe() -> BaseException | None:
+        for server in cluster.servers:
+            host, _, port = server.rpartition(":")
+            try:
+                conn = await create_conn(host, int(port), client_id="rollstream-auth-check",
+                                         request_timeout_ms=int(timeout * 1000), ssl_context=cluster.ssl_context(),
+                                         security_protocol=cluster.security_protocol,
+                                         sasl_mechanism=cluster.sasl_mechanism, sasl_plain_username=cluster.sasl_username,
+                                         sasl_plain_password=cluster.sasl_password)
+            except (aiokafka.errors.SaslAuthenticationFailed, aiokafka.errors.UnsupportedSaslMechanismError,
+                    aiokafka.errors.IllegalSaslStateError) as exc:
+                return exc
+            except (aiokafka.errors.KafkaError, OSError, asyncio.TimeoutError):
+                continue
+            conn.close()
+        return None
+
+    problem = asyncio.run(asyncio.wait_for(probe(), timeout * max(1, len(cluster.servers)) + 1))
+    if problem is not None:
+        raise authentication_error(bootstrap, problem) from problem
 
 
-def create_topics(bootstrap: str, specs: dict[str, tuple[int, bool]], timeout: float = 30,
-                  configs: dict[str, dict[str, str]] | None = None) -> None:
+def _admin(bootstrap: Bootstrap, timeout: float = 30.0) -> KafkaAdminClient:
+    try:
+        return KafkaAdminClient(**as_cluster(bootstrap).client_kwargs(), client_id="rollstream-admin",
+                                bootstrap_timeout_ms=int(timeout * 1000))
+    except AUTH_ERRORS as exc:
+        raise authentication_error(bootstrap, exc) from exc
+
+
+def replication_factor(bootstrap: Bootstrap, configured: int | None) -> int:
+    """``configured``, or (None) the smaller of 3 and the number of brokers the cluster reports.
+    Raises ConfigError when ``configured`` exceeds the brokers there are."""
+    brokers = cluster_brokers(bootstrap)
+    if configured is None:
+        return min(3, brokers)
+    if configured > brokers:
+        raise ConfigError(f"kafka.replication_factor is {configured} but the cluster at {str(bootstrap)} "
+                          f"reports {brokers} broker(s)")
+    return configured
+
+
+def create_topics(bootstrap: Bootstrap, specs: dict[str, tuple[int, bool]], timeout: float = 30,
+                  configs: dict[str, dict[str, str]] | None = None, replicas: int | None = None) -> None:
     """Create the missing topics of ``specs`` (full name -> (partitions, compacted)).
 
-    Replication factor 1; ``cleanup.policy=compact`` for compacted topics; ``configs``: more
+    ``replicas``: the replication factor (None: the smaller of 3 and the cluster's brokers,
+    see replication_factor); ``cleanup.policy=compact`` for compacted topics; ``configs``: more
     topic configs by full name (e.g. the payload topics' ``max.message.bytes``,
     ``Topics.topic_configs``), set on creation and also on topics that already exist (an older
     run's data directory), incrementally. Partition counts of existing topics are left as they
@@ -85,13 +145,18 @@ def create_topics(bootstrap: str, specs: dict[str, tuple[int, bool]], timeout: f
     if not specs:
         return
     configs = configs or {}
+    replicas = replication_factor(bootstrap, replicas)
+    for name, topic_configs in configs.items():
+        if int(topic_configs.get("min.insync.replicas", 1)) > replicas:
+            raise ConfigError(f"{name}: min.insync.replicas {topic_configs['min.insync.replicas']} > replication "
+                              f"factor {replicas}: no write could ever succeed")
     admin = _admin(bootstrap)
     try:
         existing = set(admin.list_topics())
         missing = set(specs) - existing
         if missing:
             request = {
-                name: {"num_partitions": specs[name][0], "replication_factor": 1,
+                name: {"num_partitions": specs[name][0], "replication_factor": replicas,
                        "configs": {**({"cleanup.policy": "compact"} if specs[name][1] else {}),
                                    **configs.get(name, {})}}
                 for name in sorted(missing)
@@ -113,6 +178,31 @@ def create_topics(bootstrap: str, specs: dict[str, tuple[int, bool]], timeout: f
         admin.close()
 
 
+def create_pipeline_topics(bootstrap: Bootstrap, kafka: "KafkaConfig", only: tuple[str, ...] | None = None,
+                           timeout: float = 30) -> None:
+    """Create every topic under ``kafka.topic_prefix`` and the tables' changelogs (``only``:
+    just these logical topics), with the configured replication factor, ``min.insync.replicas``
+    and topic configs (idempotent; configs are also applied to topics that exist)."""
+    topics = Topics(kafka.topic_prefix)
+    specs, configs = topics.all(kafka.partitions), topics.topic_configs(kafka)
+    if only is None:
+        specs.update(names.changelog_topics(topics, kafka.partitions))
+        configs.update(names.changelog_configs(topics, kafka))
+    else:
+        wanted = {topics.name(t) for t in only}
+        specs = {k: v for k, v in specs.items() if k in wanted}
+        configs = {k: v for k, v in configs.items() if k in wanted}
+    create_topics(bootstrap, specs, timeout, configs=configs, replicas=kafka.replication_factor)
+
+
+def create_changelog_topics(bootstrap: Bootstrap, kafka: "KafkaConfig", timeout: float = 30) -> None:
+    """Create the tables' changelog topics as create_pipeline_topics does (what each faust stage
+    does before it starts: faust creating them itself races with its own metadata refresh)."""
+    topics = Topics(kafka.topic_prefix)
+    create_topics(bootstrap, names.changelog_topics(topics, kafka.partitions), timeout,
+                  configs=names.changelog_configs(topics, kafka), replicas=kafka.replication_factor)
+
+
 def _wait_for_configs(admin: KafkaAdminClient, wanted: dict[str, dict[str, str]], timeout: float) -> None:
     """Until every topic reports ``wanted``'s values (an altered config reaches the brokers
     asynchronously); KafkaTimeoutError after ``timeout`` s."""
@@ -128,7 +218,7 @@ def _wait_for_configs(admin: KafkaAdminClient, wanted: dict[str, dict[str, str]]
         time.sleep(0.2)
 
 
-def topic_partitions(bootstrap: str, names: list[str]) -> dict[str, int]:
+def topic_partitions(bootstrap: Bootstrap, names: list[str]) -> dict[str, int]:
     """Partition count of each existing topic among ``names`` (missing topics are left out)."""
     admin = _admin(bootstrap)
     try:
@@ -139,14 +229,18 @@ def topic_partitions(bootstrap: str, names: list[str]) -> dict[str, int]:
             if t.get("error_code", 0) == 0 and t.get("partitions")}
 
 
-def check_copartitioned(bootstrap: str, names: list[str]) -> int:
+def check_copartitioned(bootstrap: Bootstrap, names: list[str], timeout: float = 10.0) -> int:
     """Raise TopicPartitionsMismatch unless all ``names`` exist with one partition count.
 
-    Returns that count. Co-partitioned topics keep one key's events in one partition number.
+    Returns that count. Co-partitioned topics keep one key's events in one partition number. A
+    topic created a moment ago may not be in every broker's metadata yet: missing topics are
+    asked for again for up to ``timeout`` s before they count as missing.
     """
     if not names:
         raise ValueError("check_copartitioned needs at least one topic name")
-    counts = topic_partitions(bootstrap, names)
+    deadline = time.monotonic() + timeout
+    while len(counts := topic_partitions(bootstrap, names)) < len(set(names)) and time.monotonic() < deadline:
+        time.sleep(0.5)
     missing = sorted(set(names) - set(counts))
     if missing or len(set(counts.values())) > 1:
         raise TopicPartitionsMismatch(

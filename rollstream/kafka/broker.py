@@ -1,8 +1,9 @@
-"""An embedded single-node Apache Kafka broker (KRaft) run with plain ``java``.
+"""Embedded Apache Kafka brokers (KRaft) run with plain ``java``: one node, or a cluster of
+nodes on loopback, optionally with SASL/SCRAM users.
 
-No Docker: the jars come from rollstream.kafka.jars, and the JVM runs in its own process group
+No Docker: the jars come from rollstream.kafka.jars, and each JVM runs in its own process group
 so that ``stop()`` can take down everything it started. ``start_daemon``/``stop_daemon`` keep a
-broker running between commands (`rollstream broker start|stop|status`).
+broker or a cluster running between commands (`rollstream broker start|stop|status`).
 All timeouts are in seconds.
 """
 
@@ -12,6 +13,7 @@ import atexit
 import base64
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -20,38 +22,45 @@ import time
 import uuid
 from collections import deque
 from pathlib import Path
-from typing import NoReturn
+from typing import Mapping, NoReturn
 
 from rollstream.exceptions import BrokerStartError
-from rollstream.kafka.admin import metadata_ready
+from rollstream.kafka.admin import cluster_brokers, metadata_ready
+from rollstream.kafka.cluster import Cluster
 from rollstream.kafka.jars import BROKER_FILES, KAFKA_VERSION, kafka_classpath
 from rollstream.kafka.jars import java as java_executable
 
 DEFAULT_DATA_DIR = Path(".rollstream/broker")  # relative to the CWD; the CLI passes its own
 
 BROKER_JVM_OPTS = ["-Xms512m", "-Xmx1g", "-XX:+UseG1GC"]
+CLUSTER_NODE_JVM_OPTS = ["-Xms256m", "-Xmx768m", "-XX:+UseG1GC"]  # three of them share a small machine
 TOOL_JVM_OPTS = ["-Xmx256m"]
 
-# Single node, loopback only (stack-notes 1.1). Ports and data dir are filled in per broker.
+SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+SASL_ADMIN_USER = "rollstream-admin"  # the brokers' own user (inter-broker traffic)
+SASL_USER = "rollstream"  # the user `broker start --sasl` creates for clients
+
+# Combined broker+controller nodes on loopback (stack-notes 1.1). Ports, ids, voters, the
+# listener's security and the internal topics' replication are filled in per node.
 SERVER_PROPERTIES_TEMPLATE = """\
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@127.0.0.1:{controller_port}
-listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
-advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+node.id={node_id}
+controller.quorum.voters={voters}
+listeners={listener}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners={listener}://127.0.0.1:{port}
 controller.listener.names=CONTROLLER
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+inter.broker.listener.name={listener}
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,{listener}:{listener}
 log.dirs={log_dirs}
 num.partitions=1
-default.replication.factor=1
-offsets.topic.replication.factor=1
+default.replication.factor={replicas}
+offsets.topic.replication.factor={replicas}
 offsets.topic.num.partitions=1
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
+transaction.state.log.replication.factor={replicas}
+transaction.state.log.min.isr={min_isr}
 transaction.state.log.num.partitions=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.replication.factor={replicas}
+share.coordinator.state.topic.min.isr={min_isr}
 group.initial.rebalance.delay.ms=0
 num.network.threads=2
 num.io.threads=2
@@ -59,13 +68,37 @@ num.recovery.threads.per.data.dir=1
 auto.create.topics.enable=true
 """
 
+# SASL/SCRAM on the client listener; the brokers authenticate to each other as SASL_ADMIN_USER.
+# The users are written into the metadata log when the storage is formatted (--add-scram).
+SASL_PROPERTIES_TEMPLATE = """\
+sasl.enabled.mechanisms={mechanisms}
+sasl.mechanism.inter.broker.protocol=SCRAM-SHA-256
+listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="{admin}" password="{admin_password}";
+listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="{admin}" password="{admin_password}";
+"""
 
-def render_server_properties(data_dir: Path, port: int, controller_port: int) -> str:
-    """Return server.properties text for one broker listening on 127.0.0.1."""
+
+def render_server_properties(data_dir: Path, port: int, controller_port: int, node_id: int = 1,
+                             voters: str | None = None, nodes: int = 1,
+                             sasl_admin_password: str | None = None) -> str:
+    """server.properties text for one node listening on 127.0.0.1.
+
+    ``voters``: the quorum (``id@host:port,...``; default this node alone); ``nodes``: the
+    cluster's size, which sets the internal topics' replication (min(3, nodes), min ISR 2 when
+    there are 3 replicas); ``sasl_admin_password``: SASL/SCRAM on the client listener
+    (SASL_PLAINTEXT), the brokers authenticating as SASL_ADMIN_USER with that password."""
     log_dirs = (Path(data_dir).resolve() / "kraft").as_posix()
-    return SERVER_PROPERTIES_TEMPLATE.format(
-        port=port, controller_port=controller_port, log_dirs=log_dirs
+    replicas = min(3, nodes)
+    text = SERVER_PROPERTIES_TEMPLATE.format(
+        node_id=node_id, voters=voters or f"{node_id}@127.0.0.1:{controller_port}",
+        listener="SASL_PLAINTEXT" if sasl_admin_password else "PLAINTEXT",
+        port=port, controller_port=controller_port, log_dirs=log_dirs,
+        replicas=replicas, min_isr=min(2, replicas),
     )
+    if sasl_admin_password:
+        text += SASL_PROPERTIES_TEMPLATE.format(mechanisms=",".join(SCRAM_MECHANISMS), admin=SASL_ADMIN_USER,
+                                                admin_password=sasl_admin_password)
+    return text
 
 
 def free_port() -> int:
@@ -115,26 +148,44 @@ def _stop_live_brokers() -> None:
 
 
 class EmbeddedBroker:
-    """One single-node Kafka broker+controller in a child JVM, data under ``data_dir``.
+    """One Kafka broker+controller node in a child JVM, data under ``data_dir``.
 
-    Ports default to free ones picked at ``start()``. Files in ``data_dir``:
-    ``server.properties``, ``broker.log`` (JVM stdout/stderr) and ``kraft/`` (the log dir).
+    Alone (the default) it is a single-node cluster; EmbeddedCluster makes several, giving each
+    its ``node_id``, the shared ``voters`` and ``cluster_id``. ``sasl_users`` (name -> password;
+    the first is the brokers' own inter-broker user) turns on SASL/SCRAM on the client listener.
+    Ports default to free ones picked at ``start()`` and are kept for restarts. Files in
+    ``data_dir``: ``server.properties``, ``broker.log`` (JVM stdout/stderr) and ``kraft/``.
     """
 
     def __init__(self, data_dir: Path, port: int | None = None,
-                 controller_port: int | None = None, kafka_version: str = KAFKA_VERSION):
+                 controller_port: int | None = None, kafka_version: str = KAFKA_VERSION, *,
+                 node_id: int = 1, voters: str | None = None, nodes: int = 1, cluster_id: str | None = None,
+                 sasl_users: Mapping[str, str] | None = None, jvm_opts: list[str] | None = None):
         self.data_dir = Path(data_dir).resolve()
         self.port = port
         self.controller_port = controller_port
         self.kafka_version = kafka_version
+        self.node_id, self.voters, self.nodes = node_id, voters, nodes
+        self._cluster_id = cluster_id
+        self.sasl_users = dict(sasl_users or {})
+        self.jvm_opts = jvm_opts or BROKER_JVM_OPTS
         self._proc: subprocess.Popen | None = None
 
     @property
     def bootstrap(self) -> str:
-        """``127.0.0.1:PORT`` of the PLAINTEXT listener (port known once started)."""
+        """``127.0.0.1:PORT`` of the client listener (port known once started)."""
         if self.port is None:
             raise BrokerStartError("broker has no port yet; call start() first")
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def cluster(self) -> Cluster:
+        """This node as a Cluster, with the brokers' own SASL user when SASL is on."""
+        if not self.sasl_users:
+            return Cluster(self.bootstrap)
+        admin, password = next(iter(self.sasl_users.items()))
+        return Cluster(self.bootstrap, security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-256",
+                       sasl_username=admin, sasl_password=password)
 
     @property
     def log_path(self) -> Path:
@@ -159,9 +210,14 @@ class EmbeddedBroker:
         Returns the bootstrap string. Raises BrokerStartError (with the log tail) on failure,
         after killing the JVM.
         """
-        if self.is_running():
-            return self.bootstrap
         deadline = time.monotonic() + timeout
+        self.launch(timeout)
+        return self.wait_ready(deadline)
+
+    def launch(self, timeout: float = 60) -> None:
+        """Format the storage (once) and start the JVM without waiting for it to be ready."""
+        if self.is_running():
+            return
         java = java_executable()
         cp = kafka_classpath(self.kafka_version)
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -169,30 +225,33 @@ class EmbeddedBroker:
         self.controller_port = self.controller_port or free_port()
         if self.controller_port == self.port:
             self.controller_port = free_port()
-        self.properties_path.write_text(
-            render_server_properties(self.data_dir, self.port, self.controller_port)
-        )
+        admin_password = next(iter(self.sasl_users.values())) if self.sasl_users else None
+        self.properties_path.write_text(render_server_properties(
+            self.data_dir, self.port, self.controller_port, self.node_id, self.voters, self.nodes, admin_password))
         log4j = f"-Dlog4j.configuration=file:{BROKER_FILES / 'log4j.properties'}"
         with open(self.log_path, "ab") as log:
-            self._format_storage(java, cp, log4j, log, max(deadline - time.monotonic(), 5))
+            self._format_storage(java, cp, log4j, log, max(timeout, 5))
             self._proc = subprocess.Popen(
-                [java, *BROKER_JVM_OPTS, "-cp", cp, log4j, "kafka.Kafka",
-                 str(self.properties_path)],
+                [java, *self.jvm_opts, "-cp", cp, log4j, "kafka.Kafka", str(self.properties_path)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 cwd=self.data_dir, start_new_session=True,
             )
         with _LIVE_LOCK:
             _LIVE.add(self)
+
+    def wait_ready(self, deadline: float) -> str:
+        """Wait until this node answers Metadata (until the monotonic ``deadline``)."""
         while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                self._fail(f"broker JVM exited with code {self._proc.returncode}")
-            if metadata_ready(self.bootstrap, timeout=1):
+            if self._proc is None or self._proc.poll() is not None:
+                code = None if self._proc is None else self._proc.returncode
+                self._fail(f"broker JVM exited with code {code}")
+            if metadata_ready(self.cluster, timeout=1):
                 return self.bootstrap
             time.sleep(0.25)
-        self._fail(f"broker did not answer Metadata within {timeout} s")
+        self._fail("broker did not answer Metadata in time")
 
     def cluster_id(self) -> str:
-        """The cluster id recorded in ``kraft/meta.properties``, or a new one if unformatted."""
+        """The cluster id recorded in ``kraft/meta.properties``, else the one given, else new."""
         try:
             for line in (self.data_dir / "kraft" / "meta.properties").read_text().splitlines():
                 key, _, value = line.partition("=")
@@ -200,13 +259,18 @@ class EmbeddedBroker:
                     return value.strip()
         except OSError:
             pass
-        return new_cluster_id()
+        if self._cluster_id is None:
+            self._cluster_id = new_cluster_id()
+        return self._cluster_id
 
     def _format_storage(self, java, cp, log4j, log, timeout: float) -> None:
         # --ignore-formatted lets a restart keep its data, but 3.9 still checks that -t matches
         # the id already on disk, so a restart must pass the recorded id.
         cmd = [java, *TOOL_JVM_OPTS, "-cp", cp, log4j, "kafka.tools.StorageTool", "format",
                "-t", self.cluster_id(), "-c", str(self.properties_path), "--ignore-formatted"]
+        for name, password in self.sasl_users.items():
+            for mechanism in SCRAM_MECHANISMS:
+                cmd += ["--add-scram", f"{mechanism}=[name={name},password={password}]"]
         try:
             res = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=log,
                                  stderr=subprocess.STDOUT, timeout=timeout)
@@ -222,6 +286,13 @@ class EmbeddedBroker:
     def _fail(self, reason: str) -> NoReturn:
         self.stop(timeout=5)
         raise BrokerStartError(f"{reason}; last lines of {self.log_path}:\n{_tail(self.log_path)}")
+
+    def kill(self) -> None:
+        """SIGKILL the JVM (a crash: nothing is flushed or handed over); ``start()`` brings the
+        node back on the same ports and data."""
+        if self._proc is not None and self._proc.poll() is None:
+            _kill_group(self._proc.pid, signal.SIGKILL)
+            self._proc.wait(10)
 
     def stop(self, timeout: float = 20) -> None:
         """SIGTERM the JVM's process group, wait up to ``timeout`` s, then SIGKILL it."""
@@ -251,6 +322,66 @@ class EmbeddedBroker:
             # Stop Popen.__del__ from warning about a child we leave running on purpose.
             self._proc.returncode = 0
             self._proc = None
+
+
+class EmbeddedCluster:
+    """``brokers`` combined broker+controller nodes on loopback, one quorum, data under
+    ``data_dir/node-<id>``; internal topics replicated min(3, brokers) times.
+
+    ``sasl_users`` as for EmbeddedBroker (the same users on every node). ``nodes[i]`` can be
+    killed, stopped and started again on its own (failover tests).
+    """
+
+    def __init__(self, data_dir: Path, brokers: int = 3, sasl_users: Mapping[str, str] | None = None,
+                 kafka_version: str = KAFKA_VERSION):
+        if brokers < 1:
+            raise ValueError("a cluster needs at least one broker")
+        self.data_dir = Path(data_dir).resolve()
+        ports = [(free_port(), free_port()) for _ in range(brokers)]
+        voters = ",".join(f"{i + 1}@127.0.0.1:{c}" for i, (_, c) in enumerate(ports))
+        cluster_id = EmbeddedBroker(self.data_dir / "node-1").cluster_id()  # recorded, or new
+        self.nodes = [
+            EmbeddedBroker(self.data_dir / f"node-{i + 1}", port=p, controller_port=c, kafka_version=kafka_version,
+                           node_id=i + 1, voters=voters, nodes=brokers, cluster_id=cluster_id, sasl_users=sasl_users,
+                           jvm_opts=CLUSTER_NODE_JVM_OPTS if brokers > 1 else BROKER_JVM_OPTS)
+            for i, (p, c) in enumerate(ports)
+        ]
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(node.bootstrap for node in self.nodes)
+
+    @property
+    def cluster(self) -> Cluster:
+        """Every node, with the brokers' own SASL user when SASL is on."""
+        first = self.nodes[0].cluster
+        return Cluster(self.bootstrap, **{k: v for k, v in vars(first).items() if k != "bootstrap"})
+
+    def start(self, timeout: float = 120) -> str:
+        """Start every node (in parallel: none is ready before a quorum is), then wait until the
+        cluster reports all of them. Returns the bootstrap list; BrokerStartError on failure."""
+        deadline = time.monotonic() + timeout
+        try:
+            for node in self.nodes:
+                node.launch(timeout)
+            for node in self.nodes:
+                node.wait_ready(deadline)
+            while cluster_brokers(self.cluster, timeout=5) < len(self.nodes):
+                if time.monotonic() > deadline:
+                    raise BrokerStartError(f"the cluster did not report {len(self.nodes)} brokers within {timeout} s")
+                time.sleep(0.5)
+        except BaseException:
+            self.stop(timeout=5)
+            raise
+        return self.bootstrap
+
+    def stop(self, timeout: float = 20) -> None:
+        for node in self.nodes:
+            node.stop(timeout)
+
+    def detach(self) -> None:
+        for node in self.nodes:
+            node.detach()
 
 
 # ---- daemon helpers for the CLI -------------------------------------------------------------
@@ -284,20 +415,39 @@ def _read_state(data_dir: Path) -> dict | None:
         return None
 
 
+def _state_cluster(state: dict) -> Cluster:
+    """The recorded daemon as a Cluster (the client user's credentials when SASL is on)."""
+    sasl = state.get("sasl")
+    if not sasl:
+        return Cluster(state["bootstrap"])
+    env = dict(line.split("=", 1) for line in Path(sasl["env_file"]).read_text().split())
+    return Cluster(state["bootstrap"], security_protocol="SASL_PLAINTEXT", sasl_mechanism=sasl["mechanism"],
+                   sasl_username=env["ROLLSTREAM_KAFKA_USERNAME"], sasl_password=env["ROLLSTREAM_KAFKA_PASSWORD"])
+
+
 def daemon_status(data_dir: Path = DEFAULT_DATA_DIR) -> dict | None:
-    """The daemon's recorded state plus ``ready`` (Metadata answers), or None if not running."""
+    """The daemon's recorded state plus ``ready`` (Metadata answers), or None if none of its
+    nodes runs."""
     state = _read_state(data_dir)
-    if not state or not _pid_is_broker(state["pid"], state["properties"]):
+    if not state:
         return None
-    return {**state, "ready": metadata_ready(state["bootstrap"])}
+    nodes = state.get("nodes") or [{"pid": state["pid"], "properties": state["properties"]}]
+    if not any(_pid_is_broker(n["pid"], n["properties"]) for n in nodes):
+        return None
+    return {**state, "ready": metadata_ready(_state_cluster(state))}
 
 
 def start_daemon(data_dir: Path = DEFAULT_DATA_DIR, port: int | None = None,
-                 controller_port: int | None = None, timeout: float = 60) -> dict:
-    """Start a broker that outlives this process; record it in ``<data_dir>/broker.json``.
+                 controller_port: int | None = None, timeout: float = 60, brokers: int = 1,
+                 sasl: bool = False) -> dict:
+    """Start a broker (``brokers`` > 1: a cluster of that many nodes) that outlives this
+    process; record it in ``<data_dir>/broker.json``. ``sasl``: SASL/SCRAM on the client
+    listener, with a client user whose name and password are written to ``<data_dir>/sasl.env``
+    (``ROLLSTREAM_KAFKA_USERNAME=...``, ``ROLLSTREAM_KAFKA_PASSWORD=...``, mode 0600).
 
     If the recorded broker is already running, wait for it to be ready and return its state.
-    Returns a dict: pid, bootstrap, port, controller_port, log_path, data_dir, properties.
+    Returns a dict: pid, bootstrap, port, controller_port, log_path, data_dir, properties,
+    nodes (pid and properties of each node), sasl (mechanism and env_file, or None).
     """
     data_dir = Path(data_dir).resolve()
     status = daemon_status(data_dir)
@@ -305,41 +455,66 @@ def start_daemon(data_dir: Path = DEFAULT_DATA_DIR, port: int | None = None,
         deadline = time.monotonic() + timeout
         while not status["ready"] and time.monotonic() < deadline:
             time.sleep(0.25)
-            status = {**status, "ready": metadata_ready(status["bootstrap"])}
+            status = {**status, "ready": metadata_ready(_state_cluster(status))}
         if not status["ready"]:
             raise BrokerStartError(f"broker pid {status['pid']} runs but does not answer "
                                    f"Metadata; log {status['log_path']}")
         return {k: v for k, v in status.items() if k != "ready"}
-    broker = EmbeddedBroker(data_dir, port=port, controller_port=controller_port)
-    broker.start(timeout=timeout)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    users, sasl_state = None, None
+    if sasl:
+        env_file = data_dir / "sasl.env"
+        if env_file.exists():  # a restart: the users are already in the formatted storage
+            env = dict(line.split("=", 1) for line in env_file.read_text().split())
+            users = {SASL_ADMIN_USER: env["ROLLSTREAM_KAFKA_ADMIN_PASSWORD"],
+                     env["ROLLSTREAM_KAFKA_USERNAME"]: env["ROLLSTREAM_KAFKA_PASSWORD"]}
+        else:
+            users = {SASL_ADMIN_USER: secrets.token_urlsafe(18), SASL_USER: secrets.token_urlsafe(18)}
+            env_file.touch(mode=0o600)
+            env_file.write_text(f"ROLLSTREAM_KAFKA_USERNAME={SASL_USER}\nROLLSTREAM_KAFKA_PASSWORD={users[SASL_USER]}\n"
+                                f"ROLLSTREAM_KAFKA_ADMIN_PASSWORD={users[SASL_ADMIN_USER]}\n")
+        sasl_state = {"mechanism": "SCRAM-SHA-256", "env_file": str(env_file)}
+    if brokers == 1:
+        one = EmbeddedBroker(data_dir, port=port, controller_port=controller_port, sasl_users=users)
+        one.start(timeout=timeout)
+        nodes = [one]
+    else:
+        cluster = EmbeddedCluster(data_dir, brokers, sasl_users=users)
+        cluster.start(timeout=max(timeout, 120))
+        nodes = cluster.nodes
+    first = nodes[0]
     state = {
-        "pid": broker.pid, "bootstrap": broker.bootstrap, "port": broker.port,
-        "controller_port": broker.controller_port, "log_path": str(broker.log_path),
-        "data_dir": str(data_dir), "properties": str(broker.properties_path),
+        "pid": first.pid, "bootstrap": ",".join(n.bootstrap for n in nodes), "port": first.port,
+        "controller_port": first.controller_port, "log_path": str(first.log_path),
+        "data_dir": str(data_dir), "properties": str(first.properties_path),
+        "nodes": [{"pid": n.pid, "properties": str(n.properties_path), "log_path": str(n.log_path)} for n in nodes],
+        "sasl": sasl_state,
     }
     tmp = _state_path(data_dir).with_suffix(".json.tmp")
     tmp.write_text(json.dumps(state, indent=2))
     tmp.replace(_state_path(data_dir))
-    broker.detach()
+    for node in nodes:
+        node.detach()
     return state
 
 
 def stop_daemon(data_dir: Path = DEFAULT_DATA_DIR, timeout: float = 20) -> bool:
-    """Stop the recorded daemon broker (SIGTERM, then SIGKILL). True if one was running."""
+    """Stop the recorded daemon's nodes (SIGTERM, then SIGKILL). True if one was running."""
     state = _read_state(data_dir)
     if not state:
         return False
-    pid = state["pid"]
-    was_running = _pid_is_broker(pid, state["properties"])
-    if was_running:
-        _kill_group(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and _pid_is_broker(pid, state["properties"]):
-            time.sleep(0.1)
-        _kill_group(pid, signal.SIGKILL)
+    nodes = state.get("nodes") or [{"pid": state["pid"], "properties": state["properties"]}]
+    running = [n for n in nodes if _pid_is_broker(n["pid"], n["properties"])]
+    for node in running:
+        _kill_group(node["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_pid_is_broker(n["pid"], n["properties"]) for n in running):
+        time.sleep(0.1)
+    for node in running:
+        _kill_group(node["pid"], signal.SIGKILL)
         try:  # reap it when the caller happens to be its parent (e.g. in tests)
-            os.waitpid(pid, 0)
+            os.waitpid(node["pid"], 0)
         except ChildProcessError:
             pass
     _state_path(data_dir).unlink(missing_ok=True)
-    return was_running
+    return bool(running)

@@ -1,5 +1,6 @@
 """Client factories: every Kafka producer and consumer of the plain workers, the trainer and the
-tools is made here, so sizes and (later) security settings are set in one place."""
+tools is made here, so sizes and security settings (rollstream.kafka.cluster) are set in one
+place. Each takes a Cluster or a plain bootstrap string."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka.errors import KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
+from rollstream.kafka.cluster import Bootstrap, as_cluster
 from rollstream.runtime import PAYLOAD_MAX_MESSAGE_BYTES
 
 
-def make_producer(bootstrap: str, *, max_request_size: int = PAYLOAD_MAX_MESSAGE_BYTES,
+def make_producer(bootstrap: Bootstrap, *, max_request_size: int = PAYLOAD_MAX_MESSAGE_BYTES,
                   compression_type: str = "none", **kwargs) -> KafkaProducer:
     """A producer that waits for every in-sync replica (``acks=all``), batches for 5 ms and sends
     records up to ``max_request_size`` bytes (``kafka.max_message_bytes``),
@@ -20,7 +22,7 @@ def make_producer(bootstrap: str, *, max_request_size: int = PAYLOAD_MAX_MESSAGE
     producers compress, decision-plane producers need not). ``kwargs`` (e.g. ``client_id``) go to
     KafkaProducer."""
     return KafkaProducer(
-        bootstrap_servers=bootstrap,
+        **as_cluster(bootstrap).client_kwargs(),
         acks="all",
         linger_ms=5,
         max_request_size=max_request_size,
@@ -43,13 +45,13 @@ def wait_for_partitions(consumer: KafkaConsumer, topic: str, timeout_s: float = 
     return sorted(partitions)
 
 
-def assigned_consumer(bootstrap: str, group_id: str, topic: str, client_id: str, max_poll_records: int,
+def assigned_consumer(bootstrap: Bootstrap, group_id: str, topic: str, client_id: str, max_poll_records: int,
                       instance: int = 0, instances: int = 1) -> tuple[KafkaConsumer, list[int]]:
     """A consumer owning the partitions ``p % instances == instance`` of ``topic`` by manual
     assignment (no group membership: ``group_id`` only stores committed offsets, which it resumes
     from); returns it with its partition ids."""
     consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False,
+        **as_cluster(bootstrap).client_kwargs(), group_id=group_id, enable_auto_commit=False,
         auto_offset_reset="earliest", max_poll_records=max_poll_records, client_id=client_id,
     )
     partitions = [p for p in wait_for_partitions(consumer, topic) if p % instances == instance]
@@ -64,9 +66,10 @@ def commit_offsets(consumer: KafkaConsumer, topic: str, offsets: dict[int, int])
         consumer.commit({TopicPartition(topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()})
 
 
-def reader_consumer(bootstrap: str, *topics: str) -> KafkaConsumer:
+def reader_consumer(bootstrap: Bootstrap, *topics: str, **kwargs) -> KafkaConsumer:
     """A consumer without a consumer group (nothing committed) that reads from the start: of
     ``topics`` when given (subscribed), else of whatever the caller assigns. For readers that must
-    see every event: verdicts, policy versions, replay."""
-    return KafkaConsumer(*topics, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
-                         enable_auto_commit=False)
+    see every event: verdicts, policy versions, replay. ``kwargs`` (e.g. sizes) go to
+    KafkaConsumer."""
+    return KafkaConsumer(*topics, **as_cluster(bootstrap).client_kwargs(), group_id=None,
+                         auto_offset_reset="earliest", enable_auto_commit=False, **kwargs)

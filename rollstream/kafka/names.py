@@ -4,7 +4,12 @@ contract and migrate with a note."""
 
 from __future__ import annotations
 
-from rollstream.kafka.topics import Topics
+from typing import TYPE_CHECKING
+
+from rollstream.kafka.topics import CHANGELOGS, Topics, topic_settings
+
+if TYPE_CHECKING:
+    from rollstream.config.base import KafkaConfig
 
 ADMISSION_APP = "admission"
 AGGREGATOR_APP = "aggregator"
@@ -35,3 +40,9 @@ def changelog_topics(topics: Topics, partitions: int) -> dict[str, tuple[int, bo
         f"{app_id(topics, AGGREGATOR_APP)}-{PROMPT_STATE_TABLE}-changelog": (partitions, True),
         f"{app_id(topics, GROUP_QUEUE_APP)}-{GROUP_QUEUE_TABLE}-changelog": (partitions, True),
     }
+
+
+def changelog_configs(topics: Topics, kafka: "KafkaConfig") -> dict[str, dict[str, str]]:
+    """The changelog topics' configs by full name (``topic_settings`` of CHANGELOGS)."""
+    settings = topic_settings(kafka, CHANGELOGS)
+    return {name: dict(settings) for name in changelog_topics(topics, kafka.partitions)} if settings else {}

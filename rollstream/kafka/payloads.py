@@ -23,6 +23,7 @@ from kafka.errors import OffsetOutOfRangeError
 from kafka.structs import TopicPartition
 
 from rollstream.exceptions import RollstreamError
+from rollstream.kafka.cluster import Bootstrap, as_cluster
 from rollstream.runtime import PAYLOAD_MAX_MESSAGE_BYTES
 from rollstream.schemas.records import payload_ref
 
@@ -56,7 +57,7 @@ class PayloadFetcher:
     """Read payload events by reference with manual assignment and seeks (no consumer group).
 
     Args:
-        bootstrap: Kafka bootstrap servers.
+        bootstrap: the cluster (rollstream.kafka.cluster.Cluster) or its bootstrap servers.
         max_message_bytes: the largest payload event (``kafka.max_message_bytes``); fetch sizes
             are set to it.
         client_id: Kafka client id.
@@ -65,10 +66,10 @@ class PayloadFetcher:
     read on the way that no reference named), ``expired``.
     """
 
-    def __init__(self, bootstrap: str, max_message_bytes: int = PAYLOAD_MAX_MESSAGE_BYTES,
+    def __init__(self, bootstrap: Bootstrap, max_message_bytes: int = PAYLOAD_MAX_MESSAGE_BYTES,
                  client_id: str = "rollstream-payloads") -> None:
         self.consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+            **as_cluster(bootstrap).client_kwargs(), group_id=None, enable_auto_commit=False,
             auto_offset_reset="none", client_id=client_id,
             max_partition_fetch_bytes=max_message_bytes,
             fetch_max_bytes=max(52_428_800, max_message_bytes),

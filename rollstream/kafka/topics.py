@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from rollstream.exceptions import ConfigError
 from rollstream.runtime import DEFAULT_TOPIC_PREFIX as DEFAULT_PREFIX
 
 if TYPE_CHECKING:  # the config package loads the filters (torch): not needed to name topics
@@ -44,6 +45,38 @@ PAYLOAD_TOPICS = ("responses", "trajectories")
 reference (``PayloadRef``) by the trainer and the tools. Every other topic carries small
 decision-plane events."""
 
+CHANGELOGS = "changelogs"
+"""The ``kafka.topic_configs`` key that applies to every table's changelog topic."""
+
+
+def _config_value(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def check_topic_configs(kafka: "KafkaConfig") -> None:
+    """Raise ConfigError when ``kafka.topic_configs`` names a topic rollstream does not have."""
+    unknown = sorted(set(kafka.topic_configs) - set(TOPICS) - {CHANGELOGS})
+    if unknown:
+        raise ConfigError(f"kafka.topic_configs names unknown topics {unknown}; known: {sorted(TOPICS) + [CHANGELOGS]}")
+
+
+def topic_settings(kafka: "KafkaConfig", logical: str) -> dict[str, str]:
+    """The topic configs rollstream sets on the topic ``logical`` (a TOPICS name or CHANGELOGS),
+    beyond the broker's defaults: ``min.insync.replicas`` when set; for payload topics
+    ``max.message.bytes``, ``compression.type`` (``none`` -> ``uncompressed``) and, when set,
+    ``retention.ms`` (``kafka.payload_retention_ms``); then the user's
+    ``kafka.topic_configs[logical]``, which win."""
+    configs: dict[str, str] = {}
+    if kafka.min_insync_replicas is not None:
+        configs["min.insync.replicas"] = str(kafka.min_insync_replicas)
+    if logical in PAYLOAD_TOPICS:
+        configs["max.message.bytes"] = str(kafka.max_message_bytes)
+        configs["compression.type"] = "uncompressed" if kafka.compression_type == "none" else kafka.compression_type
+        if kafka.payload_retention_ms is not None:
+            configs["retention.ms"] = str(kafka.payload_retention_ms)
+    configs.update({key: _config_value(value) for key, value in kafka.topic_configs.get(logical, {}).items()})
+    return configs
+
 
 @dataclass(frozen=True)
 class Topics:
@@ -69,14 +102,11 @@ class Topics:
         return [self.name(t) for t in PAYLOAD_TOPICS]
 
     def topic_configs(self, kafka: "KafkaConfig") -> dict[str, dict[str, str]]:
-        """Topic configs beyond the broker's defaults, by full name: the payload topics'
-        ``max.message.bytes``, ``compression.type`` (``none`` -> ``uncompressed``) and, when set,
-        ``retention.ms`` (``kafka.payload_retention_ms``)."""
-        configs = {"max.message.bytes": str(kafka.max_message_bytes),
-                   "compression.type": "uncompressed" if kafka.compression_type == "none" else kafka.compression_type}
-        if kafka.payload_retention_ms is not None:
-            configs["retention.ms"] = str(kafka.payload_retention_ms)
-        return {name: dict(configs) for name in self.payload()}
+        """Topic configs beyond the broker's defaults by full name (``topic_settings`` of each
+        topic that has some). Raises ConfigError for an unknown name in ``kafka.topic_configs``."""
+        check_topic_configs(kafka)
+        configs = {self.name(t): topic_settings(kafka, t) for t in TOPICS}
+        return {name: c for name, c in configs.items() if c}
 
     def keyed(self) -> list[str]:
         """Full names of the topics that must be co-partitioned (one partition count)."""

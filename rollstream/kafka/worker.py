@@ -17,6 +17,7 @@ from typing import Callable, Iterable, Sequence
 from kafka.errors import CommitFailedError
 
 from rollstream.kafka.clients import assigned_consumer, make_producer
+from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.events import Input, Output, Send, dead_letter, decode_expected, too_large
 from rollstream.kafka.topics import Topics
 from rollstream.observability.metrics import process_metrics
@@ -42,7 +43,7 @@ class PartitionWorker:
         ValueError: ``instance`` outside [0, ``instances``).
     """
 
-    def __init__(self, *, bootstrap: str, topics: Topics, input_topic: str, group_id: str, stage: str,
+    def __init__(self, *, bootstrap: Bootstrap, topics: Topics, input_topic: str, group_id: str, stage: str,
                  max_poll_records: int, poll_timeout_ms: int = 200, instance: int = 0, instances: int = 1,
                  max_message_bytes: int = PAYLOAD_MAX_MESSAGE_BYTES, compression_type: str = "none") -> None:
         if not 0 <= instance < instances:
@@ -101,7 +102,7 @@ class EventWorker(PartitionWorker):
     with reason ``handler_error`` (bytes kept), and the worker goes on.
     """
 
-    def __init__(self, *, bootstrap: str, topics: Topics, input_topic: str, group_id: str, expected_schema: str,
+    def __init__(self, *, bootstrap: Bootstrap, topics: Topics, input_topic: str, group_id: str, expected_schema: str,
                  handler: BatchHandler, stage: str, max_batch: int = 16, poll_timeout_ms: int = 200,
                  instance: int = 0, instances: int = 1, max_message_bytes: int = PAYLOAD_MAX_MESSAGE_BYTES,
                  compression_type: str = "none") -> None:

@@ -17,6 +17,7 @@ from kafka import TopicPartition
 
 from rollstream.exceptions import RollstreamError
 from rollstream.kafka.clients import reader_consumer
+from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.topics import Topics
 from rollstream.schemas import decode
 
@@ -40,7 +41,7 @@ class PolicyVersionWatcher:
     are skipped with a warning.
     """
 
-    def __init__(self, bootstrap: str, topics: Topics, sync_timeout_s: float = 5.0) -> None:
+    def __init__(self, bootstrap: Bootstrap, topics: Topics, sync_timeout_s: float = 5.0) -> None:
         self.topic = topics.policy_versions
         self.consumer = reader_consumer(bootstrap)
         self.sync_timeout_s = sync_timeout_s

@@ -11,6 +11,16 @@ re-reads the train prompts before it with its own consumer (seeking ``prompts`` 
 them in each later epoch's order. The epoch and the position in it are saved with every
 admission, so a restarted admission, once its table is restored, starts the task again at that
 position (faust acks an event whose handler was cancelled, so the marker is not redelivered).
+Resuming is idempotent and asked for at three points: when faust reports the rebalance (and
+with it the table's recovery) complete, after every outcome, and on a timer, so one missed
+signal never leaves the later epochs unread.
+
+Outcomes not delivered: faust can lose an event fetched during a rebalance (stack-notes: faust
+#502, #629; seen here as a restarted admission that never received an outcome already on the
+topic, its credit never returned). So when prompts are in flight and no outcome arrived for
+``OUTCOME_RECHECK_S``, the admission reads ``prompt.outcomes`` itself from the oldest in-flight
+prompt's admission time on and applies the outcomes of prompts still in flight. Applying an
+outcome twice is harmless (the second is an UnknownOutcome).
 """
 
 from __future__ import annotations
@@ -28,12 +38,14 @@ from rollstream.config import RLVRConfig
 from rollstream.filtering import admission as core
 from rollstream.filtering.decision import Decision
 from rollstream.kafka import names
+from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.clients import reader_consumer
 from rollstream.kafka.events import decode_expected
 from rollstream.kafka.topics import Topics
 from rollstream.observability.metrics import process_metrics
 from rollstream.policy.model import chat_prompt_ids, load_tokenizer
 from rollstream.policy.versions import PolicyVersionWatcher
+from rollstream.runtime import now_ms
 from rollstream.schemas.records import batch_event
 from rollstream.streams.common import Emitter, make_app, raw_topic
 from rollstream.streams.events import derive_seed, generation_request, group_record
@@ -43,6 +55,9 @@ log = logging.getLogger(__name__)
 Tokenize = Callable[[dict], Sequence[int]]  # a Prompt record -> its chat-templated token ids
 VERSION_POLL_S = 0.5
 EPOCHS_RETRY_S = 5.0
+EPOCHS_CHECK_S = 2.0  # how often a restored admission checks that its epochs task runs
+OUTCOME_RECHECK_S = 10.0  # credits waited for this long without an outcome: read the topic itself
+CLOCK_SKEW_MS = 60_000  # how far an outcome's timestamp may lag its admission (other machines' clocks)
 
 
 def default_tokenize(model_path: str | None = None) -> Tokenize:
@@ -52,7 +67,7 @@ def default_tokenize(model_path: str | None = None) -> Tokenize:
     return lambda prompt: chat_prompt_ids(tokenizer, prompt.get("messages") or prompt["prompt"])
 
 
-def read_train_prompts(bootstrap: str, topic: str, end_offset: int, domains: set[str],
+def read_train_prompts(bootstrap: Bootstrap, topic: str, end_offset: int, domains: set[str],
                        timeout_s: float = 60.0) -> list[dict]:
     """The train Prompt records of ``domains`` at offsets below ``end_offset`` on partition 0 of
     ``topic``, in topic order (what each later epoch re-reads; undecodable events, validation
@@ -79,6 +94,36 @@ def read_train_prompts(bootstrap: str, topic: str, end_offset: int, domains: set
         consumer.close()
 
 
+def read_outcomes_since(bootstrap: Bootstrap, topic: str, since_ms: int, timeout_s: float = 30.0) -> list[dict]:
+    """The PromptOutcome records on partition 0 of ``topic`` written at ``since_ms`` (epoch ms)
+    or later, up to the end offset at the call, in topic order (undecodable events skipped: the
+    outcomes agent dead-letters them). Raises TimeoutError when the broker does not deliver them
+    within ``timeout_s``."""
+    consumer = reader_consumer(bootstrap)
+    tp = TopicPartition(topic, 0)
+    try:
+        consumer.assign([tp])
+        end = consumer.end_offsets([tp])[tp]
+        start = consumer.offsets_for_times({tp: max(0, since_ms)})[tp]
+        if start is None:  # nothing written since then
+            return []
+        consumer.seek(tp, start.offset)
+        out: list[dict] = []
+        deadline = time.monotonic() + timeout_s
+        while consumer.position(tp) < end:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: read up to offset {consumer.position(tp)} of {end} in {timeout_s}s")
+            for message in consumer.poll(timeout_ms=500).get(tp, []):
+                if message.offset >= end:
+                    break
+                _, record, problem = decode_expected(message.value, ("PromptOutcome",))
+                if problem is None:
+                    out.append(record)
+        return out
+    finally:
+        consumer.close()
+
+
 def limits_of(config: RLVRConfig) -> core.AdmissionLimits:
     return core.AdmissionLimits(
         rollout_batch_size=config.rollout_batch_size,
@@ -92,10 +137,10 @@ def limits_of(config: RLVRConfig) -> core.AdmissionLimits:
     )
 
 
-def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize | None = None,
+def build_admission_app(config: RLVRConfig, bootstrap: Bootstrap, tokenize: Tokenize | None = None,
                         store: str = "memory://") -> faust.App:
     topics = Topics(config.kafka.topic_prefix)
-    app = make_app(names.app_id(topics, names.ADMISSION_APP), bootstrap, 1, store, config.kafka.max_message_bytes)
+    app = make_app(names.app_id(topics, names.ADMISSION_APP), bootstrap, 1, config.kafka, store)
     limits = limits_of(config)
     emit = Emitter(app, topics, "admission")
     prompts = raw_topic(app, topics.prompts, 1)
@@ -166,7 +211,7 @@ def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize |
             await _reject_prompt(prompt, verdict)
             await _apply(effects)
             return
-        save(core.admit(state, prompt["prompt_id"], mode))
+        save(core.admit(state, prompt["prompt_id"], mode, now_ms()))
         metrics.decision("prompt", True, "accepted")
         request = generation_request(
             prompt, round_=0,
@@ -189,7 +234,10 @@ def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize |
         resume_epochs(train)
 
     def resume_epochs(train: list[dict] | None = None) -> None:
-        """Start the task that admits the later epochs' prompts, unless it runs or none is left."""
+        """Start the task that admits the later epochs' prompts, unless it runs, none is left, or
+        the table is still being restored (a half-restored state would repeat prompts)."""
+        if not app.tables.recovery.completed.is_set():
+            return
         if (epochs_task and not epochs_task[0].done()) or core.next_replay(load(), limits) is None:
             return
         epochs_task[:] = [asyncio.ensure_future(run_epochs(train))]
@@ -228,6 +276,10 @@ def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize |
         """The table is restored: a restarted admission resumes its epochs."""
         resume_epochs()
 
+    @app.timer(EPOCHS_CHECK_S)
+    async def keep_epochs_running() -> None:
+        resume_epochs()
+
     @app.agent(prompts)
     async def admit(stream):
         if not tokenizer:
@@ -245,18 +297,47 @@ def build_admission_app(config: RLVRConfig, bootstrap: str, tokenize: Tokenize |
 
     async def settle_one(event) -> None:
         outcome = await emit.decode_or_dead_letter(event, "PromptOutcome")
-        if outcome is None:
-            return
+        if outcome is not None:
+            await apply_outcome(outcome)
+
+    async def apply_outcome(outcome: dict) -> None:
+        last_outcome[0] = time.monotonic()
         state, effects = core.on_outcome(
             load(), limits, outcome["prompt_id"], outcome["outcome"] == "commit", outcome["reason"])
         save(state)
         await _apply(effects)
+
+    last_outcome = [time.monotonic()]  # when an outcome was last applied (or the process started)
 
     @app.agent(outcomes)
     async def settle(stream):
         async for event in stream.events():
             await emit.guarded(settle_one, event)
             credit.set()
+            resume_epochs()
+
+    @app.timer(OUTCOME_RECHECK_S)
+    async def recover_outcomes() -> None:
+        """Apply the outcomes of prompts in flight that faust did not deliver (module doc)."""
+        oldest = core.oldest_admission_ms(load())
+        if (oldest is None or not app.tables.recovery.completed.is_set()
+                or time.monotonic() - last_outcome[0] < OUTCOME_RECHECK_S):
+            return
+        try:
+            records = await asyncio.to_thread(read_outcomes_since, bootstrap, topics.prompt_outcomes,
+                                              oldest - CLOCK_SKEW_MS)
+        except Exception:  # the broker is slow or away: the next tick tries again
+            log.exception("reading %s for undelivered outcomes failed", topics.prompt_outcomes)
+            return
+        missed = [r for r in records if r["prompt_id"] in load().in_flight]
+        for outcome in missed:
+            log.warning("outcome %s of prompt %s was on %s but not delivered to the outcomes agent: applied",
+                        outcome["outcome"], outcome["prompt_id"], topics.prompt_outcomes)
+            await apply_outcome(outcome)
+        if missed:
+            credit.set()
+            resume_epochs()
+        last_outcome[0] = time.monotonic()
 
     async def _apply(effects: list) -> None:
         for effect in effects:

@@ -8,6 +8,11 @@ emitted Group splices those bytes in without decoding them again. Those bytes ar
 RewardedResponse events: summaries with a PayloadRef, a few hundred bytes whatever the
 responses' lengths (the tokens stay on ``responses``).
 
+Deadlines: the open round's GenerationRequest and its deadline live in the state (see
+rollstream.filtering.prompt_state). ``request`` records one seen on ``generation.requests``,
+``due`` lists the prompts whose deadline passed (an in-memory index: ``index`` rebuilds it from
+the table after a restart or rebalance) and ``tick`` reissues or aborts one of them.
+
 The decoded state of each prompt it changed is kept in memory (``Aggregation``): the caller
 applies any number of events, then asks for each changed prompt's ``table_value`` once and writes
 it (the aggregator does so once per batch of events, not once per response). A table value the
@@ -21,19 +26,26 @@ import json
 import struct
 from dataclasses import dataclass, field
 
+from kafka.partitioner.default import murmur2
+
 from rollstream.config import RLVRConfig
 from rollstream.exceptions import RollstreamError
 from rollstream.filtering.prompt_state import (
     Decided,
     DuplicateResponse,
     PromptState,
+    Reissue,
     Replacement,
     ResponseAccepted,
     ResponseRejected,
+    on_request,
+    on_tick,
     step,
+    with_request,
 )
 from rollstream.kafka.events import Send
 from rollstream.kafka.topics import Topics
+from rollstream.runtime import now_ms
 from rollstream.schemas import REGISTRY, encode
 from rollstream.schemas.codec import HEADER_LEN
 from rollstream.streams.events import decided_group, derive_seed, prompt_outcome, replacement_request
@@ -131,6 +143,20 @@ if (REGISTRY.schema("RewardedResponse")["fields"][0]["name"] != "response"
                        f"array<ChatMessage{{role, content: string}}>; got {_SUMMARY_HEAD}, {_MESSAGE_FIELDS}")
 
 
+def prompt_partition(prompt_id: str, partitions: int) -> int:
+    """The partition of ``prompt_id``'s events on the keyed topics (Kafka's default
+    partitioner: murmur2 of the key, as every producer of them uses)."""
+    return (murmur2(prompt_id.encode()) & 0x7FFFFFFF) % partitions
+
+
+def _prompt_fields(state: PromptState, prompt_id: str) -> dict:
+    """The prompt's fields for its Group and PromptOutcome when no response is at hand: its
+    request's (prompt text, ground truth, chat messages), else only the identity."""
+    base = {"prompt_id": prompt_id, "domain": state.domain, "mode": state.mode, "prompt": "",
+            "ground_truth": "", "messages": []}
+    return {**base, **{k: v for k, v in (state.request or {}).items() if k in base}}
+
+
 @dataclass
 class Applied:
     changed: bool = False  # the prompt's table value changed: write Aggregation.table_value(prompt_id)
@@ -138,6 +164,7 @@ class Applied:
     decided: Decided | None = None
     duplicates: int = 0
     effects: list = field(default_factory=list)  # the state machine's effects, for metrics
+    mode: str = "train"  # the prompt's mode (train | val), for metrics
 
 
 @dataclass
@@ -173,26 +200,22 @@ class Aggregation:
         self.filter_hash = {d: config.filter_config_hash(d) for d in self.filters}
         self._held: dict[str, _Held] = {}  # prompt_id -> its decoded state
         self.state_decodes = 0  # table values decoded from bytes (not held in memory)
+        self.deadlines: dict[str, int] = {}  # prompt_id -> its open round's deadline (epoch ms)
+        self.partitions = config.kafka.partitions
 
     def apply(self, table_value: bytes | None, event_value: bytes, record: dict,
-              current_version: int | None = None) -> Applied:
+              current_version: int | None = None, now: int | None = None) -> Applied:
         """One decoded RewardedResponse ``record`` (``event_value`` its bytes) against the prompt's
         table value; ``current_version``: the newest published policy version, for the staleness
-        bound. The caller checked that the record's domain is configured."""
+        bound; ``now``: epoch ms (default: the clock), when a replacement round's deadline starts.
+        The caller checked that the record's domain is configured."""
         response = record["response"]
-        pid = response["prompt_id"]
-        held = self._held.pop(pid, None)  # put back below once this event is applied
-        unwritten = held is not None and held.value is None
-        if held is not None and (unwritten or held.value is table_value):
-            state, stored = held.state, held.stored
-        elif table_value:
-            state, stored = unpack_state(table_value)
-            self.state_decodes += 1
-        else:
-            state, stored = None, {}
-        try:
-            state, effects = step(state, record, self.filters[response["domain"]], current_version)
-            out = Applied(effects=effects)
+        filters = self.filters[response["domain"]]
+        now = now_ms() if now is None else now
+
+        def transition(state: PromptState | None, stored: dict[str, bytes], out: Applied) -> PromptState:
+            state, effects = step(state, record, filters, current_version)
+            out.effects = effects
             for effect in effects:
                 if isinstance(effect, ResponseAccepted):
                     stored[str(effect.sample_index)] = member_bytes(record, event_value)
@@ -202,17 +225,98 @@ class Aggregation:
                 elif isinstance(effect, DuplicateResponse):
                     out.duplicates += 1
                 elif isinstance(effect, Replacement):
+                    pid = response["prompt_id"]
                     request = replacement_request(response, effect, derive_seed(self.seed, pid, effect.round))
+                    state = with_request(state, request, filters, now)
                     out.sends.append(Send(self.topics.generation_requests, pid, encode(request, "GenerationRequest")))
                 elif isinstance(effect, Decided):
                     out.decided = effect
                     out.sends += self._decision(response, effect, stored)
+            return state
+
+        return self._transact(response["prompt_id"], table_value, transition)
+
+    def request(self, table_value: bytes | None, record: dict, now: int | None = None) -> Applied:
+        """A GenerationRequest ``record`` seen on ``generation.requests``: the open round's
+        request is kept with its deadline (rollstream.filtering.prompt_state.on_request). The
+        caller checked that the record's domain is configured."""
+        filters = self.filters[record["domain"]]
+        now = now_ms() if now is None else now
+
+        def transition(state: PromptState | None, stored: dict[str, bytes], out: Applied) -> PromptState | None:
+            state, out.changed = on_request(state, record, filters, now)
+            return state
+
+        return self._transact(record["prompt_id"], table_value, transition)
+
+    def tick(self, prompt_id: str, table_value: bytes | None, now: int | None = None) -> Applied:
+        """Check ``prompt_id``'s deadline at ``now`` (epoch ms, default the clock): reissue its
+        open round's request (to the partition ``reissue`` places away from the prompt's own, so
+        a stuck generation worker's requests reach another one) or abort it ``prompt_timeout``."""
+        now = now_ms() if now is None else now
+
+        def transition(state: PromptState | None, stored: dict[str, bytes], out: Applied) -> PromptState | None:
+            if state is None:
+                return None
+            out.mode, prompt = state.mode, _prompt_fields(state, prompt_id)  # before a decision closes it
+            state, out.effects = on_tick(state, self.filters[state.domain], now)
+            for effect in out.effects:
+                out.changed = True
+                if isinstance(effect, Reissue):
+                    request = {**effect.request, "created_ms": now}
+                    partition = (prompt_partition(prompt_id, self.partitions) + effect.reissue) % self.partitions
+                    out.sends.append(Send(self.topics.generation_requests, prompt_id,
+                                          encode(request, "GenerationRequest"), partition))
+                elif isinstance(effect, Decided):
+                    out.decided = effect
+                    out.sends += self._decision(prompt, effect, stored)
+            return state
+
+        return self._transact(prompt_id, table_value, transition)
+
+    def due(self, now: int | None = None) -> list[str]:
+        """The prompts whose open round's deadline has passed, oldest deadline first."""
+        now = now_ms() if now is None else now
+        return sorted((p for p, d in self.deadlines.items() if d <= now), key=self.deadlines.__getitem__)
+
+    def index(self, items) -> int:
+        """Rebuild the deadline index from ``items``: (key, table value) pairs of the partitions
+        this worker owns (after a restart or a rebalance). Returns the prompts indexed."""
+        self.deadlines.clear()
+        for key, value in items:
+            if value:
+                state, _ = unpack_state(value)
+                if state.decided is None and state.deadline_ms:
+                    self.deadlines[key.decode()] = state.deadline_ms
+        return len(self.deadlines)
+
+    def _transact(self, pid: str, table_value: bytes | None, transition) -> Applied:
+        """Run ``transition(state, stored, out)`` on the newest state of ``pid`` (held, or decoded
+        from ``table_value``) and keep the result held for ``table_value``."""
+        held = self._held.pop(pid, None)  # put back below once this event is applied
+        unwritten = held is not None and held.value is None
+        if held is not None and (unwritten or held.value is table_value):
+            state, stored = held.state, held.stored
+        elif table_value:
+            state, stored = unpack_state(table_value)
+            self.state_decodes += 1
+        else:
+            state, stored = None, {}
+        out = Applied()
+        try:
+            state = transition(state, stored, out)
         except Exception as exc:
             if unwritten:  # earlier events' changes were held here only, and step mutates in place
                 raise UnwrittenStateLost(
                     f"prompt {pid}: applying an event failed ({type(exc).__name__}: {exc}); its changes not yet "
                     "written to the table are lost") from exc
             raise  # the table value is intact: the next event decodes it again
+        if state is not None and state.decided is None and state.deadline_ms:
+            self.deadlines[pid] = state.deadline_ms
+        else:
+            self.deadlines.pop(pid, None)
+        if state is None:
+            return out
         if out.changed:
             self._held[pid] = _Held(None, state, stored)
         elif held is not None and (unwritten or held.value is table_value):

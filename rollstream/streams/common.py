@@ -9,28 +9,47 @@ from pathlib import Path
 
 import faust
 
+from rollstream.config.base import KafkaConfig
+from rollstream.kafka.admin import replication_factor
+from rollstream.kafka.cluster import Bootstrap, Cluster, as_cluster
 from rollstream.kafka.events import dead_letter, decode_expected, too_large
-from rollstream.runtime import PAYLOAD_MAX_MESSAGE_BYTES, worker_id
+from rollstream.runtime import worker_id
 from rollstream.schemas import encode
 
 log = logging.getLogger(__name__)
 
 
-def make_app(app_id: str, bootstrap: str, partitions: int, store: str = "memory://",
-             max_message_bytes: int = PAYLOAD_MAX_MESSAGE_BYTES) -> faust.App:
+def faust_credentials(cluster: Cluster) -> faust.types.auth.CredentialsT | None:
+    """faust's ``broker_credentials`` for ``cluster`` (None: PLAINTEXT)."""
+    if cluster.sasl_mechanism is not None:
+        return faust.SASLCredentials(username=cluster.sasl_username, password=cluster.sasl_password,
+                                     mechanism=cluster.sasl_mechanism, ssl_context=cluster.ssl_context())
+    if cluster.uses_ssl:
+        return faust.SSLCredentials(cluster.ssl_context())
+    return None
+
+
+def make_app(app_id: str, bootstrap: Bootstrap, partitions: int, kafka: KafkaConfig,
+             store: str = "memory://") -> faust.App:
+    """A stage's faust app on ``bootstrap`` (a Cluster: its security too), its topics
+    replicated as ``kafka.replication_factor`` says (faust's own internal topics included) and
+    its tables with ``kafka.table_standby_replicas`` standbys; clients sized by
+    ``kafka.max_message_bytes``."""
+    cluster = as_cluster(bootstrap)
     # faust wants a data dir even for memory tables; keep it out of the working directory
     datadir = Path(tempfile.gettempdir()) / "rollstream-faust" / f"{app_id}-{os.getpid()}"
     datadir.parent.mkdir(parents=True, exist_ok=True)
     return StageApp(
         app_id,
         datadir=datadir,
-        broker=f"kafka://{bootstrap}",
+        broker=[f"kafka://{server}" for server in cluster.servers],
+        broker_credentials=faust_credentials(cluster),
         store=store,
         key_serializer="raw",
         value_serializer="raw",
         topic_partitions=partitions,
-        topic_replication_factor=1,
-        table_standby_replicas=0,
+        topic_replication_factor=replication_factor(cluster, kafka.replication_factor),
+        table_standby_replicas=kafka.table_standby_replicas,
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
         web_enabled=False,
@@ -39,8 +58,8 @@ def make_app(app_id: str, bootstrap: str, partitions: int, store: str = "memory:
         # a killed worker's partitions move after this long (faust's default is 60 s)
         broker_session_timeout=20.0,
         # sized like every client (kafka.max_message_bytes): the group queue reads payloads
-        producer_max_request_size=max_message_bytes,
-        consumer_max_fetch_size=max_message_bytes,
+        producer_max_request_size=kafka.max_message_bytes,
+        consumer_max_fetch_size=kafka.max_message_bytes,
         # every event writes a table value and one or more events: batching them for 10 ms cut
         # the group queue's CPU per trajectory by a third (benchmarks/agentic.py)
         producer_linger=0.01,

@@ -17,6 +17,7 @@ import faust
 
 from rollstream.config import AgenticConfig
 from rollstream.kafka import names
+from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.topics import Topics
 from rollstream.policy.versions import STALENESS_VERSION_MAX_AGE_S, PolicyVersionWatcher
 from rollstream.runtime import now_ms
@@ -29,11 +30,11 @@ log = logging.getLogger(__name__)
 TICK_INTERVAL_S = 1.0
 
 
-def build_group_queue_app(config: AgenticConfig, bootstrap: str, store: str = "memory://",
+def build_group_queue_app(config: AgenticConfig, bootstrap: Bootstrap, store: str = "memory://",
                           tick_interval_s: float = TICK_INTERVAL_S) -> faust.App:
     topics = Topics(config.kafka.topic_prefix)
     partitions = config.kafka.partitions
-    app = make_app(names.app_id(topics, names.GROUP_QUEUE_APP), bootstrap, partitions, store, config.kafka.max_message_bytes)
+    app = make_app(names.app_id(topics, names.GROUP_QUEUE_APP), bootstrap, partitions, config.kafka, store)
     emit = Emitter(app, topics, "group-queue")
     source = app.topic(topics.trajectories, topics.episodes_control, key_type=bytes, value_type=bytes,
                        key_serializer="raw", value_serializer="raw", partitions=partitions)

@@ -10,10 +10,11 @@ from kafka import TopicPartition
 
 from rollstream.exceptions import TopicNotFound
 from rollstream.kafka.clients import reader_consumer
+from rollstream.kafka.cluster import Bootstrap
 from rollstream.tools.replay import Record, Selection, replay
 
 
-def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> Iterator[Record]:
+def read_topic(bootstrap: Bootstrap, topic: str, timeout_s: float = 30.0) -> Iterator[Record]:
     """Every record of ``topic`` from offset 0 to the end offsets seen at call time (nothing
     when the topic does not exist); gives up after ``timeout_s`` without any record."""
     try:
@@ -23,7 +24,7 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> Iterator[
         return
 
 
-def count_records(bootstrap: str, topic: str) -> int:
+def count_records(bootstrap: Bootstrap, topic: str) -> int:
     """How many records ``topic`` holds (end minus log start offset, summed over partitions; 0
     when it does not exist), from its offsets alone: no record is fetched, so it is how a payload
     topic is counted. Records deleted by retention are not counted; rollstream writes no
@@ -40,7 +41,7 @@ def count_records(bootstrap: str, topic: str) -> int:
         consumer.close()
 
 
-def read_values(bootstrap: str, topic: str) -> list[dict]:
+def read_values(bootstrap: Bootstrap, topic: str) -> list[dict]:
     """Decoded values of every decodable record of ``topic``."""
     return [r.value for r in read_topic(bootstrap, topic) if r.value is not None]
 

@@ -29,6 +29,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from rollstream.exceptions import DecodeError, TopicNotFound
 from rollstream.kafka.clients import reader_consumer
+from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.payloads import PayloadFetcher, RefKey, ref_key
 from rollstream.schemas import decode
 from rollstream.schemas.records import MEMBER_LISTS, is_payload_ref, payload_members, payload_refs
@@ -317,7 +318,7 @@ def parse_time_ms(text: str) -> int:
 
 
 
-def replay(bootstrap: str, topic: str, selection: Selection, *, follow: bool = False,
+def replay(bootstrap: Bootstrap, topic: str, selection: Selection, *, follow: bool = False,
            limit: int | None = None, should_stop: Callable[[], bool] = lambda: False,
            poll_timeout_ms: int = 200, idle_timeout_s: float | None = None,
            payloads: bool = False) -> Iterator[Replayed]:

@@ -24,6 +24,7 @@ matplotlib.use("Agg")  # no display: files only
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.topics import Topics  # noqa: E402
 from rollstream.schemas.records import is_set_aside, is_trajectory_group  # noqa: E402
 from rollstream.tools.readback import filter_decisions, read_values  # noqa: E402
@@ -40,7 +41,7 @@ class RunData:
     versions: list[dict] = field(default_factory=list)
 
     @classmethod
-    def read(cls, bootstrap: str, topics: Topics) -> "RunData":
+    def read(cls, bootstrap: Bootstrap, topics: Topics) -> "RunData":
         return cls(read_values(bootstrap, topics.groups_accepted), read_values(bootstrap, topics.groups_rejected),
                    read_values(bootstrap, topics.batches), read_values(bootstrap, topics.metrics),
                    read_values(bootstrap, topics.policy_versions))
@@ -220,7 +221,7 @@ window.addEventListener("load", function () {{
 """, with_data
 
 
-def write_report(bootstrap: str, topics: Topics, out, title: str) -> tuple[int, int]:
+def write_report(bootstrap: Bootstrap, topics: Topics, out, title: str) -> tuple[int, int]:
     """Read the run, write the page to ``out``; returns (plots, plots with data)."""
     page, with_data = render_html(RunData.read(bootstrap, topics), title)
     Path(out).parent.mkdir(parents=True, exist_ok=True)

@@ -13,13 +13,14 @@ from __future__ import annotations
 import math
 
 from rollstream.config import AgenticConfig, RLVRConfig
+from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.topics import Topics
 from rollstream.schemas.records import is_set_aside
 from rollstream.tools.readback import count_records, filter_decisions, read_values
 from rollstream.tools.stats import pass_at_k
 
 
-def summarize_rlvr(config: RLVRConfig, bootstrap: str, topics: Topics, batches: list[dict], outcome: str,
+def summarize_rlvr(config: RLVRConfig, bootstrap: Bootstrap, topics: Topics, batches: list[dict], outcome: str,
               detail: str, elapsed: float) -> dict:
     """The run summary, derived from the durable events on the topics.
 
@@ -84,7 +85,7 @@ def summarize_rlvr(config: RLVRConfig, bootstrap: str, topics: Topics, batches: 
     }
 
 
-def summarize_agentic(config: AgenticConfig, bootstrap: str, topics: Topics, batches: list[dict], outcome: str,
+def summarize_agentic(config: AgenticConfig, bootstrap: Bootstrap, topics: Topics, batches: list[dict], outcome: str,
                       detail: str, elapsed: float) -> dict:
     """The agentic run summary: the RLVR summary's keys (a prompt is an episode, a response a
     trajectory, a domain an env tag) plus the group queue's own figures.
@@ -200,7 +201,7 @@ TRAINING_KEYS = ("loss", "skipped", "policy_version", "final_mask_mean", "pass_r
                  "train_seconds")
 
 
-def _policy(bootstrap: str, topics: Topics, generated_by: list[int]) -> dict:
+def _policy(bootstrap: Bootstrap, topics: Topics, generated_by: list[int]) -> dict:
     """The policy versions published and how many responses/trajectories each one generated."""
     published = read_values(bootstrap, topics.policy_versions)
     return {"policy_versions_published": sorted({p["version"] for p in published}),

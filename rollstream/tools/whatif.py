@@ -30,6 +30,7 @@ from rollstream.filtering.admission import prompt_length_decision
 from rollstream.filtering.group_filters import filter_group, load_group_filter
 from rollstream.filtering.prompt_state import Decided, DomainFilters, DuplicateResponse, step
 from rollstream.filtering.reasons import ACCEPTED, RejectReason
+from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.topics import Topics
 from rollstream.schemas.records import is_trajectory_group
 from rollstream.tools.readback import read_values
@@ -201,7 +202,7 @@ def whatif_agentic(config: AgenticConfig, decided_groups: Iterable[dict]) -> Wha
     return out
 
 
-def run_whatif(config: Config, bootstrap: str) -> dict:
+def run_whatif(config: Config, bootstrap: Bootstrap) -> dict:
     """Read the recorded topics of ``config``'s prefix and report (nothing is written)."""
     topics = Topics(config.kafka.topic_prefix)
     decided = read_values(bootstrap, topics.groups_accepted) + read_values(bootstrap, topics.groups_rejected)

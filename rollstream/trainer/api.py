@@ -79,6 +79,7 @@ import torch
 from torch import Tensor
 
 from rollstream.kafka import names
+from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.topics import DEFAULT_PREFIX, Topics
 from rollstream.runtime import PAYLOAD_MAX_MESSAGE_BYTES
 from rollstream.trainer.batch import RolloutBatch
@@ -236,7 +237,7 @@ class RolloutStream:
         ValueError: ``groups_per_batch`` < 1 or an unknown ``adv_estimator``.
     """
 
-    def __init__(self, bootstrap: str, run_dir: str | os.PathLike, *, groups_per_batch: int, max_steps: int,
+    def __init__(self, bootstrap: Bootstrap, run_dir: str | os.PathLike, *, groups_per_batch: int, max_steps: int,
                  topic_prefix: str = DEFAULT_PREFIX, min_fill_ratio: float = 1.0, adv_estimator: str = "grpo",
                  max_staleness: int | None = None, pad_token_id: int = 0, group_id: str | None = None,
                  max_message_bytes: int = PAYLOAD_MAX_MESSAGE_BYTES, resume: Mapping | None = None,
@@ -275,7 +276,7 @@ class RolloutStream:
         self._batches = self._loop.batches()
 
     @classmethod
-    def from_config(cls, config, bootstrap: str, run_dir: str | os.PathLike, **kwargs) -> "RolloutStream":
+    def from_config(cls, config, bootstrap: Bootstrap, run_dir: str | os.PathLike, **kwargs) -> "RolloutStream":
         """A stream for a pipeline config (RLVR or agentic): its groups per batch, ``max_steps``,
         topic prefix, ``min_fill_ratio``, ``adv_estimator``, ``max_staleness`` and
         ``kafka.max_message_bytes``; ``kwargs`` add or override constructor arguments."""

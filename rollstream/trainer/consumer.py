@@ -57,6 +57,7 @@ from rollstream.filtering.decision import Decision
 from rollstream.filtering.reasons import RejectReason
 from rollstream.filtering.staleness import stale_decision
 from rollstream.kafka.clients import assigned_consumer, commit_offsets, make_producer
+from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.events import dead_letter
 from rollstream.kafka.offsets import OffsetTracker
 from rollstream.kafka.payloads import Fetched, PayloadFetcher, ref_key
@@ -137,7 +138,7 @@ class BatchBuilder:
 
     def __init__(
         self,
-        bootstrap: str,
+        bootstrap: Bootstrap,
         topics: Topics,
         rollout_batch_size: int,
         group_id: str = "rollstream-trainer",

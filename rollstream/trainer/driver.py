@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from rollstream.config import Config
+from rollstream.kafka.cluster import Bootstrap
 from rollstream.policy.model import resolve_device
 from rollstream.trainer.api import RolloutStream
 from rollstream.trainer.checkpoint import CheckpointStore
@@ -39,7 +40,7 @@ def policy_trainer(config: Config, checkpoint_dir: Path) -> PolicyTrainer | None
     return PolicyTrainer.from_config(config, CheckpointStore(checkpoint_dir, config.actor_train.keep_checkpoints))
 
 
-def run_trainer(config: Config, bootstrap: str, run_dir: Path, *, deadline: float | None = None,
+def run_trainer(config: Config, bootstrap: Bootstrap, run_dir: Path, *, deadline: float | None = None,
                 check: Callable[[], None] = lambda: None,
                 on_progress: Callable[[LoopResult, int], None] = lambda result, buffered: None,
                 should_stop: Callable[[], bool] = lambda: False) -> LoopResult:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from rollstream.kafka.clients import make_producer
+from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.topics import Topics
 from rollstream.observability.metrics import step_metrics
 from rollstream.policy.versions import POLICY_KEY
@@ -15,7 +16,7 @@ from rollstream.schemas import encode
 class PolicyPublisher:
     """The trainer's side: publishes a PolicyVersion and waits for the broker's acknowledgement."""
 
-    def __init__(self, bootstrap: str, topics: Topics) -> None:
+    def __init__(self, bootstrap: Bootstrap, topics: Topics) -> None:
         self.topics = topics
         self.worker = worker_id("trainer")
         self.producer = make_producer(bootstrap, client_id=self.worker)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from rollstream.exceptions import RollstreamError
 from rollstream.kafka.clients import reader_consumer
+from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.topics import Topics
 from rollstream.schemas import decode
 
@@ -40,7 +41,7 @@ class _Tail:
     """Reads a topic from its start without a consumer group; ``new()`` returns the decodable
     events that arrived since the last call, without waiting."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, bootstrap: Bootstrap, topic: str) -> None:
         self.consumer = reader_consumer(bootstrap, topic)
 
     def new(self) -> list[tuple[str, dict]]:
@@ -60,7 +61,7 @@ class _Tail:
 class BatchEvents(_Tail):
     """Tails the ``batches`` topic for the admission's verdicts."""
 
-    def __init__(self, bootstrap: str, topics: Topics) -> None:
+    def __init__(self, bootstrap: Bootstrap, topics: Topics) -> None:
         super().__init__(bootstrap, topics.batches)
 
     def verdicts(self) -> list[dict]:
@@ -79,7 +80,7 @@ class AgenticBatchEvents(_Tail):
     ``underfilled`` verdict per step is returned, shaped like the admission's ``Batch`` event.
     """
 
-    def __init__(self, bootstrap: str, topics: Topics, config, builder) -> None:
+    def __init__(self, bootstrap: Bootstrap, topics: Topics, config, builder) -> None:
         super().__init__(bootstrap, topics.episodes_outcomes)
         self.num_groups = config.train_env_manager.num_env_groups
         self.target = config.groups_per_batch

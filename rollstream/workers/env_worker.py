@@ -26,6 +26,7 @@ from kafka.errors import CommitFailedError
 
 from rollstream.exceptions import EncodeError
 from rollstream.kafka.clients import commit_offsets
+from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.events import Output, Send, SourceRecord, dead_letter, decode_expected, fit, too_large_error
 from rollstream.kafka.offsets import OffsetTracker
 from rollstream.kafka.topics import Topics
@@ -87,7 +88,7 @@ class EnvWorker(PartitionWorker):
     def __init__(
         self,
         *,
-        bootstrap: str,
+        bootstrap: Bootstrap,
         topics: Topics,
         backend: GenerationBackend,
         temperature: float = 1.0,
@@ -229,7 +230,7 @@ class EnvWorker(PartitionWorker):
 
 
 def run_env_worker(
-    bootstrap: str,
+    bootstrap: Bootstrap,
     topics: Topics,
     config: Any = None,
     *,

@@ -11,6 +11,7 @@ import time
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
+from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.events import Input, Output, Send, fit, too_large_error
 from rollstream.kafka.topics import Topics
 from rollstream.kafka.worker import EventWorker
@@ -161,7 +162,7 @@ def error_response(record: Mapping, error: str) -> dict:
 
 
 def run_generation_worker(
-    bootstrap: str,
+    bootstrap: Bootstrap,
     topics: Topics,
     params: SamplingParams,
     backend: str | GenerationBackend = "transformers",

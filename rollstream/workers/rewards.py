@@ -57,6 +57,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 from rollstream.config.reward_functions import info_keys, is_builtin, load_reward_function
 from rollstream.filtering.reasons import RejectReason
 from rollstream.filtering.response_filters import BLANK_TEXT, REWARD_FAILURE
+from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.events import Input, Output
 from rollstream.kafka.topics import Topics
 from rollstream.kafka.worker import EventWorker
@@ -479,7 +480,7 @@ class RewardWorker:
 
 
 def run_reward_worker(
-    bootstrap: str,
+    bootstrap: Bootstrap,
     topics: Topics,
     domain_reward_fns: Mapping[str, str | RewardSpec],
     group_id: str = "rollstream-reward",

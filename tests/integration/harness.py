@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Callable
 
 import yaml
-from kafka import KafkaConsumer, TopicPartition
+from kafka import TopicPartition
 
 from rollstream.app.processes import StageProcesses
 from rollstream.app.stages import Stage
-from rollstream.kafka.clients import make_producer, wait_for_partitions
+from rollstream.kafka.clients import make_producer, reader_consumer, wait_for_partitions
 from rollstream.kafka.payloads import PayloadWriter
 from rollstream.kafka.topics import Topics
 from rollstream.schemas import decode, encode
@@ -23,8 +23,9 @@ from rollstream.tools.readback import read_values
 
 DOMAIN = "synth"
 
-# (prompt_id, sample_index, round) -> (response_level_reward, finish_reason)
-Script = Callable[[str, int, int], tuple[float, str]]
+# (prompt_id, sample_index, round) -> (response_level_reward, finish_reason), or None: the sample
+# is never answered (a lost response)
+Script = Callable[[str, int, int], tuple[float, str] | None]
 
 
 def write_config(tmp_path: Path, topics: Topics, partitions: int, **overrides) -> Path:
@@ -146,7 +147,7 @@ class Responder(threading.Thread):
         self.stop_event = threading.Event()
 
     def run(self) -> None:
-        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, auto_offset_reset="earliest")
+        consumer = reader_consumer(self.bootstrap)
         consumer.assign([TopicPartition(self.topic, p) for p in wait_for_partitions(consumer, self.topic)])
         producer = make_producer(self.bootstrap)
         try:
@@ -179,8 +180,10 @@ class SyntheticRollout(Responder):
             records = []
             for i in range(req["num_return_sequences"]):
                 index = req["sample_offset"] + i
-                reward, finish = script(req["prompt_id"], index, req["round"])
-                records.append(response(req["prompt_id"], index, req["round"], reward, finish, mode=req["mode"]))
+                scripted = script(req["prompt_id"], index, req["round"])
+                if scripted is not None:
+                    reward, finish = scripted
+                    records.append(response(req["prompt_id"], index, req["round"], reward, finish, mode=req["mode"]))
             return [(topics.responses_rewarded, key, "RewardedResponse", rec) for rec in self.publisher.refer(records)]
 
         super().__init__(bootstrap, topics.generation_requests, answer)
