@@ -51,9 +51,6 @@ def run_faust_app(app: faust.App) -> None:
     # loggers speak at INFO; faust, mode and the Kafka clients only from WARNING (chatty).
     for name in ("faust", "mode", "aiokafka", "kafka"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    if os.environ.get("XDEBUG_FAUST"):
-        for name in ("faust", "aiokafka"):
-            logging.getLogger(name).setLevel(logging.DEBUG)
     faust.Worker(app, loglevel="INFO", quiet=True).execute_from_commandline()
 
 
