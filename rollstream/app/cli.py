@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.live import Live
 
-from rollstream.app.render import print_whatif, replay_row, replay_table, stats_table
+from rollstream.app.render import print_audit, print_whatif, replay_row, replay_table, stats_table
 from rollstream.exceptions import RollstreamError
 from rollstream.kafka.admin import check_copartitioned, create_pipeline_topics, wait_for_broker
 from rollstream.kafka.broker import DEFAULT_DATA_DIR, daemon_status, start_daemon, stop_daemon
@@ -357,6 +357,37 @@ def report(
     console.print(f"wrote {out} ({plots} plots, {with_data} with data)")
     if with_data == 0:
         err.print(f"[yellow]warning:[/] nothing recorded under prefix {prefix or cfg.kafka.topic_prefix!r}")
+
+
+@app.command()
+def audit(
+    config: Path = typer.Option(..., "--config", "-c", help="The run's config (its kafka.topic_prefix names the topics)."),
+    bootstrap: str = typer.Option(..., "--bootstrap", "-b"),
+    prefix: Optional[str] = typer.Option(None, "--prefix", help="Topic prefix, if not the config's."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="The run's folder (default runs/<name>): its "
+                                           "trainer manifest batches.jsonl, when there is one."),
+    no_dead_letters: bool = typer.Option(False, "--no-dead-letters", help="Fail when there is any dead letter."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the report here."),
+) -> None:
+    """Check a run's invariants from its topics and manifest; exit code 1 when one fails."""
+    from rollstream.config import AgenticConfig
+    from rollstream.tools.audit import audit_summary, run_audit
+
+    cfg = _config(config)
+    cluster = _reach(bootstrap, cfg)
+    manifest = (run_dir or Path("runs") / cfg.name) / "batches.jsonl"
+    try:
+        report = run_audit(cluster, Topics(prefix or cfg.kafka.topic_prefix), isinstance(cfg, AgenticConfig),
+                           manifest, fail_on_dead_letters=no_dead_letters)
+    except (RollstreamError, ValueError) as exc:
+        _fail(exc)
+    print_audit(report.pipeline, audit_summary(report), report.counts, report.dead_letters, console)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(report.to_json(), indent=2))
+    if not report.ok:
+        err.print(f"[bold red]audit failed:[/] {', '.join(c.name for c in report.failed)}")
+        raise typer.Exit(1)
 
 
 @app.command()

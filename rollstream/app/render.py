@@ -22,6 +22,8 @@ def print_summary(summary: dict, console: Console) -> None:
                 "responses_per_accepted_response", "dead_letters"):
         table.add_row(key, str(summary[key]))
     table.add_row("groups_rejected", ", ".join(f"{k}={v}" for k, v in summary["groups_rejected"].items()) or "-")
+    if summary.get("stage_restarts"):
+        table.add_row("stage restarts", ", ".join(f"{k}={v}" for k, v in summary["stage_restarts"].items()))
     if summary["groups_stale_at_trainer"]:
         table.add_row("accepted, then stale at the trainer", str(summary["groups_stale_at_trainer"]))
     for domain, counts in summary["domains"].items():
@@ -114,3 +116,16 @@ def replay_row(item: Replayed) -> tuple[str, ...]:
         event = f"{event}\n{digest}" if digest else event
     return (str(item.record.partition), str(item.record.offset), when, escape(key), item.record.schema or "-",
             escape(event))
+
+
+def print_audit(pipeline: str, checks: dict, counts: dict, dead_letters: dict, console: Console) -> None:
+    """`rollstream audit`: one row per invariant (ok / FAIL and why), then the counts."""
+    table = Table(title=f"rollstream audit ({pipeline})")
+    table.add_column("check")
+    table.add_column("")
+    table.add_column("detail")
+    for name, (verdict, detail) in checks.items():
+        table.add_row(name, f"[green]{verdict}[/]" if verdict == "ok" else f"[bold red]{verdict}[/]", detail)
+    console.print(table)
+    console.print(", ".join(f"{k}={v}" for k, v in counts.items()))
+    console.print("dead letters: " + (", ".join(f"{k}={v}" for k, v in dead_letters.items()) or "none"))

@@ -60,7 +60,9 @@ def run_pipeline(config: Config, summary_json: Path | None = None, console: Cons
         bootstrap = Cluster.from_config(config.kafka.bootstrap_servers, config.kafka)
         wait_for_broker(bootstrap)
     topics = Topics(config.kafka.topic_prefix)
-    stages = StageProcesses(config_path, bootstrap, run_dir / "logs")
+    stages = StageProcesses(config_path, bootstrap, run_dir / "logs", max_restarts=config.max_stage_restarts,
+                            backoff_s=config.stage_restart_backoff_s,
+                            on_restart=lambda line: console.print(f"[yellow]{line}[/]"))
     try:
         try:
             result = _build(config, bootstrap, topics, stages, run_dir, console, started)
@@ -71,6 +73,7 @@ def run_pipeline(config: Config, summary_json: Path | None = None, console: Cons
         summarize = summarize_agentic if isinstance(config, AgenticConfig) else summarize_rlvr
         summary = summarize(config, bootstrap, topics, result.batches, result.outcome, result.detail,
                             time.monotonic() - started)
+        summary["stage_restarts"] = dict(stages.restarts)
     finally:
         if broker is not None:
             broker.stop()
@@ -98,10 +101,17 @@ def _build(config: Config, bootstrap: Cluster, topics: Topics, stages: StageProc
                   console=console) as progress:
         bar = progress.add_task("filling batches", total=target)
 
+        shown: list[tuple[int, int]] = []
+
         def show(result: LoopResult, buffered: int) -> None:
             done = sum(b["accepted_groups"] for b in result.batches)
             last = f"batch {result.batches[-1]['step']} built" if result.batches else "filling batches"
             progress.update(bar, completed=min(target, done + buffered), description=last)
+            if shown[-1:] != [(done + buffered, len(result.batches))]:  # for operators and fault tests
+                shown[:] = [(done + buffered, len(result.batches))]
+                tmp = run_dir / "progress.json.tmp"
+                tmp.write_text(json.dumps({"groups_accepted": done + buffered, "batches": len(result.batches)}))
+                tmp.replace(run_dir / "progress.json")
 
         metrics = start_metrics("trainer", bootstrap, topics)
         try:

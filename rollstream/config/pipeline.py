@@ -38,6 +38,13 @@ class PipelineConfig(FrozenModel):
         description="An underfilled batch (RLVR: the resampling budget is spent; agentic: every group id is spent) "
                     "ships partial if accepted/target >= this, else the run fails.")
     time_limit_s: float = Field(900.0, gt=0, description="Wall-clock bound of `rollstream run`.")
+    max_stage_restarts: int = Field(
+        3, ge=0, le=100, description="`rollstream run`: a stage process that dies is restarted (from its committed "
+                                     "offsets and changelog state) up to this many times per stage; one more death "
+                                     "ends the run stage_failed.")
+    stage_restart_backoff_s: float = Field(
+        1.0, ge=0.0, le=600.0, description="`rollstream run`: wait before a stage's first restart, doubled for each "
+                                           "later one.")
     adv_estimator: Literal["grpo", "dr_grpo", "rloo"] = Field(
         "grpo", description="Advantage of each response from its group's rewards: grpo (r - mean) / (std + eps); "
                             "dr_grpo r - mean (Dr. GRPO, no std normalisation); rloo r - mean of the others "

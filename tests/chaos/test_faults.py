@@ -1,0 +1,33 @@
+"""The fault suite's CI subset (``make chaos`` runs every fault): each run completes, the audit
+passes (nothing accepted lost or trained twice) and no dead letter exists. Durations are
+reported by ``make chaos`` (runs/chaos/results.json)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.chaos.faults import PROMPTS, pipeline_run, synthetic_run
+
+pytestmark = pytest.mark.integration
+
+CI_FAULTS = ("kill:aggregator", "kill:trainer", "broker")
+
+
+@pytest.mark.parametrize("fault", CI_FAULTS)
+def test_a_fault_mid_run_loses_nothing_and_trains_nothing_twice(fault, kafka_broker, tmp_path):
+    result = synthetic_run(tmp_path, fault, None if fault == "broker" else kafka_broker)
+    assert result.fault_at_s is not None, result  # the fault came mid-run
+    assert (result.outcome, result.failed_checks, result.dead_letters) == ("end_of_data", [], {}), result
+    assert {k: result.counts[k] for k in ("prompts_decided", "groups_accepted", "groups_trained")} == {
+        "prompts_decided": PROMPTS, "groups_accepted": PROMPTS, "groups_trained": PROMPTS}
+    if fault.startswith("kill:"):
+        assert result.stage_restarts == {fault.split(":")[1]: 1}
+
+
+@pytest.mark.e2e
+def test_a_stage_killed_inside_rollstream_run_is_restarted_and_the_run_completes(kafka_broker, tmp_path):
+    result = pipeline_run(tmp_path, "pipeline:generation", kafka_broker)
+    assert result.fault_at_s is not None, result
+    assert (result.outcome, result.failed_checks, result.dead_letters) == ("complete", [], {}), result
+    assert result.stage_restarts == {"generation": 1}
+    assert result.counts["groups_trained"] == 4 and result.counts["duplicate_group_events"] >= 0
