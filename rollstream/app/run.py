@@ -101,17 +101,10 @@ def _build(config: Config, bootstrap: Cluster, topics: Topics, stages: StageProc
                   console=console) as progress:
         bar = progress.add_task("filling batches", total=target)
 
-        shown: list[tuple[int, int]] = []
-
         def show(result: LoopResult, buffered: int) -> None:
             done = sum(b["accepted_groups"] for b in result.batches)
             last = f"batch {result.batches[-1]['step']} built" if result.batches else "filling batches"
             progress.update(bar, completed=min(target, done + buffered), description=last)
-            if shown[-1:] != [(done + buffered, len(result.batches))]:  # for operators and fault tests
-                shown[:] = [(done + buffered, len(result.batches))]
-                tmp = run_dir / "progress.json.tmp"
-                tmp.write_text(json.dumps({"groups_accepted": done + buffered, "batches": len(result.batches)}))
-                tmp.replace(run_dir / "progress.json")
 
         metrics = start_metrics("trainer", bootstrap, topics)
         try:

@@ -133,7 +133,7 @@ def _run(stage: Stage, config: Config, bootstrap: Bootstrap, topics: Topics, max
                               max_idle_s=max_idle_s, instance=instance, instances=instances,
                               backend_kwargs=backend_kwargs(config),
                               max_message_bytes=config.kafka.max_message_bytes,
-                              compression_type=config.kafka.compression_type)
+                              compression_type=config.kafka.compression_type, domains=config.rewards)
     elif stage is Stage.reward:
         from rollstream.workers.rewards import RewardSpec, run_reward_worker
 

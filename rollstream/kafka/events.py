@@ -11,6 +11,7 @@ from rollstream.exceptions import DecodeError, UnknownFingerprintError
 from rollstream.kafka.topics import Topics
 from rollstream.runtime import now_ms
 from rollstream.schemas import decode, encode
+from rollstream.schemas.validation import check_event
 
 TOO_LARGE = "too_large"
 """Dead-letter reason of an event above ``kafka.max_message_bytes``, and the prefix of the
@@ -67,8 +68,9 @@ def decode_expected(value: bytes | None, expected: Sequence[str], where: str = "
 
     Returns ``(schema, record, None)``, or ``(None, None, (reason, error))`` with the dead-letter
     reason every stage uses: ``unknown_schema`` (a fingerprint no schema here has),
-    ``undecodable`` (not a single-object Avro event) or ``invalid_event`` (another schema;
-    ``where`` is added to the message, e.g. " on <topic>").
+    ``undecodable`` (not a single-object Avro event) or ``invalid_event`` (another schema, or a
+    record rollstream.schemas.validation.check_event refuses; ``where`` is added to the message,
+    e.g. " on <topic>").
     """
     try:
         schema, record = decode(value or b"")
@@ -78,6 +80,9 @@ def decode_expected(value: bytes | None, expected: Sequence[str], where: str = "
         return None, None, ("undecodable", str(exc))
     if schema not in expected:
         return None, None, ("invalid_event", f"expected {' or '.join(expected)}{where}, got {schema}")
+    problem = check_event(schema, record)
+    if problem is not None:
+        return None, None, ("invalid_event", f"{schema}{where}: {problem}")
     return schema, record, None
 
 

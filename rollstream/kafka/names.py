@@ -13,8 +13,9 @@ if TYPE_CHECKING:
 
 ADMISSION_APP = "admission"
 AGGREGATOR_APP = "aggregator"
-ADMISSION_TABLE = "admission-state"  # one key, ADMISSION_KEY, on partition 0
+ADMISSION_TABLE = "admission-state"  # ADMISSION_KEY and the seen prompt ids, on partition 0
 ADMISSION_KEY = b"admission"
+ADMISSION_SEEN_PREFIX = b"seen:"  # + prompt_id -> the offset on `prompts` it was admitted from
 PROMPT_STATE_TABLE = "prompt-state"  # prompt_id -> PromptState + accepted response bytes
 GROUP_QUEUE_APP = "group-queue"
 GROUP_QUEUE_TABLE = "group-queues"  # see rollstream.streams.group_queue_processor

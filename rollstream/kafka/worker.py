@@ -97,20 +97,22 @@ class PartitionWorker:
 class EventWorker(PartitionWorker):
     """Run ``handler`` over ``input_topic`` until stopped (partitions: see PartitionWorker).
 
-    ``expected_schema`` names the only schema the handler accepts; anything else is
-    dead-lettered with reason ``invalid_event``. A handler exception dead-letters the whole batch
-    with reason ``handler_error`` (bytes kept), and the worker goes on.
+    ``expected_schema`` names the only schema the handler accepts; anything else, and (with
+    ``domains``) an event of a reward domain the run does not have, is dead-lettered with reason
+    ``invalid_event``. A handler exception dead-letters the whole batch with reason
+    ``handler_error`` (bytes kept), and the worker goes on.
     """
 
     def __init__(self, *, bootstrap: Bootstrap, topics: Topics, input_topic: str, group_id: str, expected_schema: str,
                  handler: BatchHandler, stage: str, max_batch: int = 16, poll_timeout_ms: int = 200,
                  instance: int = 0, instances: int = 1, max_message_bytes: int = PAYLOAD_MAX_MESSAGE_BYTES,
-                 compression_type: str = "none") -> None:
+                 compression_type: str = "none", domains: Iterable[str] | None = None) -> None:
         super().__init__(bootstrap=bootstrap, topics=topics, input_topic=input_topic, group_id=group_id, stage=stage,
                          max_poll_records=max_batch, poll_timeout_ms=poll_timeout_ms, instance=instance,
                          instances=instances, max_message_bytes=max_message_bytes,
                          compression_type=compression_type)
         self.expected_schema = expected_schema
+        self.domains = None if domains is None else frozenset(domains)
         self.handler = handler
         self.max_batch = max_batch
         self.processed = 0
@@ -118,6 +120,9 @@ class EventWorker(PartitionWorker):
 
     def _decode(self, msg) -> tuple[Input | None, Output | None]:
         schema, record, problem = decode_expected(msg.value, (self.expected_schema,))
+        if problem is None and self.domains is not None and record.get("domain") not in self.domains:
+            problem = ("invalid_event", f"unknown domain {str(record.get('domain'))[:100]!r}; "
+                                        f"configured: {sorted(self.domains)}")
         if problem is None:
             return Input(schema, record, msg.topic, msg.partition, msg.offset, msg.key, msg.value), None
         return None, dead_letter(self.topics, msg, *problem, self.worker)

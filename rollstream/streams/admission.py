@@ -70,8 +70,8 @@ def default_tokenize(model_path: str | None = None) -> Tokenize:
 def read_train_prompts(bootstrap: Bootstrap, topic: str, end_offset: int, domains: set[str],
                        timeout_s: float = 60.0) -> list[dict]:
     """The train Prompt records of ``domains`` at offsets below ``end_offset`` on partition 0 of
-    ``topic``, in topic order (what each later epoch re-reads; undecodable events, validation
-    prompts and unknown domains were never admitted and are skipped). Raises TimeoutError when
+    ``topic``, in topic order (what each later epoch re-reads; undecodable or malformed events,
+    validation prompts, unknown domains and repeated ids were never admitted and are skipped). Raises TimeoutError when
     the broker does not deliver them within ``timeout_s``."""
     consumer = reader_consumer(bootstrap)
     tp = TopicPartition(topic, 0)
@@ -79,6 +79,7 @@ def read_train_prompts(bootstrap: Bootstrap, topic: str, end_offset: int, domain
         consumer.assign([tp])
         consumer.seek_to_beginning(tp)  # the earliest offset the topic still holds
         out: list[dict] = []
+        seen: set[str] = set()  # a repeated id was dead-lettered as a duplicate: admitted once
         deadline = time.monotonic() + timeout_s
         while consumer.position(tp) < end_offset:
             if time.monotonic() > deadline:
@@ -87,7 +88,9 @@ def read_train_prompts(bootstrap: Bootstrap, topic: str, end_offset: int, domain
                 if message.offset >= end_offset:
                     break
                 _, record, problem = decode_expected(message.value, ("Prompt",))
-                if problem is None and record.get("mode", "train") == "train" and record["domain"] in domains:
+                if (problem is None and record.get("mode", "train") == "train" and record["domain"] in domains
+                        and record["prompt_id"] not in seen):
+                    seen.add(record["prompt_id"])
                     out.append(record)
         return out
     finally:
@@ -147,7 +150,7 @@ def build_admission_app(config: RLVRConfig, bootstrap: Bootstrap, tokenize: Toke
     outcomes = raw_topic(app, topics.prompt_outcomes, 1)
     # use_partitioner: the epochs task saves the state outside any event (one partition anyway)
     table = app.Table(names.ADMISSION_TABLE, default=None, partitions=1, key_type=bytes, value_type=bytes,
-                      use_partitioner=True, help="the single AdmissionState (credits, step, budget, epoch)")
+                      use_partitioner=True, help="the AdmissionState (credits, step, budget, epoch) and the seen prompt ids")
     credit = asyncio.Event()
     metrics = process_metrics()
     prompt_filter, prompt_filter_hash = core.prompt_filter_config(config.prompt_length)
@@ -184,11 +187,24 @@ def build_admission_app(config: RLVRConfig, bootstrap: Bootstrap, tokenize: Toke
         if record["domain"] not in config.rewards:
             await emit.dead_letter(event, "invalid_event", f"unknown domain {record['domain']!r}")
             return
-        await admit_prompt(record, replay=False)
+        seen = table.get(seen_key(record["prompt_id"]))
+        if seen is not None and int(seen) == offset:  # redelivered after a restart: admitted already
+            log.info("prompt %s at offset %d: already admitted", record["prompt_id"], offset)
+            return
+        if seen is not None:
+            await emit.dead_letter(event, "invalid_event", f"duplicate prompt_id {record['prompt_id']!r}: admitted "
+                                   f"at offset {int(seen)} already (prompt ids must be unique per run)")
+            return
+        await admit_prompt(record, replay=False, offset=offset)
 
-    async def admit_prompt(prompt: dict, replay: bool) -> None:
+    def seen_key(prompt_id: str) -> bytes:
+        return names.ADMISSION_SEEN_PREFIX + prompt_id.encode()
+
+    async def admit_prompt(prompt: dict, replay: bool, offset: int | None = None) -> None:
         """Wait for a credit, then admit ``prompt`` or reject it before generation; ``replay``:
-        it is the next prompt of a later epoch (its position is saved with the decision)."""
+        it is the next prompt of a later epoch (its position is saved with the decision);
+        ``offset``: where a first read found it on ``prompts``, recorded with the decision so a
+        later event with its id is told apart as a redelivery (same offset) or a duplicate."""
         mode = prompt.get("mode", "train")
         if not tokenizer:  # the epochs task may start before the prompts agent loaded it
             tokenizer.append(default_tokenize(config.infer_model_path))
@@ -202,6 +218,8 @@ def build_admission_app(config: RLVRConfig, bootstrap: Bootstrap, tokenize: Toke
                 pass
         if replay:
             state = core.take_replay(state, limits)
+        if offset is not None:
+            table[seen_key(prompt["prompt_id"])] = str(offset).encode()
         verdict = core.prompt_length_decision(len(prompt_ids), config.prompt_length)
         if verdict is not None:
             state = core.reject_before_generation(state, verdict.reason, mode)

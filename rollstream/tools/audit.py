@@ -27,8 +27,7 @@ from typing import Iterable, Mapping
 from rollstream.filtering.reasons import RejectReason
 from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.topics import Topics
-from rollstream.schemas.records import is_trajectory_group
-from rollstream.tools.readback import read_values
+from rollstream.tools.readback import read_topic
 from rollstream.trainer.manifest import Manifest
 
 TRAINER_REJECTIONS = {RejectReason.STALE.value, RejectReason.PAYLOAD_EXPIRED.value}
@@ -191,16 +190,25 @@ def run_audit(bootstrap: Bootstrap, topics: Topics, agentic: bool, manifest: Pat
               fail_on_dead_letters: bool = False) -> AuditReport:
     """Read a run's topics (and its manifest, when the file exists) and audit them."""
     manifest_keys = Manifest(manifest).load().group_keys if manifest is not None and Path(manifest).exists() else None
-    read = lambda name: read_values(bootstrap, name)  # noqa: E731
-    groups = {name: [g for g in read(name) if is_trajectory_group(g) == agentic]
-              for name in (topics.groups_accepted, topics.groups_rejected, topics.groups_validation)}
-    common = dict(accepted=groups[topics.groups_accepted], rejected=groups[topics.groups_rejected],
-                  validation=groups[topics.groups_validation], batches=read(topics.batches),
-                  manifest_keys=manifest_keys, dead_letters=read(topics.dead_letter),
-                  fail_on_dead_letters=fail_on_dead_letters)
+
+    dead = [r.value for r in read_topic(bootstrap, topics.dead_letter) if r.schema == "DeadLetter"]
+    refused = {(d["source_topic"], d["partition"], d["offset"]) for d in dead}
+
+    def read(name: str, schema: str) -> list[dict]:
+        """The ``schema`` events of topic ``name`` that took effect: an event its consumer
+        dead-lettered (another schema, or a malformed one) did not, and is listed with the dead
+        letters instead."""
+        return [r.value for r in read_topic(bootstrap, name)
+                if r.schema == schema and (r.topic, r.partition, r.offset) not in refused]
+
+    group = "TrajectoryGroup" if agentic else "Group"
+    common = dict(accepted=read(topics.groups_accepted, group), rejected=read(topics.groups_rejected, group),
+                  validation=read(topics.groups_validation, group), batches=read(topics.batches, "Batch"),
+                  manifest_keys=manifest_keys, dead_letters=dead, fail_on_dead_letters=fail_on_dead_letters)
     if agentic:
-        return audit_agentic(read(topics.episodes_requests), **common)
-    return audit_rlvr(read(topics.generation_requests), read(topics.prompt_outcomes), **common)
+        return audit_agentic(read(topics.episodes_requests, "EpisodeRequest"), **common)
+    return audit_rlvr(read(topics.generation_requests, "GenerationRequest"),
+                      read(topics.prompt_outcomes, "PromptOutcome"), **common)
 
 
 def audit_summary(report: AuditReport) -> Mapping:

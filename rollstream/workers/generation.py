@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.events import Input, Output, Send, fit, too_large_error
@@ -174,14 +174,15 @@ def run_generation_worker(
     instances: int = 1,
     max_message_bytes: int = PAYLOAD_MAX_MESSAGE_BYTES,
     compression_type: str = "none",
+    domains: Iterable[str] | None = None,
 ) -> EventWorker:
     """Consume ``generation.requests``, produce ``responses`` until stopped (SIGTERM/SIGINT)
     or idle for ``max_idle_s``. ``max_batch`` caps requests per poll (each may ask for many
     samples); ``instance``/``instances`` select this process's partitions (see EventWorker).
     ``max_message_bytes`` (``kafka.max_message_bytes``) bounds one Response (larger ones become
     error Responses, see GenerationWorker); ``compression_type`` (``kafka.compression_type``)
-    compresses the payload producer's batches.
-    The worker follows ``policy.versions`` (PolicyFollower). Returns the finished EventWorker
+    compresses the payload producer's batches; ``domains``: the run's reward domains (a request
+    of another one is dead-lettered, never generated). The worker follows ``policy.versions`` (PolicyFollower). Returns the finished EventWorker
     (its ``processed``/``dead_lettered`` counts). Raises ConfigError for an unknown backend name."""
     engine = make_backend(backend, **(backend_kwargs or {})) if isinstance(backend, str) else backend
     policy = PolicyFollower(PolicyVersionWatcher(bootstrap, topics), engine)
@@ -199,6 +200,7 @@ def run_generation_worker(
         instances=instances,
         max_message_bytes=max_message_bytes,
         compression_type=compression_type,
+        domains=domains,
     )
     handler.worker = worker.worker
     worker.install_signal_handlers()

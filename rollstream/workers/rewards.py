@@ -505,6 +505,7 @@ def run_reward_worker(
             bootstrap=bootstrap, topics=topics, input_topic=topics.responses, group_id=group_id,
             expected_schema="Response", handler=handler, stage="reward", max_batch=max_batch,
             instance=instance, instances=instances, max_message_bytes=max_message_bytes,
+            domains=domain_reward_fns,  # a response of another domain is dead-lettered where it enters
         )
         worker.install_signal_handlers()
         worker.run(max_idle_s=max_idle_s)

@@ -192,8 +192,8 @@ PIPELINE_CONFIGS = {"rlvr": REPO / "tests" / "chaos" / "rlvr_small.yaml",
 
 def pipeline_run(workdir: Path, fault: str, bootstrap, timeout_s: float = 900.0) -> FaultResult:
     """``rollstream run`` of a small real config on ``bootstrap`` with the stage of
-    ``pipeline:<stage>`` SIGKILLed once the first group is accepted (rollstream run's supervisor
-    restarts it)."""
+    ``pipeline:<stage>`` SIGKILLed once the first payloads are written (two responses or
+    trajectories: the run is under way); rollstream run's supervisor restarts it."""
     stage = fault.split(":", 1)[1]
     kind = "agentic" if stage in ("group-queue", "env") else "rlvr"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -203,6 +203,8 @@ def pipeline_run(workdir: Path, fault: str, bootstrap, timeout_s: float = 900.0)
     config_path = workdir / "config.yaml"
     config_path.write_text(yaml.safe_dump(raw))
     run_dir = workdir / "runs" / raw["name"]
+    topics = Topics(raw["kafka"]["topic_prefix"])
+    payloads = topics.trajectories if kind == "agentic" else topics.responses
     started = time.monotonic()
     fault_at, detail = None, ""
     with open(workdir / "run.log", "wb") as log:
@@ -211,7 +213,7 @@ def pipeline_run(workdir: Path, fault: str, bootstrap, timeout_s: float = 900.0)
     try:
         deadline = time.monotonic() + timeout_s
         while proc.poll() is None and time.monotonic() < deadline:
-            if fault_at is None and _accepted_in_run(run_dir) >= 1:
+            if fault_at is None and count_records(bootstrap, payloads) >= 2:
                 pids = json.loads((run_dir / "stages.json").read_text())
                 os.kill(pids[stage], signal.SIGKILL)
                 fault_at = time.monotonic() - started
@@ -223,19 +225,9 @@ def pipeline_run(workdir: Path, fault: str, bootstrap, timeout_s: float = 900.0)
         proc.wait(30)
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
     try:
-        report = run_audit(bootstrap, Topics(raw["kafka"]["topic_prefix"]), kind == "agentic",
-                           run_dir / "batches.jsonl")
+        report = run_audit(bootstrap, topics, kind == "agentic", run_dir / "batches.jsonl")
         audit = (report.ok, [c.name for c in report.failed], report.counts, report.dead_letters)
     except Exception as exc:
         audit = (False, [f"audit raised {type(exc).__name__}: {exc}"], {}, {})
     return FaultResult(fault, summary.get("outcome", "error"), *audit, summary.get("stage_restarts", {}), fault_at,
                        round(time.monotonic() - started, 1), detail or summary.get("detail") or "")
-
-
-def _accepted_in_run(run_dir: Path) -> int:
-    """Accepted groups so far, from the run's progress file (written by `rollstream run`)."""
-    progress = run_dir / "progress.json"
-    try:
-        return json.loads(progress.read_text())["groups_accepted"]
-    except (OSError, ValueError, KeyError):
-        return 0

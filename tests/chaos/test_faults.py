@@ -30,4 +30,4 @@ def test_a_stage_killed_inside_rollstream_run_is_restarted_and_the_run_completes
     assert result.fault_at_s is not None, result
     assert (result.outcome, result.failed_checks, result.dead_letters) == ("complete", [], {}), result
     assert result.stage_restarts == {"generation": 1}
-    assert result.counts["groups_trained"] == 4 and result.counts["duplicate_group_events"] >= 0
+    assert result.counts["groups_trained"] == 8
