@@ -12,7 +12,7 @@ from rollstream.exceptions import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ["name", "seed", "pretrain", "kafka", "rollout_batch_size", "max_steps", "max_staleness", "min_fill_ratio",
-          "time_limit_s", "max_stage_restarts", "stage_restart_backoff_s", "adv_estimator", "actor_infer", "actor_train",
+          "time_limit_s", "batch_timeout_s", "max_stage_restarts", "stage_restart_backoff_s", "adv_estimator", "actor_infer", "actor_train",
           "train_infer_correction"]
 RLVR_KEYS = SHARED + ["num_return_sequences_in_group", "val_num_return_sequences", "max_running_prompts",
                       "max_additional_running_prompts", "max_response_rounds", "prompt_timeout_s",

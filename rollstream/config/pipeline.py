@@ -38,6 +38,10 @@ class PipelineConfig(FrozenModel):
         description="An underfilled batch (RLVR: the resampling budget is spent; agentic: every group id is spent) "
                     "ships partial if accepted/target >= this, else the run fails.")
     time_limit_s: float = Field(900.0, gt=0, description="Wall-clock bound of `rollstream run`.")
+    batch_timeout_s: float | None = Field(
+        1800.0, gt=0, description="The trainer (rollstream run's, `rollstream worker trainer`, RolloutStream.from_config) "
+                                  "ends timed_out when no accepted group, batch or verdict has come for this long: a "
+                                  "stalled pipeline. null: wait without bound.")
     max_stage_restarts: int = Field(
         3, ge=0, le=100, description="`rollstream run`: a stage process that dies is restarted (from its committed "
                                      "offsets and changelog state) up to this many times per stage; one more death "

@@ -56,6 +56,7 @@ Tokenize = Callable[[dict], Sequence[int]]  # a Prompt record -> its chat-templa
 VERSION_POLL_S = 0.5
 EPOCHS_RETRY_S = 5.0
 EPOCHS_CHECK_S = 2.0  # how often a restored admission checks that its epochs task runs
+STALL_WARNING_S = 60.0  # a prompt waiting for a credit or a policy version this long is logged, again and again
 OUTCOME_RECHECK_S = 10.0  # credits waited for this long without an outcome: read the topic itself
 CLOCK_SKEW_MS = 60_000  # how far an outcome's timestamp may lag its admission (other machines' clocks)
 
@@ -209,13 +210,20 @@ def build_admission_app(config: RLVRConfig, bootstrap: Bootstrap, tokenize: Toke
         if not tokenizer:  # the epochs task may start before the prompts agent loaded it
             tokenizer.append(default_tokenize(config.infer_model_path))
         prompt_ids = list(tokenizer[0](prompt))
+        waiting_since = last_warning = time.monotonic()
         while not core.can_admit(state := load(), limits, mode,
-                                 versions.latest_version() if versions is not None else None):
+                                 version := versions.latest_version() if versions is not None else None):
             credit.clear()
             try:  # the outcomes agent returns credits
                 await asyncio.wait_for(credit.wait(), timeout=recheck_s)
             except asyncio.TimeoutError:
                 pass
+            if time.monotonic() - last_warning > STALL_WARNING_S:  # a stall is never silent
+                last_warning = time.monotonic()
+                log.warning("prompt %s has waited %.0f s: %d prompts in flight, step %d, newest policy version %s%s",
+                            prompt["prompt_id"], last_warning - waiting_since, len(state.in_flight), state.step,
+                            version, "" if limits.max_staleness is None else
+                            f" (step {state.step} needs version {state.step - limits.max_staleness}: is the trainer up?)")
         if replay:
             state = core.take_replay(state, limits)
         if offset is not None:

@@ -228,7 +228,8 @@ class RolloutStream:
         resume: the ``trainer_state`` saved with your newest checkpoint plus ``"checkpoint"``:
             its folder (or a PolicyTrainer's ``resumed`` state and ``checkpoint``); see the
             module doc.
-        deadline, check, should_stop, on_progress: see rollstream.trainer.loop.BatchLoop.
+        deadline, check, should_stop, on_progress, batch_timeout_s: see
+            rollstream.trainer.loop.BatchLoop.
         ranks: the training ranks; default ``Ranks.current()`` (the default process group).
         agentic: an AgenticConfig when its groups are trajectory groups (set by ``from_config``):
             its verdict comes from the group queues.
@@ -244,7 +245,7 @@ class RolloutStream:
                  deadline: float | None = None, check: Callable[[], None] = lambda: None,
                  should_stop: Callable[[], bool] = lambda: False,
                  on_progress: Callable[[LoopResult, int], None] = lambda result, buffered: None,
-                 ranks: Ranks | None = None, agentic=None) -> None:
+                 ranks: Ranks | None = None, agentic=None, batch_timeout_s: float | None = None) -> None:
         self.ranks = ranks or Ranks.current()
         self.groups_per_batch = groups_per_batch
         self.result = LoopResult()
@@ -271,21 +272,22 @@ class RolloutStream:
             raise
         self._loop = BatchLoop(self._builder, self._events, max_steps=max_steps, min_fill_ratio=min_fill_ratio,
                                deadline=deadline, check=check, should_stop=should_stop, on_progress=on_progress,
-                               publish=self._publisher.publish_batch)
+                               publish=self._publisher.publish_batch, batch_timeout_s=batch_timeout_s)
         self.result = self._loop.result
         self._batches = self._loop.batches()
 
     @classmethod
     def from_config(cls, config, bootstrap: Bootstrap, run_dir: str | os.PathLike, **kwargs) -> "RolloutStream":
         """A stream for a pipeline config (RLVR or agentic): its groups per batch, ``max_steps``,
-        topic prefix, ``min_fill_ratio``, ``adv_estimator``, ``max_staleness`` and
-        ``kafka.max_message_bytes``; ``kwargs`` add or override constructor arguments."""
+        topic prefix, ``min_fill_ratio``, ``adv_estimator``, ``max_staleness``,
+        ``batch_timeout_s`` and ``kafka.max_message_bytes``; ``kwargs`` add or override
+        constructor arguments."""
         from rollstream.config import AgenticConfig
 
         settings = dict(groups_per_batch=config.groups_per_batch, max_steps=config.max_steps,
                         topic_prefix=config.kafka.topic_prefix, min_fill_ratio=config.min_fill_ratio,
                         adv_estimator=config.adv_estimator, max_staleness=config.max_staleness,
-                        max_message_bytes=config.kafka.max_message_bytes,
+                        max_message_bytes=config.kafka.max_message_bytes, batch_timeout_s=config.batch_timeout_s,
                         agentic=config if isinstance(config, AgenticConfig) else None)
         return cls(bootstrap, run_dir, **{**settings, **kwargs})
 

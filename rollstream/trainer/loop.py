@@ -70,6 +70,8 @@ class BatchLoop:
         max_steps: batches in total, then the loop ends ``complete``.
         min_fill_ratio: the pipeline's; see ``verdict_action``.
         deadline: ``time.monotonic()`` value after which it ends ``timed_out``; None: none.
+        batch_timeout_s: seconds without any new accepted group, batch or verdict after which it
+            ends ``timed_out`` (a stalled pipeline: e.g. every generation worker gone); None: none.
         check: called before each poll; raises when a stage died.
         should_stop: polled before each batch; True ends the loop ``stopped``.
         on_progress: ``(result, buffered_groups)`` after every poll.
@@ -80,8 +82,9 @@ class BatchLoop:
                  min_fill_ratio: float, deadline: float | None = None, check: Callable[[], None] = lambda: None,
                  should_stop: Callable[[], bool] = lambda: False,
                  on_progress: Callable[[LoopResult, int], None] = lambda result, buffered: None,
-                 publish: Callable[[dict], object] = lambda entry: None) -> None:
+                 publish: Callable[[dict], object] = lambda entry: None, batch_timeout_s: float | None = None) -> None:
         self.builder = builder
+        self.batch_timeout_s = batch_timeout_s
         self.events = events
         self.max_steps = max_steps
         self.min_fill_ratio = min_fill_ratio
@@ -98,6 +101,7 @@ class BatchLoop:
         committed stays uncommitted on the topic (a later run gets it again). ``result`` says how
         the loop ended once this is exhausted."""
         builder, result = self.builder, self.result
+        progress = (time.monotonic(), builder.buffered)  # when the buffer last changed, and its size
         while builder.step < self.max_steps:
             self.check()
             if self.should_stop():
@@ -107,6 +111,13 @@ class BatchLoop:
                 result.outcome, result.detail = "timed_out", "time limit reached"
                 break
             batch = builder.next_batch(timeout_s=POLL_S)
+            if batch is not None or builder.buffered != progress[1]:
+                progress = (time.monotonic(), builder.buffered)
+            elif self.batch_timeout_s is not None and time.monotonic() - progress[0] > self.batch_timeout_s:
+                result.outcome = "timed_out"
+                result.detail = (f"no accepted group and no verdict for {self.batch_timeout_s:g} s (batch_timeout_s) "
+                                 f"with {builder.buffered} of {builder.rollout_batch_size} groups of step {builder.step}")
+                break
             if batch is not None:
                 yield batch, False
             for event in self.events.verdicts() if batch is None else []:
@@ -153,13 +164,15 @@ def build_batches(builder: BatchBuilder, events: BatchEvents | AgenticBatchEvent
                   on_progress: Callable[[LoopResult, int], None] = lambda result, buffered: None,
                   should_stop: Callable[[], bool] = lambda: False,
                   train: Callable[[RolloutBatch], dict] | None = None,
-                  publish: Callable[[dict], object] = lambda entry: None) -> LoopResult:
+                  publish: Callable[[dict], object] = lambda entry: None,
+                  batch_timeout_s: float | None = None) -> LoopResult:
     """Run a ``BatchLoop`` (same arguments) in this process: ``train(batch)`` (a PolicyTrainer's)
     runs before each batch is committed, and its report joins the manifest entry, so a batch
     counts as done only once it was trained (and checkpointed); ``publish(entry)`` then announces
     the policy version the batch made. Returns the loop's result."""
     loop = BatchLoop(builder, events, max_steps=max_steps, min_fill_ratio=min_fill_ratio, deadline=deadline,
-                     check=check, should_stop=should_stop, on_progress=on_progress, publish=publish)
+                     check=check, should_stop=should_stop, on_progress=on_progress, publish=publish,
+                     batch_timeout_s=batch_timeout_s)
     for batch, end_of_data in loop.batches():
         loop.commit(batch, train(batch) if train is not None else None, end_of_data)
     return loop.result

@@ -1,8 +1,10 @@
 """No unbounded wait, on the real broker: a prompt whose responses never come back is reissued,
-then aborted ``prompt_timeout``, its credit returns and the run ends."""
+then aborted ``prompt_timeout``, its credit returns and the run ends; a trainer that gets no
+group and no verdict ends ``timed_out`` after ``batch_timeout_s``."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import pytest
@@ -11,9 +13,14 @@ from rollstream.app.stages import Stage
 from rollstream.config import load_config
 from rollstream.streams.events import derive_seed
 from rollstream.tools.readback import read_values
+from rollstream.trainer.consumer import BatchBuilder
+from rollstream.trainer.loop import build_batches
+from rollstream.trainer.verdicts import BatchEvents
 
 from .harness import SyntheticRollout, produce, prompt, start_stages, wait_for, write_config
 from .test_end_of_data import end_data, first_sample_passes, verdicts
+from .test_trainer_consumer import produce as produce_groups
+from .test_trainer_loop import accepted_group
 
 pytestmark = pytest.mark.integration
 
@@ -52,3 +59,20 @@ def test_a_prompt_whose_responses_are_lost_is_reissued_then_aborted_and_the_run_
     [verdict] = verdicts(kafka_broker, topics)
     assert (verdict["status"], verdict["accepted_groups"], verdict["rejected_by_reason"]) == (
         "end_of_data", 2, {"prompt_timeout": 1})
+
+
+def test_a_trainer_without_groups_or_verdicts_ends_timed_out_after_batch_timeout_s(kafka_broker, topic_factory,
+                                                                                    tmp_path):
+    topics = topic_factory()
+    produce_groups(kafka_broker, topics, [accepted_group("a"), accepted_group("b")])  # 2 of the 4 a batch needs
+    builder = BatchBuilder(kafka_broker, topics, 4, group_id=f"{topics.prefix}trainer", manifest_path=tmp_path / "m.jsonl")
+    events = BatchEvents(kafka_broker, topics)
+    started = time.monotonic()
+    try:
+        result = build_batches(builder, events, max_steps=3, min_fill_ratio=1.0, batch_timeout_s=4)
+    finally:
+        events.close()
+        builder.close()
+    assert (result.outcome, result.batches) == ("timed_out", [])
+    assert result.detail == "no accepted group and no verdict for 4 s (batch_timeout_s) with 2 of 4 groups of step 0"
+    assert time.monotonic() - started < 60
