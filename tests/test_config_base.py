@@ -17,7 +17,7 @@ SHARED = ["name", "seed", "pretrain", "kafka", "rollout_batch_size", "max_steps"
 RLVR_KEYS = SHARED + ["num_return_sequences_in_group", "val_num_return_sequences", "max_running_prompts",
                       "max_additional_running_prompts", "max_response_rounds", "prompt_timeout_s",
                       "max_reissues_per_prompt", "max_prompts_per_batch",
-                      "prompt_length", "num_epochs", "rewards", "datasets", "domain_interleave_probs",
+                      "prompt_length", "num_epochs", "eval_steps", "history_filter", "rewards", "datasets", "domain_interleave_probs",
                       "reward_concurrency"]
 AGENTIC_KEYS = SHARED + ["max_concurrent_episodes", "max_context_tokens", "train_env_manager", "val_env_manager",
                          "custom_envs"]

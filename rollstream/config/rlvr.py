@@ -18,6 +18,7 @@ from rollstream.config.pipeline import PipelineConfig
 from rollstream.config.reward_functions import is_builtin, load_reward_function
 from rollstream.config.sources import file_prompts, is_bundled
 from rollstream.exceptions import ConfigError
+from rollstream.filtering.history import HistoryLimits
 from rollstream.filtering.prompt_state import REWARD_METRIC, DomainFilters
 from rollstream.filtering.query_filters import check_query_filter_args, resolve_query_filter
 from rollstream.filtering.response_filters import resolve_response_filter
@@ -125,6 +126,27 @@ class DatasetConfig(FrozenModel):
         return self
 
 
+class HistoryFilterConfig(FrozenModel):
+    """``history_filter``: skip prompts whose recent groups were zero-variance, before generation
+    (GRESO; rollstream.filtering.history has the rule). Acts from the second epoch on."""
+
+    enable: bool = Field(False, description="Skip prompts by their outcome history (needs num_epochs > 1).")
+    target_all_correct: float = Field(0.125, ge=0, le=1, description="Share of all-correct groups among those "
+                                      "generated that the exploration probability steers to.")
+    target_all_wrong: float = Field(0.125, ge=0, le=1, description="Share of all-wrong groups steered to.")
+    explore_init: float = Field(0.5, gt=0, le=1, description="Initial exploration probability p_e (skip with 1 - p_e^z).")
+    explore_min: float = Field(0.05, gt=0, le=1, description="Floor of p_e: every prompt keeps a chance.")
+    explore_step: float = Field(0.01, ge=0, le=1, description="p_e moves by this after each generated group.")
+    window: int = Field(64, gt=0, le=100_000, description="Generated groups the shares are taken over.")
+    max_skips: int = Field(3, ge=0, le=1000, description="A prompt skipped this many epochs back to back is admitted.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "HistoryFilterConfig":
+        if self.explore_min > self.explore_init:
+            raise ValueError("explore_min must be <= explore_init")
+        return self
+
+
 class RLVRConfig(PipelineConfig):
     """The RLVR pipeline: the shared fields (PipelineConfig) plus admission, rounds, rewards and data."""
 
@@ -143,6 +165,10 @@ class RLVRConfig(PipelineConfig):
     prompt_length: int = Field(1024, gt=0, description="Tokenised (chat-templated) prompt length at most; longer -> prompt_too_long.")
     num_epochs: int = Field(1, gt=0, description="Passes over the train prompts; each later pass re-reads them "
                             "in a seeded shuffled order (ids `<prompt_id>#e<epoch>`).")
+    eval_steps: int | None = Field(None, gt=0, description="Validate every this many policy versions: the "
+                                   "validation prompts are generated again by the current version (ROLL's eval_steps, "
+                                   "verl's trainer.test_freq). None: once, at the start.")
+    history_filter: HistoryFilterConfig = Field(default_factory=HistoryFilterConfig)
     rewards: dict[str, RewardDomainConfig]
     datasets: list[DatasetConfig]
     domain_interleave_probs: dict[str, float] = Field(default_factory=dict)
@@ -166,7 +192,18 @@ class RLVRConfig(PipelineConfig):
             raise ValueError(f"domain_interleave_probs names unknown domains {sorted(unknown)}")
         if self.max_prompts_per_batch < self.rollout_batch_size:
             raise ValueError("max_prompts_per_batch must be >= rollout_batch_size")
+        if self.history_filter.enable and self.num_epochs < 2:
+            raise ValueError("history_filter.enable needs num_epochs >= 2 (it acts on the epochs after the first)")
         return self
+
+    def history_limits(self) -> HistoryLimits | None:
+        """The history filter's limits (rollstream.filtering.history), or None when it is off."""
+        h = self.history_filter
+        if not h.enable:
+            return None
+        return HistoryLimits(target_all_correct=h.target_all_correct, target_all_wrong=h.target_all_wrong,
+                             explore_init=h.explore_init, explore_min=h.explore_min, step=h.explore_step,
+                             window=h.window, max_skips=h.max_skips, seed=self.seed)
 
     def domain_filters(self) -> dict[str, DomainFilters]:
         """domain -> the per-prompt filters the aggregator (and what-if) run for it."""

@@ -25,6 +25,17 @@ verdict (its accepted groups, possibly 0 when the previous step completed on the
 When ``max_steps`` batches are complete first, admission is finished and no verdict follows:
 the trainer ends ``complete`` on its step count.
 
+Periodic validation (``eval_steps``): the validation prompts are admitted once at their first
+read (the round of version 0), and again, as ``<prompt_id>#v<version>``, each time a policy
+version ``v`` is published with ``v // eval_steps`` above the last round's (``eval_due``); the
+round's version and position live in the state like the epochs'. Validation takes slots, never
+counts towards a batch, and bypasses every filter.
+
+History-aware admission (``history_filter``, rollstream.filtering.history): from epoch 1 on, a
+prompt whose recent groups were zero-variance may be skipped before generation
+(``skip_by_history``): it takes no slot and no budget, is counted in ``skipped_by_history`` and
+recorded as a rejected Group with reason ``skipped_by_history``.
+
 Accepted groups are never thrown away: a group accepted beyond the target counts towards the
 next step, unless a staleness bound is set. Then it does not count (the next step is generated
 in full by a fresh enough policy); the trainer still trains it while it is within the bound and
@@ -55,6 +66,7 @@ class AdmissionLimits:
     max_staleness: int | None = None  # policy versions generation may run ahead; None = unbounded
     num_epochs: int = 1  # passes over the train prompts before the PromptsEnd marker
     seed: int = 0  # seeds each epoch's order (epoch_order)
+    eval_steps: int | None = None  # a validation round every this many policy versions; None: only the first
 
     def __post_init__(self) -> None:
         for name in ("rollout_batch_size", "max_running_prompts", "max_prompts_per_batch", "num_epochs"):
@@ -62,6 +74,8 @@ class AdmissionLimits:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_prompts_per_batch < self.rollout_batch_size:
             raise ValueError("max_prompts_per_batch must be >= rollout_batch_size")
+        if self.eval_steps is not None and self.eval_steps < 1:
+            raise ValueError(f"eval_steps must be >= 1, got {self.eval_steps}")
 
 
 @dataclass
@@ -80,6 +94,11 @@ class AdmissionState:
     epoch: int = 0  # the epoch being admitted (0: the first read of the topic)
     epoch_position: int = 0  # prompts of ``epoch`` taken from its order so far (epoch >= 1)
     ended: bool = False  # the EndOfData verdict was given
+    skipped_by_history: int = 0  # train prompts the history filter skipped before generation
+    explore: dict | None = None  # the history filter's ExploreState (None: not started)
+    eval_version: int = 0  # the policy version of the newest validation round (0: the first read)
+    eval_size: int = 0  # validation prompts in that round (0 for the first read)
+    eval_position: int = 0  # of them admitted so far
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -205,6 +224,54 @@ def take_replay(state: AdmissionState, limits: AdmissionLimits) -> AdmissionStat
     return state
 
 
+def eval_prompt_id(prompt_id: str, version: int) -> str:
+    """The transaction id of validation prompt ``prompt_id`` in the round of ``version``: itself
+    for the first read (version 0), else ``<prompt_id>#v<version>``."""
+    return prompt_id if version == 0 else f"{prompt_id}#v{version}"
+
+
+def eval_version_of(prompt_id: str) -> int:
+    """The validation round (policy version) of a validation transaction id; 0 for a plain id."""
+    base, sep, version = prompt_id.rpartition("#v")
+    return int(version) if sep and version.isdigit() else 0
+
+
+def eval_due(state: AdmissionState, limits: AdmissionLimits, policy_version: int | None) -> int | None:
+    """The policy version a new validation round should run for, or None: none is configured, no
+    version is published, the newest is in the round already validated (``v // eval_steps`` not
+    above the last round's), or the last round's prompts are not all admitted yet."""
+    if limits.eval_steps is None or policy_version is None or state.eval_position < state.eval_size:
+        return None
+    if policy_version // limits.eval_steps <= state.eval_version // limits.eval_steps:
+        return None
+    return policy_version
+
+
+def start_eval(state: AdmissionState, version: int, size: int) -> AdmissionState:
+    """A validation round of ``size`` prompts starts for ``version`` (``eval_due`` said so)."""
+    state.eval_version, state.eval_size, state.eval_position = version, size, 0
+    return state
+
+
+def next_eval(state: AdmissionState) -> int | None:
+    """Index (in first-read order) of the next validation prompt of the running round, or None."""
+    return state.eval_position if state.eval_position < state.eval_size else None
+
+
+def take_eval(state: AdmissionState) -> AdmissionState:
+    """The prompt ``next_eval`` named was admitted (or rejected before generation)."""
+    if next_eval(state) is None:
+        raise ValueError("no validation prompt left to take")
+    state.eval_position += 1
+    return state
+
+
+def skip_by_history(state: AdmissionState) -> AdmissionState:
+    """A train prompt of a later epoch skipped by the history filter: no slot, no budget."""
+    state.skipped_by_history += 1
+    return state
+
+
 def data_done(state: AdmissionState, limits: AdmissionLimits) -> bool:
     """The marker was read and every epoch's prompts were taken."""
     return state.end_offset is not None and next_replay(state, limits) is None
@@ -224,6 +291,12 @@ def prompt_filter_config(prompt_length: int) -> tuple[str, str]:
     """``(filter_config, filter_config_hash)`` a ``prompt_too_long`` Group carries: the JSON of
     what decided it (so it can be re-decided) and its sha256[:16]."""
     text = json.dumps({"prompt_length": prompt_length})
+    return text, config_hash(text)
+
+
+def history_filter_config(history_filter: Mapping[str, Any]) -> tuple[str, str]:
+    """``(filter_config, filter_config_hash)`` a ``skipped_by_history`` Group carries."""
+    text = json.dumps({"history_filter": dict(history_filter)}, sort_keys=True)
     return text, config_hash(text)
 
 
@@ -311,7 +384,7 @@ def check_step(state: AdmissionState, limits: AdmissionLimits) -> tuple[Admissio
             state.step, state.accepted_in_step, target, state.admitted_in_step, dict(state.rejected_in_step)
         ))
         _advance(state, limits, 0)
-    if not state.finished and not state.in_flight and data_done(state, limits):
+    if not state.finished and not state.in_flight and data_done(state, limits) and next_eval(state) is None:
         effects.append(EndOfData(
             state.step, state.accepted_in_step, target, state.admitted_in_step, dict(state.rejected_in_step)
         ))

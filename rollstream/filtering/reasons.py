@@ -8,6 +8,7 @@ from enum import Enum
 class RejectReason(str, Enum):
     # prompt level (admission, before generation)
     PROMPT_TOO_LONG = "prompt_too_long"
+    SKIPPED_BY_HISTORY = "skipped_by_history"  # its recent groups were zero-variance (history_filter)
     # response level
     ENGINE_ERROR = "engine_error"
     TRUNCATED = "truncated"

@@ -26,6 +26,9 @@ TOPICS: dict[str, tuple[str, bool]] = {
     "groups.rejected": ("keyed", False),
     "groups.validation": ("keyed", False),
     "prompt.outcomes": ("single", False),
+    # each train prompt's outcome history (PromptHistory, key the prompt_id of its first epoch):
+    # what the history-aware admission skips by; compacted, so a restart reads the latest of each
+    "prompt.history": ("single", True),
     # agentic topics, keyed by group_id (tick commands: by partition)
     "episodes.control": ("keyed", False),
     "episodes.requests": ("keyed", False),
@@ -128,6 +131,7 @@ class Topics:
     groups_rejected = property(lambda self: self.name("groups.rejected"))
     groups_validation = property(lambda self: self.name("groups.validation"))
     prompt_outcomes = property(lambda self: self.name("prompt.outcomes"))
+    prompt_history = property(lambda self: self.name("prompt.history"))
     episodes_control = property(lambda self: self.name("episodes.control"))
     episodes_requests = property(lambda self: self.name("episodes.requests"))
     trajectories = property(lambda self: self.name("trajectories"))

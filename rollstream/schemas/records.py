@@ -144,6 +144,10 @@ def trajectory_summary(trajectory: Mapping, payload: Mapping) -> dict:
 
 
 PROMPTS_END_KEY = b"__end__"
+
+REWARD_PATTERNS = ("all_correct", "all_wrong", "mixed")
+"""A decided group's ``PromptOutcome.reward_pattern`` (and ``PromptHistory`` entries): its kept
+responses' rewards all > 0 and equal, all <= 0 and equal, or not all equal."""
 """The key of the ``PromptsEnd`` marker on ``prompts``."""
 
 

@@ -10,6 +10,7 @@ from typing import Mapping
 import numpy as np
 
 from rollstream.schemas.packed import unpack_array
+from rollstream.schemas.records import REWARD_PATTERNS
 
 
 def check_trajectory(traj: dict, where: str = "") -> None:
@@ -138,6 +139,8 @@ def _check_outcome(r: Mapping) -> list[str]:
     problems = _identity(r, "") + _at_least(r, "", {"rounds": 0, "responses_generated": 0})
     if r["outcome"] not in ("commit", "abort"):
         problems.append(f"outcome must be commit or abort, got {r['outcome']!r}")
+    if r.get("reward_pattern", "") not in ("", *REWARD_PATTERNS):
+        problems.append(f"reward_pattern must be one of {list(REWARD_PATTERNS)} or empty, got {r['reward_pattern']!r}")
     return problems
 
 

@@ -36,7 +36,9 @@ from kafka import TopicPartition
 
 from rollstream.config import RLVRConfig
 from rollstream.filtering import admission as core
+from rollstream.filtering import history
 from rollstream.filtering.decision import Decision
+from rollstream.filtering.reasons import RejectReason
 from rollstream.kafka import names
 from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.clients import reader_consumer
@@ -68,51 +70,25 @@ def default_tokenize(model_path: str | None = None) -> Tokenize:
     return lambda prompt: chat_prompt_ids(tokenizer, prompt.get("messages") or prompt["prompt"])
 
 
-def read_train_prompts(bootstrap: Bootstrap, topic: str, end_offset: int, domains: set[str],
-                       timeout_s: float = 60.0) -> list[dict]:
-    """The train Prompt records of ``domains`` at offsets below ``end_offset`` on partition 0 of
-    ``topic``, in topic order (what each later epoch re-reads; undecodable or malformed events,
-    validation prompts, unknown domains and repeated ids were never admitted and are skipped). Raises TimeoutError when
-    the broker does not deliver them within ``timeout_s``."""
+def _read_partition(bootstrap: Bootstrap, topic: str, schemas: tuple[str, ...], end_offset: int | None = None,
+                    since_ms: int | None = None, timeout_s: float = 60.0) -> list[tuple[str, dict]]:
+    """``(schema, record)`` of the decodable, valid records of ``schemas`` on partition 0 of
+    ``topic``, in topic order: from the earliest offset held (or the first written at
+    ``since_ms``, epoch ms, or later) to ``end_offset`` (None: the end offset at the call).
+    Raises TimeoutError when the broker does not deliver them within ``timeout_s``."""
     consumer = reader_consumer(bootstrap)
     tp = TopicPartition(topic, 0)
     try:
         consumer.assign([tp])
-        consumer.seek_to_beginning(tp)  # the earliest offset the topic still holds
-        out: list[dict] = []
-        seen: set[str] = set()  # a repeated id was dead-lettered as a duplicate: admitted once
-        deadline = time.monotonic() + timeout_s
-        while consumer.position(tp) < end_offset:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{topic}: read up to offset {consumer.position(tp)} of {end_offset} in {timeout_s}s")
-            for message in consumer.poll(timeout_ms=500).get(tp, []):
-                if message.offset >= end_offset:
-                    break
-                _, record, problem = decode_expected(message.value, ("Prompt",))
-                if (problem is None and record.get("mode", "train") == "train" and record["domain"] in domains
-                        and record["prompt_id"] not in seen):
-                    seen.add(record["prompt_id"])
-                    out.append(record)
-        return out
-    finally:
-        consumer.close()
-
-
-def read_outcomes_since(bootstrap: Bootstrap, topic: str, since_ms: int, timeout_s: float = 30.0) -> list[dict]:
-    """The PromptOutcome records on partition 0 of ``topic`` written at ``since_ms`` (epoch ms)
-    or later, up to the end offset at the call, in topic order (undecodable events skipped: the
-    outcomes agent dead-letters them). Raises TimeoutError when the broker does not deliver them
-    within ``timeout_s``."""
-    consumer = reader_consumer(bootstrap)
-    tp = TopicPartition(topic, 0)
-    try:
-        consumer.assign([tp])
-        end = consumer.end_offsets([tp])[tp]
-        start = consumer.offsets_for_times({tp: max(0, since_ms)})[tp]
-        if start is None:  # nothing written since then
-            return []
-        consumer.seek(tp, start.offset)
-        out: list[dict] = []
+        end = consumer.end_offsets([tp])[tp] if end_offset is None else end_offset
+        if since_ms is None:
+            consumer.seek_to_beginning(tp)
+        else:
+            start = consumer.offsets_for_times({tp: max(0, since_ms)})[tp]
+            if start is None:  # nothing written since then
+                return []
+            consumer.seek(tp, start.offset)
+        out: list[tuple[str, dict]] = []
         deadline = time.monotonic() + timeout_s
         while consumer.position(tp) < end:
             if time.monotonic() > deadline:
@@ -120,12 +96,41 @@ def read_outcomes_since(bootstrap: Bootstrap, topic: str, since_ms: int, timeout
             for message in consumer.poll(timeout_ms=500).get(tp, []):
                 if message.offset >= end:
                     break
-                _, record, problem = decode_expected(message.value, ("PromptOutcome",))
+                schema, record, problem = decode_expected(message.value, schemas)
                 if problem is None:
-                    out.append(record)
+                    out.append((schema, record))
         return out
     finally:
         consumer.close()
+
+
+def read_prompts(bootstrap: Bootstrap, topic: str, end_offset: int | None, domains: set[str], mode: str = "train",
+                 timeout_s: float = 60.0) -> list[dict]:
+    """The Prompt records of ``mode`` and ``domains`` at offsets below ``end_offset`` (None: the
+    end offset at the call) on ``topic``, in topic order: what each later epoch re-reads (train)
+    and each validation round admits again (val). Undecodable or malformed events, unknown
+    domains and repeated ids were never admitted and are skipped."""
+    out: list[dict] = []
+    seen: set[str] = set()  # a repeated id was dead-lettered as a duplicate: admitted once
+    for schema, record in _read_partition(bootstrap, topic, ("Prompt", "PromptsEnd"), end_offset, timeout_s=timeout_s):
+        if (schema == "Prompt" and record.get("mode", "train") == mode and record["domain"] in domains
+                and record["prompt_id"] not in seen):
+            seen.add(record["prompt_id"])
+            out.append(record)
+    return out
+
+
+def read_outcomes_since(bootstrap: Bootstrap, topic: str, since_ms: int, timeout_s: float = 30.0) -> list[dict]:
+    """The PromptOutcome records on ``topic`` written at ``since_ms`` (epoch ms) or later, up to
+    the end offset at the call, in topic order (undecodable events skipped: the outcomes agent
+    dead-letters them)."""
+    return [r for _, r in _read_partition(bootstrap, topic, ("PromptOutcome",), since_ms=since_ms, timeout_s=timeout_s)]
+
+
+def read_history(bootstrap: Bootstrap, topic: str, timeout_s: float = 60.0) -> dict[str, history.PromptHistory]:
+    """The newest PromptHistory of every prompt on the compacted ``topic`` (prompt_id -> history)."""
+    return {r["prompt_id"]: history.PromptHistory.from_record(r)
+            for _, r in _read_partition(bootstrap, topic, ("PromptHistory",), timeout_s=timeout_s)}
 
 
 def limits_of(config: RLVRConfig) -> core.AdmissionLimits:
@@ -138,6 +143,7 @@ def limits_of(config: RLVRConfig) -> core.AdmissionLimits:
         max_staleness=config.max_staleness,
         num_epochs=config.num_epochs,
         seed=config.seed,
+        eval_steps=config.eval_steps,
     )
 
 
@@ -155,11 +161,18 @@ def build_admission_app(config: RLVRConfig, bootstrap: Bootstrap, tokenize: Toke
     credit = asyncio.Event()
     metrics = process_metrics()
     prompt_filter, prompt_filter_hash = core.prompt_filter_config(config.prompt_length)
-    versions = PolicyVersionWatcher(bootstrap, topics) if limits.max_staleness is not None else None
+    history_filter = core.history_filter_config(config.history_filter.model_dump())
+    watch_versions = limits.max_staleness is not None or limits.eval_steps is not None
+    versions = PolicyVersionWatcher(bootstrap, topics) if watch_versions else None
+    history_limits = config.history_limits()
+    histories: dict[str, history.PromptHistory] = {}  # base prompt_id -> its history, once loaded
+    history_loaded = asyncio.Lock()
+    loaded: list[bool] = []
     # credits arrive as events; policy versions are polled while the staleness bound holds a step
     recheck_s = VERSION_POLL_S if versions is not None else None
     tokenizer: list[Tokenize] = [tokenize] if tokenize else []
     epochs_task: list[asyncio.Future] = []  # the running task of resume_epochs, if any
+    eval_task: list[asyncio.Future] = []  # the running task of resume_eval, if any
 
     def load() -> core.AdmissionState:
         raw = table.get(names.ADMISSION_KEY)
@@ -196,16 +209,18 @@ def build_admission_app(config: RLVRConfig, bootstrap: Bootstrap, tokenize: Toke
             await emit.dead_letter(event, "invalid_event", f"duplicate prompt_id {record['prompt_id']!r}: admitted "
                                    f"at offset {int(seen)} already (prompt ids must be unique per run)")
             return
-        await admit_prompt(record, replay=False, offset=offset)
+        await admit_prompt(record, offset=offset)
 
     def seen_key(prompt_id: str) -> bytes:
         return names.ADMISSION_SEEN_PREFIX + prompt_id.encode()
 
-    async def admit_prompt(prompt: dict, replay: bool, offset: int | None = None) -> None:
-        """Wait for a credit, then admit ``prompt`` or reject it before generation; ``replay``:
-        it is the next prompt of a later epoch (its position is saved with the decision);
-        ``offset``: where a first read found it on ``prompts``, recorded with the decision so a
-        later event with its id is told apart as a redelivery (same offset) or a duplicate."""
+    async def admit_prompt(prompt: dict, take: Callable[[core.AdmissionState], core.AdmissionState] | None = None,
+                           offset: int | None = None) -> None:
+        """Wait for a credit, then admit ``prompt`` or reject it before generation; ``take``:
+        it is the next prompt of a later epoch or of a validation round, and ``take`` moves that
+        position past it (saved with the decision); ``offset``: where a first read found it on
+        ``prompts``, recorded with the decision so a later event with its id is told apart as a
+        redelivery (same offset) or a duplicate."""
         mode = prompt.get("mode", "train")
         if not tokenizer:  # the epochs task may start before the prompts agent loaded it
             tokenizer.append(default_tokenize(config.infer_model_path))
@@ -224,8 +239,8 @@ def build_admission_app(config: RLVRConfig, bootstrap: Bootstrap, tokenize: Toke
                             prompt["prompt_id"], last_warning - waiting_since, len(state.in_flight), state.step,
                             version, "" if limits.max_staleness is None else
                             f" (step {state.step} needs version {state.step - limits.max_staleness}: is the trainer up?)")
-        if replay:
-            state = core.take_replay(state, limits)
+        if take is not None:
+            state = take(state)
         if offset is not None:
             table[seen_key(prompt["prompt_id"])] = str(offset).encode()
         verdict = core.prompt_length_decision(len(prompt_ids), config.prompt_length)
@@ -253,7 +268,7 @@ def build_admission_app(config: RLVRConfig, bootstrap: Bootstrap, tokenize: Toke
         if state.end_offset not in (None, offset):
             await _apply(core.on_data_end(state, limits, offset, state.epoch_size)[1])  # ExtraEnd
             return
-        train = await asyncio.to_thread(read_train_prompts, bootstrap, topics.prompts, offset, set(config.rewards))
+        train = await asyncio.to_thread(read_prompts, bootstrap, topics.prompts, offset, set(config.rewards))
         state, effects = core.on_data_end(load(), limits, offset, len(train))
         save(state)
         await _apply(effects)
@@ -282,29 +297,114 @@ def build_admission_app(config: RLVRConfig, bootstrap: Bootstrap, tokenize: Toke
         state = load()
         if train is None:  # resumed after a restart
             log.info("resuming epoch %d at position %d", state.epoch, state.epoch_position)
-            train = await asyncio.to_thread(read_train_prompts, bootstrap, topics.prompts, state.end_offset,
+            train = await asyncio.to_thread(read_prompts, bootstrap, topics.prompts, state.end_offset,
                                             set(config.rewards))
         if len(train) != state.epoch_size:
             log.error("%s holds %d train prompts before the end marker, the first epoch had %d (retention deleted "
                       "some?): the later epochs cannot be replayed", topics.prompts, len(train), state.epoch_size)
             return
+        take = lambda s: core.take_replay(s, limits)  # noqa: E731
         while (nxt := core.next_replay(load(), limits)) is not None:
             epoch, index = nxt
             original = train[index]
-            await admit_prompt({**original, "prompt_id": core.epoch_prompt_id(original["prompt_id"], epoch)},
-                               replay=True)
+            if history_limits is not None and await skipped_by_history(original, epoch):
+                continue
+            await admit_prompt({**original, "prompt_id": core.epoch_prompt_id(original["prompt_id"], epoch)}, take)
         state, effects = core.check_step(load(), limits)  # when nothing is in flight, the verdict is due now
+        save(state)
+        await _apply(effects)
+
+    async def ensure_history() -> None:
+        """Load ``prompt.history`` once per process, before the first read or write of it."""
+        async with history_loaded:
+            if not loaded:
+                histories.update(await asyncio.to_thread(read_history, bootstrap, topics.prompt_history))
+                loaded.append(True)
+
+    async def skipped_by_history(prompt: dict, epoch: int) -> bool:
+        """Decide the history filter for ``prompt`` (its first-epoch record) in ``epoch``; when it
+        skips, move past it, count it, and record it (history, a rejected Group)."""
+        await ensure_history()
+        state = load()
+        explore = history.ExploreState.from_dict(state.explore, history_limits)
+        past = histories.get(prompt["prompt_id"])
+        decision = history.decide_skip(past, explore, history_limits, prompt["prompt_id"], epoch)
+        if not decision.skip:
+            return False
+        state = core.skip_by_history(core.take_replay(state, limits))
+        state, effects = core.check_step(state, limits)
+        save(state)
+        await write_history(history.on_skip(past))
+        metrics.decision("prompt", False, RejectReason.SKIPPED_BY_HISTORY.value)
+        await _reject_prompt({**prompt, "prompt_id": core.epoch_prompt_id(prompt["prompt_id"], epoch)},
+                             Decision.reject(RejectReason.SKIPPED_BY_HISTORY, **decision.values()), history_filter)
+        await _apply(effects)
+        return True
+
+    async def write_history(entry: history.PromptHistory) -> None:
+        histories[entry.prompt_id] = entry
+        await emit.send(topics.prompt_history, entry.prompt_id, entry.to_record(), "PromptHistory")
+
+    async def learn_history(outcome: dict) -> None:
+        """A train group was decided (not a redelivery): add its pattern to the prompt's history
+        and adapt the exploration probabilities."""
+        if history_limits is None or outcome.get("mode", "train") != "train" or not outcome.get("reward_pattern"):
+            return
+        await ensure_history()
+        base, epoch = history.split_epoch(outcome["prompt_id"])
+        entry = histories.get(base) or history.PromptHistory(base)
+        entry.record(epoch, outcome["reward_pattern"], outcome["policy_version"])
+        await write_history(entry)
+        state = load()
+        explore = history.ExploreState.from_dict(state.explore, history_limits)
+        state.explore = history.observe(explore, history_limits, outcome["reward_pattern"]).to_dict()
+        save(state)
+
+    def resume_eval() -> None:
+        """Start the task that admits a validation round when one is due or unfinished."""
+        if versions is None or limits.eval_steps is None or not app.tables.recovery.completed.is_set():
+            return
+        if eval_task and not eval_task[0].done():
+            return
+        eval_task[:] = [asyncio.ensure_future(run_eval())]
+
+    async def run_eval() -> None:
+        state = load()
+        if core.next_eval(state) is None:
+            version = core.eval_due(state, limits, versions.latest_version())  # the watcher is not thread-safe
+            if version is None:
+                return
+            val = await asyncio.to_thread(read_prompts, bootstrap, topics.prompts, state.end_offset,
+                                          set(config.rewards), "val")
+            state = core.start_eval(load(), version, len(val))
+            save(state)
+            log.info("validation round of policy version %d: %d prompts", version, len(val))
+        else:  # resumed after a restart
+            val = await asyncio.to_thread(read_prompts, bootstrap, topics.prompts, state.end_offset,
+                                          set(config.rewards), "val")
+        if len(val) < state.eval_size:
+            log.error("%s holds %d validation prompts, the round of version %d had %d: it ends short",
+                      topics.prompts, len(val), state.eval_version, state.eval_size)
+            state.eval_size = state.eval_position = min(state.eval_position, len(val))
+            save(state)
+        while (index := core.next_eval(load())) is not None:
+            original = val[index]
+            await admit_prompt({**original, "prompt_id": core.eval_prompt_id(original["prompt_id"],
+                                                                              load().eval_version)}, core.take_eval)
+        state, effects = core.check_step(load(), limits)  # the end of data may have waited for this round
         save(state)
         await _apply(effects)
 
     @app.on_rebalance_complete.connect
     async def restored(sender, **kwargs) -> None:
-        """The table is restored: a restarted admission resumes its epochs."""
+        """The table is restored: a restarted admission resumes its epochs and validation."""
         resume_epochs()
+        resume_eval()
 
     @app.timer(EPOCHS_CHECK_S)
     async def keep_epochs_running() -> None:
         resume_epochs()
+        resume_eval()
 
     @app.agent(prompts)
     async def admit(stream):
@@ -313,10 +413,13 @@ def build_admission_app(config: RLVRConfig, bootstrap: Bootstrap, tokenize: Toke
         async for event in stream.events():
             await emit.guarded(admit_one, event)
 
-    async def _reject_prompt(prompt: dict, verdict: Decision) -> None:
+    async def _reject_prompt(prompt: dict, verdict: Decision, decided_by: tuple[str, str] | None = None) -> None:
+        """A rejected Group for a prompt decided before generation; ``decided_by``: its
+        (filter_config, filter_config_hash), the prompt length filter's by default."""
+        filter_config, filter_hash = decided_by or (prompt_filter, prompt_filter_hash)
         group = group_record(
             prompt=prompt, decided_accepted=False, reason=verdict.reason, values=dict(verdict.values),
-            responses=[], filter_config=prompt_filter, filter_config_hash=prompt_filter_hash, policy_version=0, rounds=0,
+            responses=[], filter_config=filter_config, filter_config_hash=filter_hash, policy_version=0, rounds=0,
             responses_generated=0,
         )
         await emit.send(topics.groups_rejected, prompt["prompt_id"], group, "Group")
@@ -331,6 +434,8 @@ def build_admission_app(config: RLVRConfig, bootstrap: Bootstrap, tokenize: Toke
         state, effects = core.on_outcome(
             load(), limits, outcome["prompt_id"], outcome["outcome"] == "commit", outcome["reason"])
         save(state)
+        if not any(isinstance(e, core.UnknownOutcome) for e in effects):
+            await learn_history(outcome)
         await _apply(effects)
 
     last_outcome = [time.monotonic()]  # when an outcome was last applied (or the process started)

@@ -347,5 +347,6 @@ class Aggregation:
             group, "Group", [stored[str(i)] for i in decided.sample_indices], "RewardedResponse")
         topic = self.topics.decision_topic(response.get("mode", "train"), decided.accepted)
         outcome = prompt_outcome(response, committed=decided.accepted, reason=decided.reason,
-                                 rounds=decided.rounds, responses_generated=decided.responses_generated)
+                                 rounds=decided.rounds, responses_generated=decided.responses_generated,
+                                 policy_version=decided.policy_version, rewards=decided.rewards)
         return [Send(topic, pid, value), Send(self.topics.prompt_outcomes, pid, encode(outcome, "PromptOutcome"))]

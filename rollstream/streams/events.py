@@ -5,6 +5,7 @@ from __future__ import annotations
 import zlib
 from typing import Mapping, Sequence
 
+from rollstream.filtering.history import reward_pattern
 from rollstream.filtering.prompt_state import Decided, Replacement
 from rollstream.filtering.reasons import ACCEPTED
 from rollstream.runtime import now_ms
@@ -62,11 +63,15 @@ def decided_group(response: Mapping, decided: Decided, responses: Sequence[Mappi
     )
 
 
-def prompt_outcome(prompt: Mapping, *, committed: bool, reason: str, rounds: int, responses_generated: int) -> dict:
+def prompt_outcome(prompt: Mapping, *, committed: bool, reason: str, rounds: int, responses_generated: int,
+                   policy_version: int = -1, rewards: Sequence[float] = ()) -> dict:
+    """A ``PromptOutcome`` record; ``rewards``: the kept responses' response_level_rewards (their
+    pattern is what the history-aware admission learns from)."""
     return {
         "prompt_id": prompt["prompt_id"], "domain": prompt["domain"], "mode": prompt.get("mode", "train"),
         "outcome": "commit" if committed else "abort", "reason": reason if not committed else ACCEPTED,
         "rounds": rounds, "responses_generated": responses_generated, "created_ms": now_ms(),
+        "policy_version": policy_version if rewards else -1, "reward_pattern": reward_pattern(rewards),
     }
 
 

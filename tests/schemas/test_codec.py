@@ -36,7 +36,7 @@ def test_every_event_has_its_own_schema_file():
     names = {json.loads(p.read_text())["name"] for p in SCHEMA_DIR.glob("*.avsc")}
     assert names == set(REGISTRY.names) == {
         "Batch", "ChatMessage", "DeadLetter", "EpisodeRequest", "GenerationRequest", "Group", "GroupCommand",
-        "GroupQueueOutcome", "Metric", "PackedArray", "PayloadRef", "PolicyVersion", "Prompt", "PromptOutcome",
+        "GroupQueueOutcome", "Metric", "PackedArray", "PayloadRef", "PolicyVersion", "Prompt", "PromptHistory", "PromptOutcome",
         "PromptsEnd", "Response",
         "ResponseSummary", "RewardedResponse", "Trajectory", "TrajectoryGroup", "TrajectorySummary",
     }
