@@ -83,7 +83,7 @@ def test_scenario_10b_a_restart_at_version_50_rebuilds_a_budget_of_one_batch():
 
 def test_scenario_9_pass_at_k_is_the_unbiased_estimator():
     from rollstream.tools.stats import pass_at_k
-    from rollstream.tools.summary import _pass_at_k
+    from rollstream.tools.learning import pass_at_ks as _pass_at_k
 
     assert pass_at_k(4, 1, 4) == 1.0 and pass_at_k(4, 1, 1) == 0.25 and pass_at_k(4, 0, 4) == 0.0
     assert round(pass_at_k(4, 1, 2), 4) == 0.5  # 1 - C(3,2)/C(4,2) = 1 - 3/6

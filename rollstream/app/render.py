@@ -56,9 +56,24 @@ def print_summary(summary: dict, console: Console) -> None:
                                                f"{summary['redundancy_saved_ms']['episodes']} episodes")
     else:
         table.add_row("validation (unfiltered)", f"{val['groups']} groups, correct mean {val['correct_mean']}")
+        if summary.get("prompts_skipped_by_history"):
+            table.add_row("prompts skipped by history", str(summary["prompts_skipped_by_history"]))
     if summary["detail"]:
         table.add_row("detail", summary["detail"])
     console.print(table)
+    if summary.get("learning_curve") and not agentic:
+        console.print(learning_table(summary["learning_curve"]))
+
+
+def learning_table(curve: list[dict]) -> Table:
+    """The summary's ``learning_curve`` (rollstream.tools.learning): one row per policy version."""
+    table = Table("version", "val acc", "val pass@1", "train reward", "train acc", "retention", "resp/accepted",
+                  "skipped", title="learning curve")
+    for row in curve:
+        cells = [row.get(k) for k in ("val_accuracy", "val_pass@1", "train_reward", "train_accuracy", "retention",
+                                      "responses_per_accepted_response", "prompts_skipped")]
+        table.add_row(f"v{row['policy_version']}", *("-" if c is None else str(c) for c in cells))
+    return table
 
 
 def print_whatif(report: dict, title: str, console: Console) -> None:
@@ -93,6 +108,10 @@ def stats_table(view: dict) -> Table:
     table.add_row("reward all / accepted", f"{view['reward']['all']} / {view['reward']['accepted']}")
     table.add_row("validation original / accepted / rejected",
                   " / ".join(str(int(view["validation"][k])) for k in ("original", "accepted", "rejected")))
+    for mode, label in (("train", "train (kept responses)"), ("val", "validation")):
+        rows = view.get("by_policy_version", {}).get(mode) or {}
+        if rows:
+            table.add_row(f"{label} accuracy by version", ", ".join(f"v{v}: {r['accuracy']}" for v, r in rows.items()))
     table.add_row("batches (mean fill s)", f"{int(view['batches']['count'])} ({view['batches']['fill_seconds_mean']})")
     table.add_row("events handled", ", ".join(f"{k} {int(v)}" for k, v in view["events"].items()) or "-")
     return table

@@ -33,6 +33,8 @@ from rollstream.kafka.admin import create_pipeline_topics, wait_for_broker
 from rollstream.kafka.broker import EmbeddedBroker
 from rollstream.kafka.cluster import Cluster
 from rollstream.kafka.topics import Topics
+from rollstream.tools.learning import final_round_done
+from rollstream.tools.readback import read_values
 from rollstream.tools.summary import summarize_agentic, summarize_rlvr
 from rollstream.trainer.driver import LoopResult, run_trainer
 
@@ -108,7 +110,29 @@ def _build(config: Config, bootstrap: Cluster, topics: Topics, stages: StageProc
 
         metrics = start_metrics("trainer", bootstrap, topics)
         try:
-            return run_trainer(config, bootstrap, run_dir, deadline=started + config.time_limit_s,
-                               check=stages.check, on_progress=show)
+            result = run_trainer(config, bootstrap, run_dir, deadline=started + config.time_limit_s,
+                                 check=stages.check, on_progress=show)
         finally:
             metrics.close()
+    if not isinstance(config, AgenticConfig) and config.eval_steps and result.outcome in ("complete", "end_of_data"):
+        _await_final_validation(config, bootstrap, topics, stages, console, min(
+            started + config.time_limit_s, time.monotonic() + FINAL_VALIDATION_WAIT_S))
+    return result
+
+
+FINAL_VALIDATION_WAIT_S = 600.0
+
+
+def _await_final_validation(config: Config, bootstrap: Cluster, topics: Topics, stages: StageProcesses,
+                            console: Console, deadline: float) -> None:
+    """With ``eval_steps``, the trainer's last version may be due a validation round the stages
+    are still generating: wait for it (bounded by ``deadline``) so the learning curve ends there."""
+    versions = [p["version"] for p in read_values(bootstrap, topics.policy_versions)]
+    last = max(versions, default=0)
+    with console.status(f"validating policy version {last}"):
+        while not final_round_done(read_values(bootstrap, topics.groups_validation), config.eval_steps, last):
+            if time.monotonic() > deadline:
+                console.print(f"[yellow]the validation round of policy version {last} did not finish in time[/]")
+                return
+            stages.check()
+            time.sleep(1.0)

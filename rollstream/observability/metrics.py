@@ -40,6 +40,11 @@ METRICS: dict[str, str] = {
     "rollstream_reward_sum": "{scope} sum of response rewards, all decided vs accepted",
     "rollstream_reward_count": "{scope} responses counted in rollstream_reward_sum",
     "rollstream_validation_total": "{outcome} validation groups: original / accepted / rejected",
+    "rollstream_version_reward_sum": "{mode, policy_version} sum of the kept responses' rewards of the groups "
+                                     "decided at a policy version: train (the on-policy reward) and val (each "
+                                     "eval_steps round); one label value per version",
+    "rollstream_version_reward_count": "{mode, policy_version} responses counted in rollstream_version_reward_sum",
+    "rollstream_version_correct_count": "{mode, policy_version} of them with a reward > 0",
     "rollstream_batch_fill_seconds": "histogram of the time to fill a trainer batch",
     "rollstream_events_total": "{stage} events a worker handled",
     # per-event records of the agentic group queue (labels mode, group_id)
@@ -105,6 +110,10 @@ class WorkerMetrics:
         self.reward_sum = Gauge("rollstream_reward_sum", "Sum of response rewards", ["scope"], registry=r)
         self.reward_count = Gauge("rollstream_reward_count", "Responses counted in reward_sum", ["scope"], registry=r)
         self.validation = Counter("rollstream_validation", "Validation groups", ["outcome"], registry=r)
+        labels = ["mode", "policy_version"]
+        self.version_reward_sum = Gauge("rollstream_version_reward_sum", "Reward sum by version", labels, registry=r)
+        self.version_reward_count = Gauge("rollstream_version_reward_count", "Rewards by version", labels, registry=r)
+        self.version_correct = Gauge("rollstream_version_correct_count", "Rewards > 0 by version", labels, registry=r)
         self.batch_fill = Histogram("rollstream_batch_fill_seconds", "Time to fill a trainer batch", registry=r,
                                     buckets=(1, 5, 10, 30, 60, 120, 300, 600, 1800))
         self.events = Counter("rollstream_events", "Events handled", ["stage"], registry=r)
@@ -125,6 +134,13 @@ class WorkerMetrics:
         self.reward_sum.labels(scope).inc(sum(values))
         self.reward_count.labels(scope).inc(len(values))
 
+    def version_rewards(self, mode: str, version: int, rewards: Iterable[float]) -> None:
+        values = [v for v in rewards if v == v]
+        labels = (mode, str(version))
+        self.version_reward_sum.labels(*labels).inc(sum(values))
+        self.version_reward_count.labels(*labels).inc(len(values))
+        self.version_correct.labels(*labels).inc(sum(1 for v in values if v > 0))
+
     def prompt_effects(self, effects: Iterable, mode: str) -> None:
         """The aggregator's per-prompt effects (rollstream.filtering.prompt_state)."""
         for effect in effects:
@@ -135,6 +151,7 @@ class WorkerMetrics:
             elif isinstance(effect, Replacement):
                 self.replacement_rounds.inc()
             elif isinstance(effect, Decided):
+                self.version_rewards(mode, effect.policy_version, effect.rewards)
                 if mode == "val":
                     self.validation.labels("original").inc()
                     self.validation.labels("accepted" if effect.accepted else "rejected").inc()

@@ -1,11 +1,12 @@
 """`rollstream report`: one self-contained HTML page about a run, read back from its topics.
 
-Plots (matplotlib, PNG embedded as base64): retention over time, rejection reasons, rounds per
+Plots (matplotlib, PNG embedded as base64): the learning curve (validation and training accuracy
+per policy version over retention and responses per accepted response; rollstream.tools.learning), retention over time, rejection reasons, rounds per
 prompt (episodes per group id for agentic runs), batch fill times, mask fractions per training
 step, and policy-version lag per step. A plot without data says so in the image (and ``data-has-data="false"`` on its figure). The page counts
 its images that loaded (``data-images-loaded`` on <body>) so a headless browser can check it.
 
-Only decision-plane topics are read (group events, batches, metrics, policy versions): no plot
+Only decision-plane topics are read (group events, rewarded-response summaries, batches, metrics, policy versions): no plot
 needs a token, so the payload topics (``responses``, ``trajectories``) are never fetched.
 """
 
@@ -27,6 +28,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.topics import Topics  # noqa: E402
 from rollstream.schemas.records import is_set_aside, is_trajectory_group  # noqa: E402
+from rollstream.tools.learning import learning_curve  # noqa: E402
 from rollstream.tools.readback import filter_decisions, read_values  # noqa: E402
 
 
@@ -39,12 +41,22 @@ class RunData:
     batches: list[dict] = field(default_factory=list)
     metrics: list[dict] = field(default_factory=list)
     versions: list[dict] = field(default_factory=list)
+    validation: list[dict] = field(default_factory=list)
+    rewarded: list[dict] = field(default_factory=list)  # RewardedResponse records (summaries, no tokens)
 
     @classmethod
     def read(cls, bootstrap: Bootstrap, topics: Topics) -> "RunData":
         return cls(read_values(bootstrap, topics.groups_accepted), read_values(bootstrap, topics.groups_rejected),
                    read_values(bootstrap, topics.batches), read_values(bootstrap, topics.metrics),
-                   read_values(bootstrap, topics.policy_versions))
+                   read_values(bootstrap, topics.policy_versions), read_values(bootstrap, topics.groups_validation),
+                   read_values(bootstrap, topics.responses_rewarded))
+
+    def learning(self) -> dict:
+        """rollstream.tools.learning.learning_curve of the run (RLVR groups; the group size is
+        the largest accepted group's)."""
+        groups = [g for g in self.train_groups() if not is_trajectory_group(g)]
+        size = max((len(g["responses"]) for g in groups if g["accepted"]), default=1)
+        return learning_curve(self.validation, self.rewarded, groups, size)
 
     def train_groups(self) -> list[dict]:
         """The filters' train decisions: a group the trainer later rejected as stale counts once,
@@ -83,6 +95,42 @@ def _no_data(ax, what: str) -> None:
     ax.text(0.5, 0.5, f"no {what} in this run", ha="center", va="center", transform=ax.transAxes, fontsize=12)
     ax.set_xticks([])
     ax.set_yticks([])
+
+
+def learning_plot(data: RunData) -> tuple[str, bool]:
+    """Top: validation accuracy (each eval_steps round) and on-policy training accuracy per
+    policy version. Bottom, same versions: retention (left axis) and responses generated per
+    accepted response (right axis)."""
+    curve = data.learning()["curve"]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5.2), sharex=True)
+    top.set_title("Learning curve by policy version")
+    has = any(r.get("val_accuracy") is not None or r.get("train_accuracy") is not None for r in curve)
+    if not has:
+        _no_data(top, "validation or training responses")
+        bottom.set_xticks([])
+        bottom.set_yticks([])
+        return _png(fig, False)
+    for key, label, style in (("val_accuracy", "validation accuracy", "o-"), ("val_pass@1", "validation pass@1", "^:"),
+                              ("train_accuracy", "training accuracy (all generated)", "s--")):
+        rows = [r for r in curve if r.get(key) is not None]
+        if rows:
+            top.plot([r["policy_version"] for r in rows], [r[key] for r in rows], style, label=label)
+    top.set_ylabel("accuracy")
+    top.set_ylim(-0.02, 1.05)
+    top.legend(fontsize=8)
+    rows = [r for r in curve if r.get("retention") is not None]
+    bottom.plot([r["policy_version"] for r in rows], [r["retention"] for r in rows], "o-", color="tab:green",
+                label="retention")
+    bottom.set_ylabel("retention", color="tab:green")
+    bottom.set_ylim(-0.02, 1.05)
+    ratio = bottom.twinx()
+    rows = [r for r in curve if r.get("responses_per_accepted_response") is not None]
+    ratio.plot([r["policy_version"] for r in rows], [r["responses_per_accepted_response"] for r in rows], "s--",
+               color="tab:orange")
+    ratio.set_ylabel("responses / accepted", color="tab:orange")
+    bottom.set_xlabel("policy version")
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
+    return _png(fig, True)
 
 
 def retention_over_time(data: RunData) -> tuple[str, bool]:
@@ -188,7 +236,9 @@ def policy_lag(data: RunData) -> tuple[str, bool]:
     return _png(fig, has)
 
 
-PLOTS = (retention_over_time, rejection_reasons, rounds_per_prompt, batch_fill_times, mask_fractions, policy_lag)
+CURVE_COLUMNS = ("policy_version", "val_accuracy", "train_accuracy", "retention", "responses_per_accepted_response")
+
+PLOTS = (learning_plot, retention_over_time, rejection_reasons, rounds_per_prompt, batch_fill_times, mask_fractions, policy_lag)
 
 
 def render_html(data: RunData, title: str) -> tuple[str, int]:
@@ -200,6 +250,12 @@ def render_html(data: RunData, title: str) -> tuple[str, int]:
              ("batches", len(data.steps())),
              ("policy versions published", ", ".join(str(v) for v in sorted({p["version"] for p in data.versions})) or "-")]
     rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in facts)
+    curve_rows = "".join(
+        f'<tr data-version="{r["policy_version"]}">' + "".join(
+            f"<td>{'-' if r.get(k) is None else html.escape(str(r[k]))}</td>" for k in CURVE_COLUMNS) + "</tr>"
+        for r in data.learning()["curve"])
+    curve = (f"<h2>Learning curve</h2><table><tr>{''.join(f'<th>{c}</th>' for c in CURVE_COLUMNS)}</tr>"
+             f"{curve_rows}</table>") if curve_rows else ""
     figures = []
     for plot in PLOTS:
         png, has_data = plot(data)
@@ -211,7 +267,7 @@ def render_html(data: RunData, title: str) -> tuple[str, int]:
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}th,td{{padding:2px 10px;
 text-align:left}}figure{{margin:1em 0}}</style></head>
-<body data-images-loaded="0"><h1>{html.escape(title)}</h1><table>{rows}</table>{images}
+<body data-images-loaded="0"><h1>{html.escape(title)}</h1><table>{rows}</table>{curve}{images}
 <script>
 window.addEventListener("load", function () {{
   var ok = Array.prototype.filter.call(document.images, function (i) {{ return i.complete && i.naturalWidth > 0; }});

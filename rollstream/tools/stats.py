@@ -31,7 +31,8 @@ def latest(records: list[dict]) -> dict[tuple, float]:
 
 def figures(samples: dict[tuple, float]) -> dict:
     """The stats view: per unit decided / rejected / retention and rejections by reason,
-    in-flight, replacement rounds, reward all vs accepted, validation, batch fill, events."""
+    in-flight, replacement rounds, reward all vs accepted, validation, the train and validation
+    reward and accuracy (reward > 0) by policy version, batch fill, events."""
     def get(name: str, **labels) -> float:
         return samples.get((PREFIX + name, tuple(sorted(labels.items()))), 0.0)
 
@@ -51,6 +52,16 @@ def figures(samples: dict[tuple, float]) -> dict:
         n = get("reward_count", scope=scope)
         return round(get("reward_sum", scope=scope) / n, 4) if n else None
 
+    by_version: dict[str, dict[int, dict]] = {"train": {}, "val": {}}
+    for (name, labels), value in samples.items():
+        if name.startswith(PREFIX + "version_"):
+            lab = dict(labels)
+            row = by_version.setdefault(lab["mode"], {}).setdefault(int(lab["policy_version"]), {})
+            row[name.removeprefix(PREFIX + "version_")] = value
+    learning = {mode: {str(v): {"responses": int(r.get("reward_count", 0)),
+                                "reward_mean": round(r["reward_sum"] / r["reward_count"], 4) if r.get("reward_count") else None,
+                                "accuracy": round(r.get("correct_count", 0) / r["reward_count"], 4) if r.get("reward_count") else None}
+                       for v, r in sorted(rows.items())} for mode, rows in by_version.items()}
     fills = get("batch_fill_seconds_count")
     return {
         "units": dict(sorted(units.items())),
@@ -58,6 +69,7 @@ def figures(samples: dict[tuple, float]) -> dict:
         "replacement_rounds": get("replacement_rounds_total"),
         "reward": {"all": mean("all"), "accepted": mean("accepted")},
         "validation": {o: get("validation_total", outcome=o) for o in ("original", "accepted", "rejected")},
+        "by_policy_version": learning,
         "batches": {"count": fills, "fill_seconds_mean": round(get("batch_fill_seconds_sum") / fills, 2) if fills else None},
         "events": {dict(l)["stage"]: v for (n, l), v in samples.items() if n == PREFIX + "events_total"},
     }

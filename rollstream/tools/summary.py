@@ -10,14 +10,13 @@ the TrajectorySummary members of the group events (see ``summarize_agentic``).""
 
 from __future__ import annotations
 
-import math
-
 from rollstream.config import AgenticConfig, RLVRConfig
 from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.topics import Topics
 from rollstream.schemas.records import is_set_aside
 from rollstream.tools.readback import count_records, filter_decisions, read_values
-from rollstream.tools.stats import pass_at_k
+from rollstream.tools.learning import SKIPPED, learning_curve, pass_at_ks
+from rollstream.tools.learning import mean as _mean
 
 
 def summarize_rlvr(config: RLVRConfig, bootstrap: Bootstrap, topics: Topics, batches: list[dict], outcome: str,
@@ -30,7 +29,8 @@ def summarize_rlvr(config: RLVRConfig, bootstrap: Bootstrap, topics: Topics, bat
     Response it reads (NaN reward and ``reward_error`` when it could not score one), so they are
     the generated responses, bar a Response dead-lettered as undecodable."""
     requests = read_values(bootstrap, topics.generation_requests)
-    responses = [r["response"] for r in read_values(bootstrap, topics.responses_rewarded)]
+    rewarded = read_values(bootstrap, topics.responses_rewarded)
+    responses = [r["response"] for r in rewarded]
     accepted = read_values(bootstrap, topics.groups_accepted)
     rejected, stale_at_trainer = filter_decisions(accepted, read_values(bootstrap, topics.groups_rejected))
     validation = read_values(bootstrap, topics.groups_validation)
@@ -43,9 +43,11 @@ def summarize_rlvr(config: RLVRConfig, bootstrap: Bootstrap, topics: Topics, bat
     for g in rejected:
         domains[g["domain"]]["rejected"] += 1
         by_reason[g["reason"]] = by_reason.get(g["reason"], 0) + 1
-    decided = len(accepted) + len(rejected)
+    skipped = by_reason.get(SKIPPED, 0)  # never generated: not in the retention
+    decided = len(accepted) + len(rejected) - skipped
     accepted_responses = sum(len(g["responses"]) for g in accepted)
     train_responses = sum(1 for r in responses if r.get("mode", "train") == "train")
+    learning = learning_curve(validation, rewarded, accepted + rejected, config.num_return_sequences_in_group)
     return {
         "outcome": outcome,
         "detail": detail,
@@ -71,8 +73,12 @@ def summarize_rlvr(config: RLVRConfig, bootstrap: Bootstrap, topics: Topics, bat
             "groups": len(validation),
             "responses": sum(len(g["responses"]) for g in validation),
             "correct_mean": _mean([r["scores"].get("acc", 0.0) for g in validation for r in g["responses"]]),
-            **_pass_at_k([[r["scores"].get("acc", 0.0) >= 1.0 for r in g["responses"]] for g in validation]),
+            **pass_at_ks([[r["scores"].get("acc", 0.0) >= 1.0 for r in g["responses"]] for g in validation]),
+            "by_policy_version": learning["validation"],
         },
+        "train_reward_by_policy_version": learning["train"],
+        "prompts_skipped_by_history": skipped,
+        "learning_curve": learning["curve"],
         "reward": {
             "all": _mean([r["response_level_reward"] for g in accepted + rejected for r in g["responses"]]),
             "accepted": _mean([r["response_level_reward"] for g in accepted for r in g["responses"]]),
@@ -186,16 +192,6 @@ def _decided_trajectories(groups: list[dict]) -> list[dict]:
     return list(seen.values())
 
 
-def _pass_at_k(groups: list[list[bool]]) -> dict:
-    """``pass@1`` and ``pass@n`` (n = samples per validation prompt, unbiased estimator) over
-    validation groups of equal size; empty when there are none."""
-    sizes = {len(g) for g in groups if g}
-    if len(sizes) != 1:
-        return {}
-    (n,) = sizes
-    return {f"pass@{k}": _mean([pass_at_k(n, sum(g), k) for g in groups]) for k in sorted({1, n})}
-
-
 TRAINING_KEYS = ("loss", "skipped", "policy_version", "final_mask_mean", "pass_rates", "ratio_means", "diff_means",
                  "mask_collapse", "reward_mean", "grad_norm", "pg_clipfrac", "policy_lag_max", "generator_versions",
                  "train_seconds")
@@ -211,11 +207,6 @@ def _policy(bootstrap: Bootstrap, topics: Topics, generated_by: list[int]) -> di
 def _training(batch: dict) -> dict:
     """The training step's figures of a manifest entry (none when training is off)."""
     return {k: batch[k] for k in TRAINING_KEYS if k in batch}
-
-
-def _mean(values: list[float]) -> float | None:
-    finite = [v for v in values if math.isfinite(v)]
-    return round(sum(finite) / len(finite), 4) if finite else None
 
 
 def _counts(items) -> dict[str, int]:

@@ -1,5 +1,5 @@
 """`rollstream report` from a run's topics on the real broker, rendered by headless Chromium
-(Debian's `chromium`): six plots, each drawn from data, each a non-blank image, all loaded."""
+(Debian's `chromium`): seven plots, each drawn from data, each a non-blank image, all loaded."""
 
 from __future__ import annotations
 
@@ -23,16 +23,17 @@ from .harness import write_config
 pytestmark = pytest.mark.integration
 
 
-def decided(key: str, accepted: bool, reason: str, rounds: int, created_ms: int) -> dict:
+def decided(key: str, accepted: bool, reason: str, rounds: int, created_ms: int, mode: str = "train",
+            version: int = 0, rewards: tuple[float, float] = (0.0, 1.0)) -> dict:
     """A Group of two responses whose Responses were never written: the report reads decisions
     only, never a payload."""
-    members = [{"response": {"prompt_id": key, "domain": "math", "mode": "train", "round": 0, "sample_index": i,
-                             "prompt_length": 3, "response_length": 2, "finish_reason": "stop"},
-                "response_level_reward": float(i % 2), "payload": payload_ref("nowhere.responses", 0, i, 64)}
+    members = [{"response": {"prompt_id": key, "domain": "math", "mode": mode, "round": 0, "sample_index": i,
+                             "prompt_length": 3, "response_length": 2, "finish_reason": "stop", "policy_version": version},
+                "response_level_reward": rewards[i], "payload": payload_ref("nowhere.responses", 0, i, 64)}
                for i in range(2)]
-    return {"group_key": key, "prompt_id": key, "domain": "math", "mode": "train", "accepted": accepted,
+    return {"group_key": key, "prompt_id": key, "domain": "math", "mode": mode, "accepted": accepted,
             "reason": reason, "rounds": rounds, "responses_generated": 2, "created_ms": created_ms,
-            "responses": members}
+            "responses": members, "policy_version": version}
 
 
 def record_a_run(bootstrap: str, topics) -> None:
@@ -44,6 +45,16 @@ def record_a_run(bootstrap: str, topics) -> None:
     for g in [*groups, stale_at_trainer]:
         topic = topics.groups_accepted if g["accepted"] else topics.groups_rejected
         producer.send(topic, key=g["group_key"].encode(), value=encode(g, "Group"))
+    # validation rounds of versions 0 and 2 (accuracy 0.25 then 0.75) and what each version generated
+    validation = [decided("v0", True, "accepted", 1, 100, "val", 0, (0.0, 0.0)),
+                  decided("v1", True, "accepted", 1, 100, "val", 0, (1.0, 0.0)),
+                  decided("v0#v2", True, "accepted", 1, 7000, "val", 2, (1.0, 1.0)),
+                  decided("v1#v2", True, "accepted", 1, 7000, "val", 2, (1.0, 0.0))]
+    for g in validation:
+        producer.send(topics.groups_validation, key=g["group_key"].encode(), value=encode(g, "Group"))
+    for g in groups + validation:
+        for member in g["responses"]:
+            producer.send(topics.responses_rewarded, key=g["group_key"].encode(), value=encode(member, "RewardedResponse"))
     for step, fill in ((0, 12.5), (1, 4.0)):
         producer.send(topics.batches, key=str(step).encode(), value=encode(
             {"step": step, "status": "complete", "target_groups": 2, "accepted_groups": 2, "fill_seconds": fill}, "Batch"))
@@ -58,7 +69,7 @@ def record_a_run(bootstrap: str, topics) -> None:
     publisher.close()
 
 
-def test_report_renders_in_headless_chromium_with_six_non_empty_plots(kafka_broker, topic_factory, tmp_path):
+def test_report_renders_in_headless_chromium_with_seven_non_empty_plots(kafka_broker, topic_factory, tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     assert chromium, "Debian's chromium is needed (make test installs it)"
     topics = topic_factory()
@@ -70,10 +81,14 @@ def test_report_renders_in_headless_chromium_with_six_non_empty_plots(kafka_brok
     assert proc.returncode == 0, proc.stderr
     page = out.read_text()
     assert re.findall(r'data-plot="(\w+)" data-has-data="(\w+)"', page) == [
-        ("retention_over_time", "true"), ("rejection_reasons", "true"), ("rounds_per_prompt", "true"),
+        ("learning_plot", "true"), ("retention_over_time", "true"), ("rejection_reasons", "true"), ("rounds_per_prompt", "true"),
         ("batch_fill_times", "true"), ("mask_fractions", "true"), ("policy_lag", "true")]
     assert "<td>5</td>" in page and "<td>0.600</td>" in page  # 5 groups decided, 3 accepted
-    assert "6 plots, 6 with data" in proc.stdout
+    # the learning curve's table: version, validation accuracy, training accuracy, retention, responses/accepted
+    assert re.findall(r'<tr data-version="(\d+)">((?:<td>[^<]*</td>)+)</tr>', page) == [
+        ("0", "<td>0</td><td>0.25</td><td>0.5</td><td>0.6</td><td>1.667</td>"),
+        ("2", "<td>2</td><td>0.75</td><td>-</td><td>-</td><td>-</td>")]
+    assert "7 plots, 7 with data" in proc.stdout
     elsewhere = subprocess.run([sys.executable, "-m", "rollstream", "report", "-c", str(config), "-b", kafka_broker,
                                 "-o", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert elsewhere.returncode == 2 and "is a directory" in " ".join(elsewhere.stderr.split())
@@ -84,7 +99,7 @@ def test_report_renders_in_headless_chromium_with_six_non_empty_plots(kafka_brok
     browser = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                "--virtual-time-budget=10000"]
     dom = subprocess.run([*browser, "--dump-dom", out.as_uri()], capture_output=True, text=True, timeout=120)
-    assert 'data-images-loaded="6"' in dom.stdout, dom.stderr[-2000:]
+    assert 'data-images-loaded="7"' in dom.stdout, dom.stderr[-2000:]
     shot = tmp_path / "shot.png"
     subprocess.run([*browser, f"--screenshot={shot}", "--window-size=1000,2600", out.as_uri()],
                    capture_output=True, timeout=120, check=True)
