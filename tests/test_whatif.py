@@ -152,3 +152,19 @@ def test_a_group_without_recorded_responses_takes_its_prompt_length_from_the_res
     result = whatif_rlvr(config(prompt_length=1), [], [group]).report(2)
     assert result["changed"] == [{"group_key": "spread", "actual": "accepted", "alternative": "prompt_too_long"}]
     assert whatif_rlvr(config(prompt_length=2), [], [group]).report(2)["needs_generation"] == ["spread"]
+
+
+def test_a_prompt_skipped_by_history_stays_skipped_only_under_the_same_history_filter():
+    from rollstream.filtering.admission import history_filter_config
+
+    on = {"enable": True, "explore_init": 0.4}
+    recorded = config(num_epochs=2, history_filter=on)
+    skipped = {"group_key": "p#e1", "prompt_id": "p#e1", "domain": DOMAIN, "mode": "train", "accepted": False,
+               "reason": "skipped_by_history", "decision_values": {"skip_probability": 0.6}, "responses": [],
+               "rounds": 0, "responses_generated": 0,
+               "filter_config_hash": history_filter_config(recorded.history_filter.model_dump())[1]}
+    same = whatif_rlvr(recorded, [], [skipped]).report(2)
+    assert same["changed"] == [] and same["needs_generation"] == []
+    assert same["alternative"]["reasons"] == {"skipped_by_history": 1}
+    for other in (config(), config(num_epochs=2, history_filter={**on, "explore_init": 0.5})):
+        assert whatif_rlvr(other, [], [skipped]).report(2)["needs_generation"] == ["p#e1"]

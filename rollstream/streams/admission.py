@@ -215,12 +215,14 @@ def build_admission_app(config: RLVRConfig, bootstrap: Bootstrap, tokenize: Toke
         return names.ADMISSION_SEEN_PREFIX + prompt_id.encode()
 
     async def admit_prompt(prompt: dict, take: Callable[[core.AdmissionState], core.AdmissionState] | None = None,
-                           offset: int | None = None) -> None:
+                           offset: int | None = None, history_of: tuple[dict, int] | None = None) -> None:
         """Wait for a credit, then admit ``prompt`` or reject it before generation; ``take``:
         it is the next prompt of a later epoch or of a validation round, and ``take`` moves that
         position past it (saved with the decision); ``offset``: where a first read found it on
         ``prompts``, recorded with the decision so a later event with its id is told apart as a
-        redelivery (same offset) or a duplicate."""
+        redelivery (same offset) or a duplicate; ``history_of``: (its first-epoch record, the
+        epoch) for the history filter, decided once the credit is there (so with the newest
+        history: every outcome that returned a credit is in it)."""
         mode = prompt.get("mode", "train")
         if not tokenizer:  # the epochs task may start before the prompts agent loaded it
             tokenizer.append(default_tokenize(config.infer_model_path))
@@ -239,6 +241,8 @@ def build_admission_app(config: RLVRConfig, bootstrap: Bootstrap, tokenize: Toke
                             prompt["prompt_id"], last_warning - waiting_since, len(state.in_flight), state.step,
                             version, "" if limits.max_staleness is None else
                             f" (step {state.step} needs version {state.step - limits.max_staleness}: is the trainer up?)")
+        if history_of is not None and await skipped_by_history(state, *history_of):
+            return
         if take is not None:
             state = take(state)
         if offset is not None:
@@ -303,13 +307,14 @@ def build_admission_app(config: RLVRConfig, bootstrap: Bootstrap, tokenize: Toke
             log.error("%s holds %d train prompts before the end marker, the first epoch had %d (retention deleted "
                       "some?): the later epochs cannot be replayed", topics.prompts, len(train), state.epoch_size)
             return
+        if history_limits is not None:
+            await ensure_history()
         take = lambda s: core.take_replay(s, limits)  # noqa: E731
         while (nxt := core.next_replay(load(), limits)) is not None:
             epoch, index = nxt
             original = train[index]
-            if history_limits is not None and await skipped_by_history(original, epoch):
-                continue
-            await admit_prompt({**original, "prompt_id": core.epoch_prompt_id(original["prompt_id"], epoch)}, take)
+            await admit_prompt({**original, "prompt_id": core.epoch_prompt_id(original["prompt_id"], epoch)}, take,
+                               history_of=(original, epoch) if history_limits is not None else None)
         state, effects = core.check_step(load(), limits)  # when nothing is in flight, the verdict is due now
         save(state)
         await _apply(effects)
@@ -321,11 +326,10 @@ def build_admission_app(config: RLVRConfig, bootstrap: Bootstrap, tokenize: Toke
                 histories.update(await asyncio.to_thread(read_history, bootstrap, topics.prompt_history))
                 loaded.append(True)
 
-    async def skipped_by_history(prompt: dict, epoch: int) -> bool:
+    async def skipped_by_history(state: core.AdmissionState, prompt: dict, epoch: int) -> bool:
         """Decide the history filter for ``prompt`` (its first-epoch record) in ``epoch``; when it
-        skips, move past it, count it, and record it (history, a rejected Group)."""
-        await ensure_history()
-        state = load()
+        skips, move past it, count it, and record it (history, a rejected Group). ``state`` was
+        just loaded: nothing awaits before it is saved (ensure_history ran before)."""
         explore = history.ExploreState.from_dict(state.explore, history_limits)
         past = histories.get(prompt["prompt_id"])
         decision = history.decide_skip(past, explore, history_limits, prompt["prompt_id"], epoch)
@@ -345,20 +349,19 @@ def build_admission_app(config: RLVRConfig, bootstrap: Bootstrap, tokenize: Toke
         histories[entry.prompt_id] = entry
         await emit.send(topics.prompt_history, entry.prompt_id, entry.to_record(), "PromptHistory")
 
-    async def learn_history(outcome: dict) -> None:
+    def learn_history(state: core.AdmissionState, outcome: dict) -> history.PromptHistory | None:
         """A train group was decided (not a redelivery): add its pattern to the prompt's history
-        and adapt the exploration probabilities."""
+        and adapt the exploration probabilities in ``state`` (saved by the caller with the
+        outcome, in one table write); returns the history to publish."""
         if history_limits is None or outcome.get("mode", "train") != "train" or not outcome.get("reward_pattern"):
-            return
-        await ensure_history()
+            return None
         base, epoch = history.split_epoch(outcome["prompt_id"])
         entry = histories.get(base) or history.PromptHistory(base)
         entry.record(epoch, outcome["reward_pattern"], outcome["policy_version"])
-        await write_history(entry)
-        state = load()
+        histories[base] = entry
         explore = history.ExploreState.from_dict(state.explore, history_limits)
         state.explore = history.observe(explore, history_limits, outcome["reward_pattern"]).to_dict()
-        save(state)
+        return entry
 
     def resume_eval() -> None:
         """Start the task that admits a validation round when one is due or unfinished."""
@@ -431,11 +434,14 @@ def build_admission_app(config: RLVRConfig, bootstrap: Bootstrap, tokenize: Toke
 
     async def apply_outcome(outcome: dict) -> None:
         last_outcome[0] = time.monotonic()
+        if history_limits is not None:
+            await ensure_history()
         state, effects = core.on_outcome(
             load(), limits, outcome["prompt_id"], outcome["outcome"] == "commit", outcome["reason"])
+        learned = None if any(isinstance(e, core.UnknownOutcome) for e in effects) else learn_history(state, outcome)
         save(state)
-        if not any(isinstance(e, core.UnknownOutcome) for e in effects):
-            await learn_history(outcome)
+        if learned is not None:
+            await write_history(learned)
         await _apply(effects)
 
     last_outcome = [time.monotonic()]  # when an outcome was last applied (or the process started)

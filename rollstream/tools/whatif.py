@@ -9,7 +9,8 @@ recording (the original asked for it too) or it is not: then the prompt ``needs_
 and cannot be decided offline (counted, listed, never guessed). Recorded responses the
 alternative never asks for are generations it would have saved. ``stale`` rejections are
 re-decided with the policy version recorded in their values; admission's ``prompt_too_long``
-with the recorded prompt tokens (its ``decision_values["prompt_tokens"]``).
+with the recorded prompt tokens (its ``decision_values["prompt_tokens"]``); a prompt the history
+filter skipped stays skipped under the same ``history_filter`` and needs generation under another.
 
 Only decision-plane events are read (``responses.rewarded``, ``groups.*``): rewards, scores,
 finish reasons, lengths and policy versions are all in them; no token payload is fetched.
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from rollstream.config import AgenticConfig, Config, RLVRConfig
-from rollstream.filtering.admission import prompt_length_decision
+from rollstream.filtering.admission import history_filter_config, prompt_length_decision
 from rollstream.filtering.group_filters import filter_group, load_group_filter
 from rollstream.filtering.prompt_state import Decided, DomainFilters, DuplicateResponse, step
 from rollstream.filtering.reasons import ACCEPTED, RejectReason
@@ -126,6 +127,9 @@ def whatif_rlvr(config: RLVRConfig, rewarded: Iterable[dict], decided_groups: It
         if group["domain"] not in filters:
             continue
         domain = filters[group["domain"]]
+        if group["reason"] == RejectReason.SKIPPED_BY_HISTORY.value:
+            out.compare(pid, recorded, _history_skip(group, config), 0)
+            continue
         if group["reason"] == RejectReason.PROMPT_TOO_LONG.value or not by_prompt.get(pid):
             alternative = _admission(group, config)
             out.compare(pid, recorded, alternative, 0)
@@ -134,6 +138,15 @@ def whatif_rlvr(config: RLVRConfig, rewarded: Iterable[dict], decided_groups: It
         out.saved_generations += len(by_prompt[pid]) - used
         out.compare(pid, recorded, alternative, domain.num_return_sequences)
     return out
+
+
+def _history_skip(group: Mapping, config: RLVRConfig) -> GroupOutcome | None:
+    """A prompt the history filter skipped: skipped again when the alternative runs the same
+    history filter (same ``filter_config_hash``: the same seeded draw on the same history);
+    otherwise it would have been generated, which cannot be decided offline (None)."""
+    if history_filter_config(config.history_filter.model_dump())[1] == group.get("filter_config_hash"):
+        return GroupOutcome(False, group["reason"])
+    return None
 
 
 def _admission(group: Mapping, config: RLVRConfig) -> GroupOutcome | None:

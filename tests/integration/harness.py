@@ -173,17 +173,22 @@ class SyntheticRollout(Responder):
     Response payloads on ``responses`` and then their RewardedResponse events (naming them by
     PayloadRef) on ``responses.rewarded``, the shapes the real workers write."""
 
-    def __init__(self, bootstrap: str, topics: Topics, script: Script) -> None:
+    def __init__(self, bootstrap: str, topics: Topics, script: Script,
+                 policy_version: Callable[[], int] | None = None) -> None:
+        """``policy_version``: the version to stamp each request's responses with (read once per
+        request, before the script runs); 0 without it."""
         self.publisher = PayloadPublisher(bootstrap, topics)
 
         def answer(req: dict, key: bytes) -> list[tuple]:
             records = []
+            version = policy_version() if policy_version is not None else 0
             for i in range(req["num_return_sequences"]):
                 index = req["sample_offset"] + i
                 scripted = script(req["prompt_id"], index, req["round"])
                 if scripted is not None:
                     reward, finish = scripted
-                    records.append(response(req["prompt_id"], index, req["round"], reward, finish, mode=req["mode"]))
+                    records.append(response(req["prompt_id"], index, req["round"], reward, finish, mode=req["mode"],
+                                            policy_version=version))
             return [(topics.responses_rewarded, key, "RewardedResponse", rec) for rec in self.publisher.refer(records)]
 
         super().__init__(bootstrap, topics.generation_requests, answer)

@@ -1,0 +1,68 @@
+"""Periodic validation on the real broker (``eval_steps``): the admission generates the
+validation prompts again at every eval_steps-th policy version, by the version that was current,
+and the learning curve reads each round back. The synthetic rollout's reward depends on the
+version that generated a response, so a round validated by the wrong version shows."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from rollstream.app.stages import Stage
+from rollstream.policy.versions import PolicyVersionWatcher
+from rollstream.tools.learning import validation_by_version
+from rollstream.tools.readback import read_values
+from rollstream.trainer.publisher import PolicyPublisher
+
+from .harness import SyntheticRollout, produce, prompt, start_stages, wait_for, write_config
+
+pytestmark = pytest.mark.integration
+
+
+def test_validation_runs_at_every_eval_steps_versions_with_the_current_version(kafka_broker, topic_factory, tmp_path):
+    topics = topic_factory(partitions=2)
+    config = write_config(tmp_path, topics, 2, eval_steps=2, val_num_return_sequences=4, max_steps=10)
+    watcher = PolicyVersionWatcher(kafka_broker, topics)
+    version = lambda: watcher.latest_version() or 0  # noqa: E731  (read in the rollout's thread only)
+    holder: dict[str, int] = {}
+
+    def script(prompt_id: str, index: int, round_: int) -> tuple[float, str]:
+        # a response of version v is right for the first v of its 4 samples: accuracy v / 4
+        return float(index < holder["v"]), "stop"
+
+    def stamped() -> int:
+        holder["v"] = version()
+        return holder["v"]
+
+    stages = start_stages(config, kafka_broker, tmp_path / "logs", Stage.admission, Stage.aggregator)
+    rollout = SyntheticRollout(kafka_broker, topics, script, policy_version=stamped)
+    rollout.start()
+    publisher = PolicyPublisher(kafka_broker, topics)
+
+    def rounds() -> dict[int, dict]:
+        return validation_by_version(read_values(kafka_broker, topics.groups_validation))
+
+    def round_done(v: int) -> bool:
+        return rounds().get(v, {}).get("groups") == 2
+
+    try:
+        produce(kafka_broker, topics.prompts, "Prompt", [prompt("v0", mode="val"), prompt("v1", mode="val"),
+                                                         prompt("p0")])
+        wait_for(lambda: round_done(0), what="the first validation round", stages=stages)
+        for v in (1, 2, 3, 4):
+            publisher.publish(v, v - 1, "", trained=False)
+            if v % 2 == 0:
+                wait_for(lambda: round_done(v), what=f"the validation round of version {v}", stages=stages)
+            else:
+                time.sleep(6)  # an odd version is not due a round: give the admission time to be wrong
+        assert sorted(rounds()) == [0, 2, 4]
+        assert {v: (r["generated_by"], r["accuracy"], r["responses"]) for v, r in rounds().items()} == {
+            0: ([0], 0.0, 8), 2: ([2], 0.5, 8), 4: ([4], 1.0, 8)}
+        requested = sorted(r["prompt_id"] for r in rollout.requests if r["mode"] == "val")
+        assert requested == ["v0", "v0#v2", "v0#v4", "v1", "v1#v2", "v1#v4"]  # each round once
+    finally:
+        rollout.stop()
+        publisher.close()
+        watcher.close()
+        stages.close()
