@@ -13,7 +13,7 @@ export UV_CACHE_DIR ?= $(HOME)/.cache/uv
 export UV_LINK_MODE ?= hardlink
 export PYTHONWARNINGS ?= ignore::SyntaxWarning,ignore::DeprecationWarning
 
-.PHONY: env browser demo demo-byo demo-agentic test test-unit chaos bench gpu-check clean
+.PHONY: env browser demo demo-byo demo-agentic demo-learn test test-unit chaos bench gpu-check clean
 
 $(UV):
 	$(PYTHON) -m venv $(CACHE)/tools
@@ -38,6 +38,11 @@ demo-byo: env
 
 demo-agentic: env
 	$(PY) -m rollstream run examples/agentic_frozenlake.yaml --summary-json runs/demo-agentic/summary.json
+
+# Whether it learns: several epochs, validation every 3 versions, the history filter; the summary
+# and runs/demo-learn/report.html end with the learning curve.
+demo-learn: env
+	$(PY) -m rollstream run examples/rlvr_learn.yaml --summary-json runs/demo-learn/summary.json --report runs/demo-learn/report.html
 
 # The report test renders in a real headless browser: Debian's chromium, installed when missing.
 browser:

@@ -201,7 +201,7 @@ def load_prompts(
 
 def dataset_prompts(dataset: DatasetConfig, seed: int) -> list[dict]:
     """The Prompt records of one ``datasets[]`` entry, ready to publish: a bundled source through
-    ``load_prompts``, a file source through ``rollstream.config.sources.file_prompts``. A val
+    ``load_prompts`` (with the dataset's own ``seed`` when it has one, else ``seed``), a file source through ``rollstream.config.sources.file_prompts``. A val
     prompt's id is prefixed ``val/`` (it must never share a transaction with a train prompt of
     the same item). ``created_ms`` is 0 (stamped by the publisher).
 
@@ -210,6 +210,7 @@ def dataset_prompts(dataset: DatasetConfig, seed: int) -> list[dict]:
         prompts = [_prompt(p["prompt_id"], p["domain"], dataset.mode, p["prompt"], p["ground_truth"], "",
                            p["messages"]) for p in file_prompts(dataset.source, **dataset.file_args())]
     else:
+        seed = seed if dataset.seed is None else dataset.seed
         prompts = load_prompts(dataset.source, dataset.domain, dataset.num_samples, seed, mode=dataset.mode,
                                config=dataset.config or None, prompt_template=dataset.prompt_template)
     if dataset.mode == "val":

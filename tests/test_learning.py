@@ -8,7 +8,8 @@ from rollstream.tools.learning import final_round_done, first_reaching, learning
 
 
 def member(pid: str, i: int, reward: float, version: int, mode: str = "train", acc: float | None = None) -> dict:
-    return {"response": {"prompt_id": pid, "mode": mode, "sample_index": i, "policy_version": version},
+    return {"response": {"prompt_id": pid, "mode": mode, "sample_index": i, "policy_version": version,
+                         "response_length": 3},
             "response_level_reward": reward, "scores": {} if acc is None else {"acc": acc}}
 
 
@@ -29,12 +30,12 @@ def test_the_curve_joins_validation_training_and_filtering_by_version():
     out = learning_curve(validation, rewarded, decided, group_size=4)
     v0, v2 = out["validation"]["0"], out["validation"]["2"]
     assert (v0["groups"], v0["responses"], v0["accuracy"], v0["pass@1"], v0["pass@4"]) == (2, 8, 0.125, 0.125, 0.5)
-    assert (v2["accuracy"], v2["pass@4"], v2["generated_by"]) == (0.5, 1.0, [2, 3])
+    assert (v2["accuracy"], v2["pass@4"], v2["generated_by"], v2["decided_ms"]) == (0.5, 1.0, [2, 3], 0)
     assert v2["domains"] == {"gsm8k": {"groups": 1, "accuracy": 0.25, "pass@1": 0.25, "pass@4": 1.0},
                              "math": {"groups": 1, "accuracy": 0.75, "pass@1": 0.75, "pass@4": 1.0}}
     # training: every generated train response by its version (val members left out)
-    assert out["train"] == {"0": {"responses": 8, "reward_mean": 0.125, "accuracy": 0.125},
-                            "2": {"responses": 5, "reward_mean": 0.6, "accuracy": 0.6}}
+    assert out["train"] == {"0": {"responses": 8, "tokens": 24, "reward_mean": 0.125, "accuracy": 0.125},
+                            "2": {"responses": 5, "tokens": 15, "reward_mean": 0.6, "accuracy": 0.6}}
     # filtering: 12 responses for 1 accepted group of 4 at v0; the skipped prompt is not a decision
     assert out["filtering"]["0"] == {"groups_decided": 2, "groups_accepted": 1, "responses_generated": 12,
                                      "prompts_skipped": 0, "retention": 0.5, "responses_per_accepted_response": 3.0}

@@ -227,13 +227,17 @@ def start_groups_cmd(config: Path = typer.Option(..., "--config", "-c"), bootstr
 def run(
     config: Path = typer.Argument(..., help="Pipeline YAML, e.g. examples/rlvr_math.yaml."),
     summary_json: Optional[Path] = typer.Option(None, "--summary-json", help="Also write the summary here."),
+    report_html: Optional[Path] = typer.Option(None, "--report", help="Also write the HTML report (`rollstream "
+                                               "report`) here, before the local broker stops."),
 ) -> None:
     """Run every stage on the local default (or the configured cluster) until the batches are built."""
     from rollstream.app.run import run_pipeline
 
     cfg = _config(config)
+    if report_html is not None and report_html.is_dir():
+        _fail(ValueError(f"--report {report_html} is a directory; give a file name, e.g. {report_html / 'report.html'}"))
     try:
-        summary = run_pipeline(cfg, summary_json=summary_json, console=console)
+        summary = run_pipeline(cfg, summary_json=summary_json, console=console, report_html=report_html)
     except RollstreamError as exc:
         _fail(exc)
     if summary["outcome"] not in ("complete", "end_of_data"):  # the data running out is a normal end

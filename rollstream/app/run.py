@@ -35,13 +35,15 @@ from rollstream.kafka.cluster import Cluster
 from rollstream.kafka.topics import Topics
 from rollstream.tools.learning import final_round_done
 from rollstream.tools.readback import read_values
+from rollstream.tools.report import write_report
 from rollstream.tools.summary import summarize_agentic, summarize_rlvr
 from rollstream.trainer.driver import LoopResult, run_trainer
 
 
 def run_pipeline(config: Config, summary_json: Path | None = None, console: Console | None = None,
-                 run_dir: Path | None = None) -> dict:
-    """Run the pipeline; returns the summary dict (also written to ``summary_json``)."""
+                 run_dir: Path | None = None, report_html: Path | None = None) -> dict:
+    """Run the pipeline; returns the summary dict (also written to ``summary_json``), and writes
+    the HTML report (rollstream.tools.report) to ``report_html`` when given."""
     console = console or Console()
     preflight(config)  # a bad env type or group filter fails now, before the broker starts
     started = time.monotonic()
@@ -76,6 +78,9 @@ def run_pipeline(config: Config, summary_json: Path | None = None, console: Cons
         summary = summarize(config, bootstrap, topics, result.batches, result.outcome, result.detail,
                             time.monotonic() - started)
         summary["stage_restarts"] = dict(stages.restarts)
+        if report_html is not None:
+            plots, with_data = write_report(bootstrap, topics, report_html, f"rollstream run {config.name}")
+            console.print(f"report: {report_html} ({plots} plots, {with_data} with data)")
     finally:
         if broker is not None:
             broker.stop()

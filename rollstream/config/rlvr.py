@@ -81,6 +81,8 @@ class DatasetConfig(FrozenModel):
     num_samples: int | None = Field(None, gt=0, description="Prompts taken from the source: a seeded sample of a bundled one "
                                                             "(required there); the first rows of a file (default: all).")
     mode: Literal["train", "val"] = "train"
+    seed: int | None = Field(None, description="Bundled sources: the sample's seed instead of the run's (e.g. a "
+                                               "validation set drawn apart from the train prompts).")
     config: dict[str, Any] = Field(default_factory=dict, description="Task config (reasoning-gym).")
     prompt_key: str | None = Field(None, description="File sources: the key of the prompt text, one user turn (verl "
                                                      "data.prompt_key, OpenRLHF --input_key).")
@@ -119,8 +121,8 @@ class DatasetConfig(FrozenModel):
             if self.domain is None or self.num_samples is None:
                 raise ValueError(f"a bundled source ({self.source!r}) needs domain and num_samples")
             return self
-        if self.config:
-            raise ValueError("config (a reasoning-gym task config) does not apply to a file source")
+        if self.config or self.seed is not None:
+            raise ValueError("config (a reasoning-gym task config) and seed do not apply to a file source")
         prompts = file_prompts(self.source, **self.file_args())  # PromptSourceError is a ValueError
         self._domains = frozenset(p["domain"] for p in prompts)
         return self

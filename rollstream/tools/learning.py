@@ -4,9 +4,11 @@
   ``eval_steps``; rollstream.filtering.admission) -- accuracy (mean ``acc`` score, else 1 for a
   reward > 0), mean reward, unbiased pass@1 / pass@n (Chen et al. 2021, eq. 1), per domain too.
   A round is keyed by the version it was started for; ``generated_by`` lists the versions that
-  actually generated it (a later one when the trainer moved on meanwhile).
+  actually generated it (a later one when the trainer moved on meanwhile), ``decided_ms`` when
+  its last group was decided (epoch ms).
 * ``train``: the on-policy reward of *all* generated train responses by the version that
-  generated them (every RewardedResponse on ``responses.rewarded``, kept or filtered).
+  generated them (every RewardedResponse on ``responses.rewarded``, kept or filtered), with
+  their count and response tokens.
 * ``filtering``: by the decided group's policy version, groups decided and accepted, retention
   and responses generated per accepted response; prompts skipped by the history filter are
   counted apart (they were never generated).
@@ -65,6 +67,7 @@ def _validation_round(groups: list[dict]) -> dict:
         "reward_mean": mean(r["response_level_reward"] for r in members),
         **pass_at_ks([[correct(r) for r in g["responses"]] for g in groups]),
         "generated_by": sorted({int(r["response"]["policy_version"]) for r in members}),
+        "decided_ms": max((int(g.get("created_ms", 0)) for g in groups), default=0),
         "domains": {d: {"groups": len(gs), "accuracy": mean(float(correct(r)) for g in gs for r in g["responses"]),
                         **pass_at_ks([[correct(r) for r in g["responses"]] for g in gs])}
                     for d, gs in sorted(by_domain.items())},
@@ -85,7 +88,8 @@ def train_by_version(rewarded: Iterable[dict]) -> dict[int, dict]:
     for r in rewarded:
         if r["response"].get("mode", "train") == "train":
             by[int(r["response"]["policy_version"])].append(r)
-    return {v: {"responses": len(rs), "reward_mean": mean(r["response_level_reward"] for r in rs),
+    return {v: {"responses": len(rs), "tokens": sum(int(r["response"].get("response_length", 0)) for r in rs),
+                "reward_mean": mean(r["response_level_reward"] for r in rs),
                 "accuracy": mean(float(correct(r)) for r in rs)} for v, rs in sorted(by.items())}
 
 

@@ -110,7 +110,9 @@ def learning_plot(data: RunData) -> tuple[str, bool]:
         bottom.set_xticks([])
         bottom.set_yticks([])
         return _png(fig, False)
-    for key, label, style in (("val_accuracy", "validation accuracy", "o-"), ("val_pass@1", "validation pass@1", "^:"),
+    pass_keys = sorted({k for r in curve for k in r if k.startswith("val_pass@")}, key=lambda k: int(k.split("@")[1]))
+    pass_n = [(pass_keys[-1], f"validation pass@{pass_keys[-1].split('@')[1]}", "^:")] if len(pass_keys) > 1 else []
+    for key, label, style in (("val_accuracy", "validation accuracy (= pass@1)", "o-"), *pass_n,
                               ("train_accuracy", "training accuracy (all generated)", "s--")):
         rows = [r for r in curve if r.get(key) is not None]
         if rows:

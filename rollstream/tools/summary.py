@@ -194,7 +194,7 @@ def _decided_trajectories(groups: list[dict]) -> list[dict]:
 
 TRAINING_KEYS = ("loss", "skipped", "policy_version", "final_mask_mean", "pass_rates", "ratio_means", "diff_means",
                  "mask_collapse", "reward_mean", "grad_norm", "pg_clipfrac", "policy_lag_max", "generator_versions",
-                 "train_seconds")
+                 "train_seconds", "old_log_probs_pass")
 
 
 def _policy(bootstrap: Bootstrap, topics: Topics, generated_by: list[int]) -> dict:

@@ -121,9 +121,10 @@ class StepReport:
     loss: float
     grad_norm: float
     metrics: dict[str, float]
+    old_log_probs: Tensor | None = None  # (B, T) the step's own log-probs, detached, when it was asked for none
 
 
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch, old_log_probs: Tensor,
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch, old_log_probs: Tensor | None,
                final_mask: Tensor, config: PolicyLossConfig = PolicyLossConfig(),
                is_weight: Tensor | None = None, micro_batch_size: int = 8,
                max_grad_norm: float | None = 1.0, ranks: Ranks = Ranks()) -> StepReport:
@@ -131,8 +132,12 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch, 
     micro-batches of ``micro_batch_size`` rows; the aggregation's normaliser is the whole batch's.
 
     ``old_log_probs``, ``final_mask`` and ``is_weight``: ``(B, T)`` as in ``policy_loss``, on any
-    device (moved to the model's). Returns a StepReport; a final mask without any token skips
-    the step (nothing is trained on nothing). Raises ValueError for mismatched shapes.
+    device (moved to the model's). ``old_log_probs`` None: the batch is exactly on-policy and this
+    one optimiser step consumes it, so the old log-probs are the training forward's own, detached
+    (ratio 1, the same loss and gradient as a separate no-grad pass gives, without that pass);
+    the report then carries them (``old_log_probs``, zeros where no token is valid). Returns a
+    StepReport; a final mask without any token skips the step (nothing is trained on nothing).
+    Raises ValueError for mismatched shapes.
 
     Data-parallel (``ranks.distributed``): ``batch`` is this rank's shard (possibly empty) and
     every rank calls this with the same model and optimiser state. The normaliser is summed over
@@ -149,14 +154,18 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch, 
     model.train()
     optimizer.zero_grad(set_to_none=True)
     total, sums = 0.0, {"pg_clipfrac": 0.0, "approx_kl": 0.0, "ratio_mean": 0.0}
+    own = torch.zeros_like(mask) if old_log_probs is None else None
     for start in range(0, batch.batch_size, micro_batch_size):
         rows = slice(start, start + micro_batch_size)
         micro = _rows_of(batch, rows)
         if mask[rows].sum() == 0:
             continue
         log_probs = response_log_probs(model, micro, micro_batch_size=micro_batch_size, grad=True)
+        if own is not None:
+            own[rows] = log_probs.detach()
+        old = own[rows] if own is not None else old_log_probs[rows].to(device)
         loss, metrics = policy_loss(
-            log_probs, old_log_probs[rows].to(device), micro.advantages.to(device), mask[rows], config,
+            log_probs, old, micro.advantages.to(device), mask[rows], config,
             None if is_weight is None else is_weight[rows].to(device), normaliser=normaliser)
         loss.backward()
         total += float(loss.detach())
@@ -172,7 +181,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch, 
     optimizer.step()
     model.eval()
     return StepReport(skipped=False, loss=total, grad_norm=grad_norm,
-                      metrics={**{k: v / valid_tokens for k, v in sums.items()}, "valid_tokens": valid_tokens})
+                      metrics={**{k: v / valid_tokens for k, v in sums.items()}, "valid_tokens": valid_tokens},
+                      old_log_probs=own)
 
 
 def _rows_of(batch, rows: slice):
