@@ -124,12 +124,10 @@ def trl_worker(seed: int, max_steps: int, threshold: float, out: Path) -> None:
     tokenizer = load_tokenizer(model_dir)
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": p["prompt"]}], "ground_truth": p["ground_truth"]}
                                  for p in train])
-    generated_tokens: list[int] = []
     score = get_reward_fn("reasoning_gym")  # rollstream's scorer (NaN, never an exception, on a bad answer)
 
     def reward(completions, ground_truth, **_) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        generated_tokens.extend(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
         return [score(t, g).response_level_reward for t, g in zip(texts, ground_truth)]
 
     curve: list[dict] = []
@@ -167,8 +165,8 @@ def trl_worker(seed: int, max_steps: int, threshold: float, out: Path) -> None:
         output_dir=str(out.parent / f"trl-s{seed}"), learning_rate=cfg.actor_train.lr, seed=seed,
         per_device_train_batch_size=group * per_step, gradient_accumulation_steps=1, num_generations=group,
         max_completion_length=gen.max_new_tokens, temperature=gen.temperature, top_p=gen.top_p, max_steps=max_steps,
-        logging_steps=1, report_to="none", use_cpu=True, bf16=False, save_strategy="no",
-        max_grad_norm=cfg.actor_train.max_grad_norm)
+        logging_steps=1, report_to="none", use_cpu=True, bf16=False, save_strategy="no", lr_scheduler_type="constant",
+        max_grad_norm=cfg.actor_train.max_grad_norm)  # rollstream's AdamW runs at a constant lr
     trainer = GRPOTrainer(model=model_dir, reward_funcs=reward, args=args, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[Validate()])
     trainer.train()
@@ -178,13 +176,14 @@ def trl_worker(seed: int, max_steps: int, threshold: float, out: Path) -> None:
         "outcome": "complete", "wall_seconds": round(time.monotonic() - started, 1),
         "validation_seconds": round(eval_spent[0], 1), "validation": curve,
         "train_accuracy": {str(i): round(e["reward"], 4) for i, e in enumerate(log)},
-        "responses_generated": group * per_step * max_steps, "tokens_generated": sum(generated_tokens),
+        "responses_generated": group * per_step * max_steps, "tokens_generated": round(sum(float(e["completions/mean_length"]) * group * per_step for e in log)),
         "retention_rate": 1.0, "responses_per_accepted_response": 1.0, "steps": max_steps,
         "seconds_to_val_0_9": hit["seconds"] if hit else None,
         "responses_to_val_0_9": group * per_step * hit["policy_version"] if hit else None,
         "version_to_val_0_9": hit["policy_version"] if hit else None,
+        "step_seconds_mean": round(statistics.fmean(float(e["step_time"]) for e in log), 2) if log else None,
         "config": {k: getattr(args, k) for k in ("loss_type", "beta", "scale_rewards", "num_iterations",
-                                                 "gradient_checkpointing")},
+                                                 "gradient_checkpointing", "lr_scheduler_type")},
     }))
 
 

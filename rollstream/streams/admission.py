@@ -340,8 +340,10 @@ def build_admission_app(config: RLVRConfig, bootstrap: Bootstrap, tokenize: Toke
         save(state)
         await write_history(history.on_skip(past))
         metrics.decision("prompt", False, RejectReason.SKIPPED_BY_HISTORY.value)
+        current = versions.latest_version(VERSION_POLL_S) if versions is not None else None  # where the curve counts it
         await _reject_prompt({**prompt, "prompt_id": core.epoch_prompt_id(prompt["prompt_id"], epoch)},
-                             Decision.reject(RejectReason.SKIPPED_BY_HISTORY, **decision.values()), history_filter)
+                             Decision.reject(RejectReason.SKIPPED_BY_HISTORY, **decision.values()), history_filter,
+                             policy_version=current or 0)
         await _apply(effects)
         return True
 
@@ -416,14 +418,15 @@ def build_admission_app(config: RLVRConfig, bootstrap: Bootstrap, tokenize: Toke
         async for event in stream.events():
             await emit.guarded(admit_one, event)
 
-    async def _reject_prompt(prompt: dict, verdict: Decision, decided_by: tuple[str, str] | None = None) -> None:
+    async def _reject_prompt(prompt: dict, verdict: Decision, decided_by: tuple[str, str] | None = None,
+                             policy_version: int = 0) -> None:
         """A rejected Group for a prompt decided before generation; ``decided_by``: its
         (filter_config, filter_config_hash), the prompt length filter's by default."""
         filter_config, filter_hash = decided_by or (prompt_filter, prompt_filter_hash)
         group = group_record(
             prompt=prompt, decided_accepted=False, reason=verdict.reason, values=dict(verdict.values),
-            responses=[], filter_config=filter_config, filter_config_hash=filter_hash, policy_version=0, rounds=0,
-            responses_generated=0,
+            responses=[], filter_config=filter_config, filter_config_hash=filter_hash, policy_version=policy_version,
+            rounds=0, responses_generated=0,
         )
         await emit.send(topics.groups_rejected, prompt["prompt_id"], group, "Group")
 

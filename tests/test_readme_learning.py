@@ -1,0 +1,36 @@
+"""The README's "Does it learn" section and `make demo-learn`'s config: every key they name is a
+real one, with the values they say."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from rollstream.config import load_config, parse_config
+from rollstream.data import dataset_prompts
+from rollstream.filtering.history import HistoryLimits
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_history_filter_block_of_the_readme_loads_as_documented():
+    text = (ROOT / "README.md").read_text()
+    start = text.index("## Does it learn")
+    [block] = re.findall(r"```yaml\n(.*?)```", text[start:text.index("\n## ", start + 1)], re.DOTALL)
+    data = yaml.safe_load(block)
+    cfg = parse_config({**data, "rollout_batch_size": 2, "num_return_sequences_in_group": 4,
+                        "max_prompts_per_batch": 4, "rewards": {"math": {"reward_type": "gsm8k"}}, "datasets": []})
+    assert cfg.history_limits() == HistoryLimits(0.125, 0.125, 0.5, 0.05, 0.01, 64, 3, seed=cfg.seed)
+    assert cfg.history_limits() == HistoryLimits(seed=cfg.seed)  # the block shows the defaults
+
+
+def test_demo_learn_validates_every_3_versions_on_prompts_drawn_apart():
+    cfg = load_config(ROOT / "examples" / "rlvr_learn.yaml")
+    assert (cfg.eval_steps, cfg.num_epochs, cfg.max_steps, cfg.history_filter.enable) == (3, 6, 12, True)
+    train, val = (dataset_prompts(d, cfg.seed) for d in cfg.datasets)
+    assert (len(train), len(val)) == (16, 16)
+    assert {p["mode"] for p in val} == {"val"} and all(p["prompt_id"].startswith("val/") for p in val)
+    assert len({p["prompt"] for p in train} & {p["prompt"] for p in val}) < 8  # another seed: mostly other sums
+    assert "demo-learn:" in (ROOT / "Makefile").read_text()
