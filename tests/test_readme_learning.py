@@ -6,9 +6,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 from rollstream.config import load_config, parse_config
+from rollstream.exceptions import ConfigError
+from rollstream.schemas.validation import check_event
 from rollstream.data import dataset_prompts
 from rollstream.filtering.history import HistoryLimits
 
@@ -34,3 +37,24 @@ def test_demo_learn_validates_every_3_versions_on_prompts_drawn_apart():
     assert {p["mode"] for p in val} == {"val"} and all(p["prompt_id"].startswith("val/") for p in val)
     assert len({p["prompt"] for p in train} & {p["prompt"] for p in val}) < 8  # another seed: mostly other sums
     assert "demo-learn:" in (ROOT / "Makefile").read_text()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"history_filter": {"enable": True}}, "history_filter.enable needs num_epochs >= 2"),
+    ({"num_epochs": 2, "history_filter": {"enable": True, "explore_init": 0.1, "explore_min": 0.2}},
+     "explore_min must be <= explore_init"),
+    ({"num_epochs": 2, "history_filter": {"enable": True, "explore_min": 0.0}}, "explore_min"),
+    ({"eval_steps": 0}, "eval_steps"),
+])
+def test_an_absurd_learning_config_is_a_clear_error(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"rollout_batch_size": 2, "num_return_sequences_in_group": 4, "max_prompts_per_batch": 4,
+                      "rewards": {"math": {"reward_type": "gsm8k"}}, "datasets": [], **overrides})
+
+
+def test_a_malformed_reward_pattern_is_refused_where_it_enters():
+    outcome = {"prompt_id": "p", "domain": "math", "mode": "train", "outcome": "commit", "reason": "accepted",
+               "rounds": 1, "responses_generated": 4, "created_ms": 0, "policy_version": 0, "reward_pattern": "some"}
+    assert check_event("PromptOutcome", outcome) == \
+        "reward_pattern must be one of ['all_correct', 'all_wrong', 'mixed'] or empty, got 'some'"
+    assert check_event("PromptOutcome", {**outcome, "reward_pattern": "mixed"}) is None
