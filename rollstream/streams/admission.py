@@ -375,18 +375,16 @@ def build_admission_app(config: RLVRConfig, bootstrap: Bootstrap, tokenize: Toke
 
     async def run_eval() -> None:
         state = load()
-        if core.next_eval(state) is None:
-            version = core.eval_due(state, limits, versions.latest_version())  # the watcher is not thread-safe
-            if version is None:
-                return
-            val = await asyncio.to_thread(read_prompts, bootstrap, topics.prompts, state.end_offset,
-                                          set(config.rewards), "val")
+        running = core.next_eval(state) is not None  # a round resumed after a restart
+        version = None if running else core.eval_due(state, limits, versions.latest_version())  # not thread-safe
+        if not running and version is None:
+            return
+        val = await asyncio.to_thread(read_prompts, bootstrap, topics.prompts, state.end_offset,
+                                      set(config.rewards), "val")
+        if not running:
             state = core.start_eval(load(), version, len(val))
             save(state)
             log.info("validation round of policy version %d: %d prompts", version, len(val))
-        else:  # resumed after a restart
-            val = await asyncio.to_thread(read_prompts, bootstrap, topics.prompts, state.end_offset,
-                                          set(config.rewards), "val")
         if len(val) < state.eval_size:
             log.error("%s holds %d validation prompts, the round of version %d had %d: it ends short",
                       topics.prompts, len(val), state.eval_version, state.eval_size)

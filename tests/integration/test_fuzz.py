@@ -113,11 +113,7 @@ def test_malformed_events_on_every_rlvr_input_are_dead_lettered_and_the_good_one
         end_data(kafka_broker, topics, GOOD_PROMPTS)
         time.sleep(5)
         inject(1)
-        deadline = time.monotonic() + 400
-        while stages.procs["trainer"].poll() is None and time.monotonic() < deadline:
-            stages.check(finished=frozenset({"trainer"}))
-            time.sleep(1)
-        assert stages.procs["trainer"].returncode == 0, (tmp_path / "logs" / "trainer.log").read_text()[-3000:]
+        await_trainer(stages, tmp_path)
         dead = read_values(kafka_broker, topics.dead_letter)
         stages.check(finished=frozenset({"trainer"}))  # every other stage still alive after all of it
     finally:
@@ -188,11 +184,7 @@ def test_malformed_events_on_every_agentic_input_are_dead_lettered_and_the_episo
             for _, value in events[len(events) // 2:]:
                 producer.send(topics.name(logical), key=b"1", value=value)
         producer.flush()
-        deadline = time.monotonic() + 400
-        while stages.procs["trainer"].poll() is None and time.monotonic() < deadline:
-            stages.check(finished=frozenset({"trainer"}))
-            time.sleep(1)
-        assert stages.procs["trainer"].returncode == 0, (tmp_path / "logs" / "trainer.log").read_text()[-3000:]
+        await_trainer(stages, tmp_path)
         dead = read_values(kafka_broker, topics.dead_letter)
         stages.check(finished=frozenset({"trainer"}))
     finally:
@@ -206,3 +198,12 @@ def test_malformed_events_on_every_agentic_input_are_dead_lettered_and_the_episo
     report = run_audit(kafka_broker, topics, True, tmp_path / "runs" / "it-agentic" / "batches.jsonl")
     assert report.ok, report.to_json()
     assert report.counts["groups_trained"] == 2
+
+
+def await_trainer(stages: StageProcesses, tmp_path, timeout_s: float = 400) -> None:
+    """Wait for the trainer to end (every other stage must stay alive meanwhile); it must exit 0."""
+    deadline = time.monotonic() + timeout_s
+    while stages.procs["trainer"].poll() is None and time.monotonic() < deadline:
+        stages.check(finished=frozenset({"trainer"}))
+        time.sleep(1)
+    assert stages.procs["trainer"].returncode == 0, (tmp_path / "logs" / "trainer.log").read_text()[-3000:]
