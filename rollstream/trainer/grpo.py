@@ -132,8 +132,9 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch, 
     micro-batches of ``micro_batch_size`` rows; the aggregation's normaliser is the whole batch's.
 
     ``old_log_probs``, ``final_mask`` and ``is_weight``: ``(B, T)`` as in ``policy_loss``, on any
-    device (moved to the model's). ``old_log_probs`` None: the batch is exactly on-policy and this
-    one optimiser step consumes it, so the old log-probs are the training forward's own, detached
+    device (moved to the model's). ``old_log_probs`` None: this one optimiser step consumes the
+    batch, so the old log-probs (the weights before the step, whichever version generated the
+    rows) are the training forward's own, detached
     (ratio 1, the same loss and gradient as a separate no-grad pass gives, without that pass);
     the report then carries them (``old_log_probs``, zeros where no token is valid). Returns a
     StepReport; a final mask without any token skips the step (nothing is trained on nothing).

@@ -1,6 +1,7 @@
 """The old_log_probs pass is fused into the training forward only when that cannot change the
-step (rollstream.trainer.policy): exactly on-policy, no correction needing the old log-probs
-before the step, no dropout. Then the step and every figure equal the separate pass's."""
+step (rollstream.trainer.policy): no correction needing the old log-probs before the step, no
+dropout; on-policy or lagged rows alike. Then the step and every figure equal the separate
+pass's."""
 
 from __future__ import annotations
 
@@ -35,10 +36,15 @@ def pair(correction: TrainInferCorrectionConfig = TrainInferCorrectionConfig()):
             PolicyTrainer(SETTINGS, correction, model=copy.deepcopy(model)))
 
 
-def test_an_on_policy_batch_skips_the_separate_pass_and_takes_the_same_step(monkeypatch):
+@pytest.mark.parametrize("lag", [0, 1, 3])
+def test_the_fused_step_equals_the_separate_pass_on_policy_or_lagged(monkeypatch, lag):
     fused, separate = pair()
-    monkeypatch.setattr(separate, "_fusable", lambda versions: False)
-    a, b = fused.train(batch()), separate.train(batch())
+    monkeypatch.setattr(separate, "_fusable", lambda: False)
+    for trainer in (fused, separate):  # lag versions trained on the same warm-up batch
+        for _ in range(lag):
+            trainer.train(batch(version=trainer.policy_version))
+    a, b = fused.train(batch(version=0)), separate.train(batch(version=0))
+    assert a["policy_lag_max"] == b["policy_lag_max"] == lag
     assert (a["old_log_probs_pass"], b["old_log_probs_pass"]) == ("fused", "separate")
     for key in FIGURES:
         assert a[key] == pytest.approx(b[key], abs=1e-5), key
@@ -49,14 +55,14 @@ def test_an_on_policy_batch_skips_the_separate_pass_and_takes_the_same_step(monk
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_the_separate_pass_stays_when_the_batch_is_off_policy_or_a_filter_needs_it():
-    trainer = PolicyTrainer(SETTINGS, TrainInferCorrectionConfig(), model=tiny_model(seed=0))
-    assert trainer.train(batch(version=0))["old_log_probs_pass"] == "fused"
-    assert trainer.train(batch(version=0))["old_log_probs_pass"] == "separate"  # trained v1 on v0's rows
+def test_the_separate_pass_stays_when_a_correction_or_dropout_needs_it():
     token_filter = TrainInferCorrectionConfig.model_validate(
         {"filters": [{"enabled": True, "agg_type": "token", "ratio_low": 0.5, "ratio_high": 2.0}]})
     filtered = PolicyTrainer(SETTINGS, token_filter, model=tiny_model(seed=0))
     assert filtered.train(batch())["old_log_probs_pass"] == "separate"
+    is_weight = TrainInferCorrectionConfig.model_validate({"is_weight": {"enabled": True}})
+    assert PolicyTrainer(SETTINGS, is_weight, model=tiny_model(seed=0)).train(batch())["old_log_probs_pass"] \
+        == "separate"
     dropout = tiny_model(seed=0)
     dropout.config.attention_dropout = 0.1
     assert PolicyTrainer(SETTINGS, TrainInferCorrectionConfig(), model=dropout).train(batch())["old_log_probs_pass"] \
