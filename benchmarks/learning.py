@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -63,9 +64,8 @@ def rollstream_variant(variant: str, seed: int, max_steps: int, threshold: float
     summary = run_pipeline(cfg, run_dir=workdir / cfg.name)
     val = summary["validation"]["by_policy_version"]
     train = summary["train_reward_by_policy_version"]
-    curve = [{"policy_version": int(v), "val_accuracy": r["accuracy"], "seconds": round((r["decided_ms"] - started_ms)
-                                                                                        / 1000, 1)}
-             for v, r in val.items()]
+    curve = [{"policy_version": int(v), "val_accuracy": r["accuracy"], "generated_by": r["generated_by"],
+              "seconds": round((r["decided_ms"] - started_ms) / 1000, 1)} for v, r in val.items()]
     hit = first_reaching(curve, "val_accuracy", threshold)
     before = lambda v: sum(r["responses"] for k, r in train.items() if int(k) < v)  # noqa: E731
     return {
@@ -94,9 +94,10 @@ def trl_variant(seed: int, max_steps: int, threshold: float, out: Path) -> dict:
         import trl  # noqa: F401
     except ImportError:
         return {"not_run": "trl is not installed (pip install trl==1.16.0; make bench installs it)"}
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}  # as a TRL user runs it: libgomp's default
     proc = subprocess.run([sys.executable, __file__, "--trl-worker", "--seeds", str(seed), "--max-steps",
                            str(max_steps), "--threshold", str(threshold), "--out", str(out)],
-                          capture_output=True, text=True, timeout=7200)
+                          capture_output=True, text=True, timeout=7200, env=env)
     if proc.returncode != 0:
         return {"failed": proc.stderr[-3000:]}
     return json.loads(out.read_text())

@@ -28,8 +28,10 @@ the trainer ends ``complete`` on its step count.
 Periodic validation (``eval_steps``): the validation prompts are admitted once at their first
 read (the round of version 0), and again, as ``<prompt_id>#v<version>``, each time a policy
 version ``v`` is published with ``v // eval_steps`` above the last round's (``eval_due``); the
-round's version and position live in the state like the epochs'. Validation takes slots, never
-counts towards a batch, and bypasses every filter.
+round's version and position live in the state like the epochs'. A round is admitted whole,
+without waiting for a slot, so the version it validates generates all of it (the generation
+worker keeps those weights while it serves the round); its prompts in flight still fill the
+slots train prompts wait for. Validation never counts towards a batch and bypasses every filter.
 
 History-aware admission (``history_filter``, rollstream.filtering.history): from epoch 1 on, a
 prompt whose recent groups were zero-variance may be skipped before generation
@@ -40,7 +42,7 @@ Accepted groups are never thrown away: a group accepted beyond the target counts
 next step, unless a staleness bound is set. Then it does not count (the next step is generated
 in full by a fresh enough policy); the trainer still trains it while it is within the bound and
 otherwise rejects it as ``stale``, counted (the reference discards such leftovers silently at
-gc). Validation prompts take a slot but never count towards a batch.
+gc).
 """
 
 from __future__ import annotations
@@ -310,10 +312,10 @@ def can_admit(state: AdmissionState, limits: AdmissionLimits, mode: str = "train
               policy_version: int | None = None) -> bool:
     """Whether a prompt of ``mode`` may be admitted now; ``policy_version`` is the newest
     published one (None: none yet)."""
+    if mode == "val":  # a round is admitted whole, so the version it validates generates all of it
+        return True
     if len(state.in_flight) >= limits.max_running_prompts:
         return False
-    if mode == "val":
-        return True
     if state.finished or state.ended or not may_start_step(state.step, policy_version, limits.max_staleness):
         return False
     return (

@@ -364,3 +364,36 @@ def test_seeded_sampler_matches_target_distribution(temperature, top_p):
     target = target / target.sum()
     freq = torch.bincount(chosen, minlength=len(logits)).float() / rows
     assert torch.allclose(freq, target, atol=0.03), (freq, target)
+
+
+class Follower:
+    """A PolicyFollower whose every refresh loads the next version."""
+
+    def __init__(self, backend) -> None:
+        self.backend = backend
+        self.refreshes = 0
+
+    def refresh(self, max_age_s: float = 0.0) -> int:
+        self.refreshes += 1
+        self.backend.load_weights(f"/ckpt/v{self.backend.policy_version + 1}", self.backend.policy_version + 1)
+        return self.backend.policy_version
+
+
+@pytest.mark.parametrize(("requests", "held"), [
+    ([("p1#v2", "val"), ("t1", "train")], True),  # a round of the loaded version keeps the weights
+    ([("p1", "val")], False),  # round 0: version 2 cannot generate it any more
+    ([("p1#v1", "val")], False),  # an older round
+    ([("p1#v3", "val")], False),  # a round the worker has not loaded yet
+    ([("t1#v2", "train")], False),  # train prompts never hold
+])
+def test_a_poll_holding_the_loaded_versions_validation_round_keeps_the_weights(backend, requests, held):
+    topics = Topics("t-gen.")
+    engine = ScriptedBackend([_sample(4)])
+    follower = Follower(engine)
+    handler = GenerationWorker(engine, SamplingParams(max_new_tokens=MAX_NEW), topics, tokenizer=backend.tokenizer,
+                               policy=follower)
+    inputs = [Input("GenerationRequest", {**_request(pid, "What is 2+3?", 1, 0, 1), "mode": mode},
+                    topics.generation_requests, 0, k, pid.encode(), b"") for k, (pid, mode) in enumerate(requests)]
+    records = _decoded(handler(inputs))
+    assert (follower.refreshes, handler.held) == ((0, 1) if held else (1, 0))
+    assert {r["policy_version"] for r in records} == {2 if held else 3}
