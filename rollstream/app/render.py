@@ -67,12 +67,13 @@ def print_summary(summary: dict, console: Console) -> None:
 
 def learning_table(curve: list[dict]) -> Table:
     """The summary's ``learning_curve`` (rollstream.tools.learning): one row per policy version."""
-    table = Table("version", "val acc", "val pass@1", "train reward", "train acc", "retention", "resp/accepted",
-                  "skipped", title="learning curve")
+    # headers broken by hand, so 80 columns hold the table without cutting a word
+    table = Table("version", "val\nacc", "val\npass@1", "train\nreward", "train\nacc", "retention",
+                  "resp per\naccepted", "skipped", title="learning curve")
     for row in curve:
         cells = [row.get(k) for k in ("val_accuracy", "val_pass@1", "train_reward", "train_accuracy", "retention",
                                       "responses_per_accepted_response", "prompts_skipped")]
-        table.add_row(f"v{row['policy_version']}", *("-" if c is None else str(c) for c in cells))
+        table.add_row(f"v{row['policy_version']}", *("-" if c is None else f"{c:.3g}" for c in cells))
     return table
 
 

@@ -4,18 +4,35 @@ Kafka connection, the inference engine and the trainer (one meaning in both pipe
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from rollstream.config.models import check_model_path
 from rollstream.runtime import DEFAULT_TOPIC_PREFIX, PAYLOAD_MAX_MESSAGE_BYTES
 
 
+def _admits_bool(annotation: Any) -> bool:
+    """Whether a field of this type may hold a boolean (bool, Any, or a union/container of one)."""
+    if annotation is bool or annotation is Any:
+        return True
+    if get_origin(annotation) is Literal:
+        return any(isinstance(arg, bool) for arg in get_args(annotation))
+    return any(_admits_bool(arg) for arg in get_args(annotation))
+
+
 class FrozenModel(BaseModel):
-    """Immutable and strict: an unknown (e.g. misspelt) key is an error, never ignored."""
+    """Immutable and strict: an unknown (e.g. misspelt) key is an error, never ignored, and a
+    boolean is never read as a number (pydantic's lax mode would take ``eval_steps: true`` as 1)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool) and not _admits_bool(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"{str(value).lower()} is not a value for this key (true/false fit on/off switches only)")
+        return value
 
 
 class KafkaConfig(FrozenModel):
