@@ -70,6 +70,7 @@ bench: env
 	$(PY) benchmarks/agentic.py --out runs/bench/agentic.json
 	$(PY) benchmarks/corrections.py --out runs/bench/corrections.json
 	$(PY) benchmarks/cpu_sharing.py --out runs/bench/cpu_sharing.json
+	$(PY) benchmarks/generation_batch.py --out runs/bench/generation_batch.json
 	$(PY) benchmarks/real_sizes.py --out runs/bench/real_sizes.json
 	$(UV) pip install -q -p $(PY) trl==1.16.0  # the learning benchmark's baseline (d); not a dependency
 	$(PY) benchmarks/learning.py --out runs/bench/learning.json

@@ -493,7 +493,7 @@ def bench_player(n: int, actions: int, tokens: int) -> dict:
     from rollstream.workers.episodes import EpisodePlayer
 
     t0 = time.perf_counter()
-    backend = TransformersBackend(max_batch=n)
+    backend = TransformersBackend(max_num_seqs=n)
     result: dict = {"env_player_model_load_s": round(time.perf_counter() - t0, 2)}
     # warm-up (first calls allocate), batch 1 and batch n, outside any timing
     warm = backend.tokenizer("Warm up the model", add_special_tokens=False)["input_ids"]

@@ -38,7 +38,7 @@ def generate_forever(stop_file: str, counter_file: str) -> None:
     from rollstream.policy.model import chat_prompt_ids
     from rollstream.workers.engines import SamplingParams, TransformersBackend
 
-    backend = TransformersBackend(dtype=torch.bfloat16, max_batch=8)
+    backend = TransformersBackend(dtype=torch.bfloat16, max_num_seqs=8)
     prompts = [chat_prompt_ids(backend.tokenizer, f"What is {i} + {i + 2}?") for i in range(2)]
     params = [SamplingParams(temperature=1.0, max_new_tokens=32, seed=i) for i in range(2)]
     calls = 0

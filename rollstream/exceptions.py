@@ -11,8 +11,14 @@ class ConfigError(RollstreamError):
 
 
 def validation_problems(exc) -> list[str]:
-    """``field.path: message`` for each error of a pydantic ValidationError."""
-    return [f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()]
+    """``field.path: message`` for each error of a pydantic ValidationError. A check across
+    fields (a model validator) names its fields in its own message, so it comes without a
+    path and without pydantic's ``Value error, `` prefix."""
+    def problem(err) -> str:
+        msg = err["msg"].removeprefix("Value error, ") if err["type"] == "value_error" else err["msg"]
+        path = ".".join(str(p) for p in err["loc"])
+        return f"{path}: {msg}" if path else msg
+    return [problem(err) for err in exc.errors()]
 
 
 class SchemaNotFoundError(RollstreamError):

@@ -99,3 +99,22 @@ def test_an_error_is_one_line_even_when_longer_than_the_terminal(args):
     assert result.exit_code == 2
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and len(lines[0]) > 60
+
+
+def test_every_option_of_every_command_has_help_text():
+    """`-b/--bootstrap` had none in stats, report, replay and whatif (found by a fresh-eyes run)."""
+    import typer
+
+    from rollstream.app.cli import app
+
+    def commands(cmd, path):  # typer vendors its own click: duck-typed
+        if hasattr(cmd, "commands"):
+            for name, sub in cmd.commands.items():
+                yield from commands(sub, [*path, name])
+        else:
+            yield " ".join(path), cmd
+
+    found = list(commands(typer.main.get_command(app), []))
+    assert len(found) >= 12 and {"replay", "stats", "report", "whatif", "worker"} <= {p for p, _ in found}
+    missing = [(path, p.opts) for path, cmd in found for p in cmd.params if p.param_type_name == "option" and not p.help]
+    assert missing == []

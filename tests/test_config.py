@@ -113,3 +113,9 @@ def test_query_filter_args_are_checked(query_filter, message):
            "datasets": [], "rewards": {"d": {"reward_type": "gsm8k", "query_filter_config": query_filter}}}
     with pytest.raises(ConfigError, match=re.escape(message)):
         parse_config(raw)
+
+
+def test_a_check_across_fields_is_reported_in_its_own_words_without_a_root_label():
+    with pytest.raises(ConfigError) as err:
+        parse_config(base(max_prompts_per_batch=2))
+    assert str(err.value) == "invalid config:\n  max_prompts_per_batch must be >= rollout_batch_size"

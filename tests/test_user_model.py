@@ -128,7 +128,7 @@ def test_resolve_device():
 
 
 def test_generation_stops_on_the_models_eos(tiny):
-    backend = TransformersBackend(model_dir=tiny, device="auto", max_batch=8)
+    backend = TransformersBackend(model_dir=tiny, device="auto", max_num_seqs=8)
     assert (backend.eos_id, backend.pad_id) == (TINY_EOS_ID, TINY_EOS_ID)
     prompt = chat_prompt_ids(backend.tokenizer, "What is 2+3?")
     samples = backend.generate([prompt], [8], [SamplingParams(max_new_tokens=8, seed=3)])[0]

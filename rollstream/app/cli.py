@@ -39,6 +39,8 @@ app.add_typer(broker_app, name="broker")
 console = Console(soft_wrap=True)  # a message is one line, whatever the width (logs, grep)
 err = Console(stderr=True, soft_wrap=True)
 
+BOOTSTRAP_OPT = typer.Option(..., "--bootstrap", "-b", help="Kafka bootstrap servers, host:port[,host:port] "
+                             "(`rollstream broker start` prints the local one's).")
 SECURITY_CONFIG_OPT = typer.Option(None, "--config", "-c", help="A pipeline YAML whose `kafka:` security settings "
                                    "(SASL/TLS) to connect with; plaintext without one.")
 DATA_DIR_OPT = typer.Option(DEFAULT_DATA_DIR, "--data-dir", help="Broker data dir (log, kraft data, broker.json).")
@@ -112,7 +114,7 @@ def _config(path: Path):
 def worker(
     stage: str = typer.Argument(..., help="RLVR: admission | aggregator | generation | reward; agentic: group-queue | env; both: trainer"),
     config: Path = typer.Option(..., "--config", "-c", help="Pipeline YAML."),
-    bootstrap: str = typer.Option(..., "--bootstrap", "-b", help="Kafka bootstrap servers."),
+    bootstrap: str = BOOTSTRAP_OPT,
     max_idle_s: Optional[float] = typer.Option(None, help="Exit after this many seconds without input (plain workers)."),
     instance: int = typer.Option(0, help="generation/reward/env: this process owns partitions p with p % instances == instance."),
     instances: int = typer.Option(1, help="generation/reward/env: number of processes sharing the stage's partitions."),
@@ -140,7 +142,7 @@ def worker(
 
 
 @app.command("create-topics")
-def create_topics_cmd(config: Path = typer.Option(..., "--config", "-c"), bootstrap: str = typer.Option(..., "--bootstrap", "-b")) -> None:
+def create_topics_cmd(config: Path = typer.Option(..., "--config", "-c", help="Pipeline YAML (topic prefix, partitions)."), bootstrap: str = BOOTSTRAP_OPT) -> None:
     """Create every topic of the config's prefix (idempotent) and check co-partitioning."""
     cfg = _config(config)
     cluster = _reach(bootstrap, cfg)
@@ -156,7 +158,7 @@ def create_topics_cmd(config: Path = typer.Option(..., "--config", "-c"), bootst
 @app.command("produce-prompts")
 def produce_prompts_cmd(
     config: Path = typer.Option(..., "--config", "-c", help="Pipeline YAML (topic prefix, rewards domains, seed)."),
-    bootstrap: str = typer.Option(..., "--bootstrap", "-b", help="Kafka bootstrap servers."),
+    bootstrap: str = BOOTSTRAP_OPT,
     file: Optional[str] = typer.Option(None, "--file", "-f", help="Publish this .jsonl / .json / .parquet file or Hugging "
                                        "Face datasets folder instead of the config's datasets."),
     domain: Optional[str] = typer.Option(None, "--domain", help="--file: the reward domain of every row."),
@@ -195,9 +197,8 @@ def produce_prompts_cmd(
     else:
         try:
             dataset = DatasetConfig(source=file, mode=mode, **{k: v for k, v in keys.items() if v is not None})
-        except ValidationError as exc:  # the flags' own names, without pydantic's "<root>: Value error, "
-            _fail(ValueError("; ".join(p.removeprefix("<root>: ").replace("Value error, ", "")
-                                       for p in validation_problems(exc))))
+        except ValidationError as exc:
+            _fail(ValueError("; ".join(validation_problems(exc))))
         unknown = sorted(dataset.domains - set(cfg.rewards))
         if unknown:
             _fail(ValueError(f"{file}: domain {unknown[0]!r} has no rewards entry in {config}; known: {sorted(cfg.rewards)}"))
@@ -211,7 +212,7 @@ def produce_prompts_cmd(
 
 
 @app.command("start-groups")
-def start_groups_cmd(config: Path = typer.Option(..., "--config", "-c"), bootstrap: str = typer.Option(..., "--bootstrap", "-b")) -> None:
+def start_groups_cmd(config: Path = typer.Option(..., "--config", "-c", help="Agentic pipeline YAML (its env groups)."), bootstrap: str = BOOTSTRAP_OPT) -> None:
     """Agentic: open every env group of the config (train and val) on the group queue."""
     from rollstream.app.producer import start_env_groups
     from rollstream.config import AgenticConfig
@@ -247,7 +248,7 @@ def run(
 @app.command()
 def replay(
     topic: str = typer.Argument(..., help="Topic: a full name, or a logical one (groups.rejected) under --prefix."),
-    bootstrap: str = typer.Option(..., "--bootstrap", "-b"),
+    bootstrap: str = BOOTSTRAP_OPT,
     prefix: str = typer.Option(DEFAULT_PREFIX, "--prefix", help="Prefix of logical topic names."),
     where: list[str] = typer.Option([], "--where", "-w", help="FIELD=VALUE (or != >= <= > <); dotted paths; repeat to AND."),
     key: Optional[str] = typer.Option(None, "--key", help="Only records with this key."),
@@ -319,7 +320,7 @@ def _print_replay(bootstrap: Cluster, name: str, selection, output: str, follow:
 @app.command()
 def whatif(
     config: Path = typer.Option(..., "--config", "-c", help="The alternative config (its kafka.topic_prefix names the recorded run)."),
-    bootstrap: str = typer.Option(..., "--bootstrap", "-b"),
+    bootstrap: str = BOOTSTRAP_OPT,
     prefix: Optional[str] = typer.Option(None, "--prefix", help="Recorded run's topic prefix, if not the config's."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the report here."),
 ) -> None:
@@ -346,8 +347,8 @@ def whatif(
 @app.command()
 def report(
     config: Path = typer.Option(..., "--config", "-c", help="The run's config (its kafka.topic_prefix names the topics)."),
-    bootstrap: str = typer.Option(..., "--bootstrap", "-b"),
-    out: Path = typer.Option(Path("report.html"), "--out", "-o"),
+    bootstrap: str = BOOTSTRAP_OPT,
+    out: Path = typer.Option(Path("report.html"), "--out", "-o", help="The HTML file to write (one self-contained page)."),
     prefix: Optional[str] = typer.Option(None, "--prefix", help="Topic prefix, if not the config's."),
 ) -> None:
     """Write an HTML report of a run read back from its topics (plots embedded)."""
@@ -366,7 +367,7 @@ def report(
 @app.command()
 def audit(
     config: Path = typer.Option(..., "--config", "-c", help="The run's config (its kafka.topic_prefix names the topics)."),
-    bootstrap: str = typer.Option(..., "--bootstrap", "-b"),
+    bootstrap: str = BOOTSTRAP_OPT,
     prefix: Optional[str] = typer.Option(None, "--prefix", help="Topic prefix, if not the config's."),
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="The run's folder (default runs/<name>): its "
                                            "trainer manifest batches.jsonl, when there is one."),
@@ -396,8 +397,8 @@ def audit(
 
 @app.command()
 def stats(
-    bootstrap: str = typer.Option(..., "--bootstrap", "-b"),
-    prefix: str = typer.Option(DEFAULT_PREFIX, "--prefix"),
+    bootstrap: str = BOOTSTRAP_OPT,
+    prefix: str = typer.Option(DEFAULT_PREFIX, "--prefix", help="The run's topic prefix (its config's kafka.topic_prefix)."),
     follow: bool = typer.Option(False, "--follow", help="Refresh live until interrupted."),
     interval_s: float = typer.Option(2.0, "--interval", help="Refresh period with --follow."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON instead of a table."),

@@ -67,13 +67,14 @@ def preflight(config: Config) -> None:
 
 def backend_kwargs(config: Config) -> dict:
     """Constructor arguments of the configured generation backend beyond its defaults: the
-    generation model (``config.infer_model_path``; None = the bundled one), its dtype and, for
-    transformers, its device (vLLM picks its own GPU)."""
+    generation model (``config.infer_model_path``; None = the bundled one), its dtype,
+    ``max_num_seqs`` when set and, for transformers, its device (vLLM picks its own GPU)."""
     actor_infer = config.actor_infer
+    rows = {} if actor_infer.max_num_seqs is None else {"max_num_seqs": actor_infer.max_num_seqs}
     if actor_infer.backend == "transformers":
         return {"model_dir": config.infer_model_path, "dtype": getattr(torch, actor_infer.dtype),
-                "device": actor_infer.device}
-    return {"model_dir": config.infer_model_path, "dtype": actor_infer.dtype}  # vllm.LLM takes the name
+                "device": actor_infer.device, **rows}
+    return {"model_dir": config.infer_model_path, "dtype": actor_infer.dtype, **rows}  # vllm.LLM takes the name
 
 
 def start_metrics(stage: str, bootstrap: Bootstrap, topics: Topics, port: int = 0):

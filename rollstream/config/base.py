@@ -146,7 +146,8 @@ class ActorInferConfig(FrozenModel):
     device: Device = Field("auto", description="Where generation runs; auto: cuda when available, else cpu.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Generation weights' dtype; the trainer computes old_log_probs in float32, so bfloat16 here gives the train-inference mismatch the correction masks handle.")
     generating_args: GeneratingArgs = Field(default_factory=GeneratingArgs)
-    max_batch: int = Field(16, gt=0, description="Generation requests per engine call.")
+    max_batch: int = Field(16, gt=0, description="Generation requests a generation worker takes per poll, generated in one engine call (each request is one prompt's num_return_sequences samples).")
+    max_num_seqs: int | None = Field(None, gt=0, le=65536, description="Sequences (rows) per engine batch: per transformers generate call, in generation and env workers (None: 32); vLLM's max_num_seqs (None: vLLM's default).")
 
 
 class ActorTrainConfig(FrozenModel):

@@ -121,6 +121,11 @@ class _SeededSampler:
     Sampling is Gumbel-max: argmax(logits/T + G) ~ softmax(logits/T). Unlike inverting a CDF
     over ~49k near-equal tail tokens, the argmax barely moves when logits shift by fp noise
     (e.g. other left padding), so samples stay stable across batch compositions.
+
+    It also records, per step, the raw log-probability of the token it drew (``logprobs``, one
+    ``(rows,)`` float32 tensor per step), so generate never has to keep every step's
+    ``(rows, vocab)`` logits (``output_logits``: rows x steps x vocab floats, 6 GB for 64 rows
+    of 512 tokens), and large engine batches fit.
     """
 
     def __init__(self, rows: list[tuple[float, float, int]], device: torch.device) -> None:
@@ -133,10 +138,10 @@ class _SeededSampler:
         # CPU generators: device-independent streams, so a seed means the same on CPU and GPU.
         self.generators = [torch.Generator(device="cpu").manual_seed(s) for _, _, s in rows]
         self._noise: torch.Tensor | None = None  # reused (rows, vocab) buffer: no per-step allocs
+        self.logprobs: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        # ``scores`` is the very tensor HF keeps as the raw logit of this step
-        # (output_logits): never modify it in place.
+        # ``scores``: this step's raw logits (no processor runs before this one); read only.
         if self._noise is None or self._noise.shape != scores.shape:
             self._noise = torch.empty(scores.shape, dtype=torch.float32)
         noise = self._noise
@@ -158,6 +163,8 @@ class _SeededSampler:
         chosen = noise.argmax(dim=-1)
         if self.any_greedy:
             chosen = torch.where(self.greedy, scores.argmax(dim=-1), chosen)
+        raw = scores.float()
+        self.logprobs.append(raw.gather(-1, chosen[:, None]).squeeze(-1) - torch.logsumexp(raw, dim=-1))
         # HF keeps no processed scores (output_scores is off), so the buffer can be the result.
         noise.fill_(float("-inf")).scatter_(1, chosen[:, None], 0.0)
         return noise
@@ -167,8 +174,10 @@ class TransformersBackend:
     """Batched sampling with transformers ``model.generate`` (CPU or a single GPU).
 
     Each prompt is expanded ``n`` times into rows; rows are grouped by ``max_new_tokens``,
-    sorted by prompt length (less padding) and run ``max_batch`` rows per ``generate`` call,
-    left-padded. An exception inside a chunk turns that chunk's rows into error samples.
+    sorted by prompt length (less padding) and run ``max_num_seqs`` rows per ``generate`` call,
+    left-padded (config ``actor_infer.max_num_seqs``). Decoding reads every weight once per step
+    whatever the rows, so bigger calls pay: on 2 CPU cores 64 rows of SmolLM2 (16 tokens) take
+    about 19 s at 8 rows per call, 12.5 s at 16 and 9 s at 32 (benchmarks/generation_batch.py). An exception inside a chunk turns that chunk's rows into error samples.
 
     ``model_dir``: a model folder or a hub id in the local cache (None: the bundled model);
     ``device``: ``cpu``, ``cuda`` or ``auto`` (rollstream.policy.model.resolve_device). eos and
@@ -181,14 +190,14 @@ class TransformersBackend:
         model_dir: str | os.PathLike | None = None,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
-        max_batch: int = 16,
+        max_num_seqs: int = 32,
     ) -> None:
-        if max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         device = resolve_device(device) if isinstance(device, str) else device
         self.tokenizer, self.model = load_model(dtype=dtype, device=device, model_dir=model_dir)
         self.device = torch.device(device)
-        self.max_batch = max_batch
+        self.max_num_seqs = max_num_seqs
         self.policy_version = 0
         self.eos_id = self.tokenizer.eos_token_id
         self.pad_id = self.tokenizer.pad_token_id
@@ -207,7 +216,7 @@ class TransformersBackend:
         rows.sort(key=lambda r: (params[r[0]].max_new_tokens, len(prompt_token_ids[r[0]])))
         chunks: list[list[tuple[int, int]]] = []
         for r in rows:
-            if chunks and len(chunks[-1]) < self.max_batch and (
+            if chunks and len(chunks[-1]) < self.max_num_seqs and (
                 params[chunks[-1][0][0]].max_new_tokens == params[r[0]].max_new_tokens
             ):
                 chunks[-1].append(r)
@@ -252,28 +261,18 @@ class TransformersBackend:
             num_beams=1,
             eos_token_id=self.eos_id,
             pad_token_id=self.pad_id,
-            output_logits=True,
-            return_dict_in_generate=True,
         )
         with torch.inference_mode():
-            result = self.model.generate(
+            sequences = self.model.generate(
                 input_ids=input_ids.to(self.device),
                 attention_mask=attention.to(self.device),
                 generation_config=config,
                 logits_processor=LogitsProcessorList([sampler]),
             )
-            new_tokens = result.sequences[:, width:]
-            # Per step (rows, vocab) raw logits -> log p(sampled token) = logit - logsumexp.
-            # Step by step: stacking all steps would allocate rows*steps*vocab floats.
-            lp = torch.stack(
-                [
-                    step.float().gather(-1, new_tokens[:, s : s + 1]).squeeze(-1)
-                    - torch.logsumexp(step.float(), dim=-1)
-                    for s, step in enumerate(result.logits)
-                ],
-                dim=1,
-            ).cpu()
-            new_tokens = new_tokens.cpu()
+            new_tokens = sequences[:, width:].cpu()
+            # one entry per step: the drawn token of a live row is the one generate emitted
+            # (rows that finished are cut at their eos below)
+            lp = torch.stack(sampler.logprobs, dim=1).cpu()
         samples = []
         for r in range(len(prompts)):
             ids = new_tokens[r].tolist()

@@ -251,7 +251,7 @@ def run_env_worker(
 
     ``config``: an AgenticConfig (or None). It supplies the defaults: temperature/top_p from
     ``config.actor_infer.generating_args``, ``max_concurrent_episodes``, ``max_context_tokens``,
-    the backend name, ``max_batch`` and ``device`` from ``config.actor_infer``, the model from
+    the backend name, ``max_num_seqs`` and ``device`` from ``config.actor_infer``, the model from
     ``config.infer_model_path`` (None: the bundled one), ``max_message_bytes`` and
     ``compression_type`` from ``config.kafka``; every ``custom_envs`` env_type is resolved up
     front. Explicit keyword arguments override it. ``backend``: a GenerationBackend instance,
@@ -275,8 +275,9 @@ def run_env_worker(
         kwargs = dict(backend_kwargs or {})
         if actor is not None:
             kwargs.setdefault("model_dir", getattr(config, "infer_model_path", None))
+        if actor is not None and actor.max_num_seqs is not None:
+            kwargs.setdefault("max_num_seqs", actor.max_num_seqs)
         if actor is not None and name == "transformers":
-            kwargs.setdefault("max_batch", actor.max_batch)
             kwargs.setdefault("device", actor.device)
         backend = make_backend(name, **kwargs)
     kafka = getattr(config, "kafka", None)

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def backend() -> TransformersBackend:
-    return TransformersBackend(max_batch=16)
+    return TransformersBackend(max_num_seqs=16)
 
 
 def episode_request(traj_index: int, group_id: int = 5, env_type: str = "gym:FrozenLake-v1",
@@ -204,7 +204,7 @@ def test_the_env_worker_loads_the_published_policy_before_new_requests_and_stamp
     publisher.publish(1, 0, str(path), True)
     publisher.close()
     send(kafka_broker, topics.episodes_requests, [(b"5", encode(episode_request(0), "EpisodeRequest"))])
-    fresh = TransformersBackend(max_batch=4)
+    fresh = TransformersBackend(max_num_seqs=4)
     worker = EnvWorker(bootstrap=kafka_broker, topics=topics, backend=fresh, group_id=f"{topics.prefix}env")
     thread = start(worker, max_idle_s=3.0)
     thread.join(180)

@@ -61,7 +61,7 @@ def written_responses(bootstrap: str, topic: str, prompt_id: str) -> list[tuple[
 
 def test_two_steps_publish_versions_that_the_generation_worker_loads_and_stamps(kafka_broker, topic_factory, tmp_path):
     topics = topic_factory(partitions=1)
-    backend = TransformersBackend(dtype=torch.bfloat16, max_batch=8)
+    backend = TransformersBackend(dtype=torch.bfloat16, max_num_seqs=8)
     follower = PolicyFollower(PolicyVersionWatcher(kafka_broker, topics), backend)
     generation = EventWorker(
         bootstrap=kafka_broker, topics=topics, input_topic=topics.generation_requests, group_id=f"{topics.prefix}gen",

