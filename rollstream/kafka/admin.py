@@ -135,7 +135,8 @@ def create_topics(bootstrap: Bootstrap, specs: dict[str, tuple[int, bool]], time
     """Create the missing topics of ``specs`` (full name -> (partitions, compacted)).
 
     ``replicas``: the replication factor (None: the smaller of 3 and the cluster's brokers,
-    see replication_factor); ``cleanup.policy=compact`` for compacted topics; ``configs``: more
+    see replication_factor; 3 is asked for first, since the controller knows every broker it
+    has unfenced while the metadata replication_factor read may lag one that just joined); ``cleanup.policy=compact`` for compacted topics; ``configs``: more
     topic configs by full name (e.g. the payload topics' ``max.message.bytes``,
     ``Topics.topic_configs``), set on creation and also on topics that already exist (an older
     run's data directory), incrementally. Partition counts of existing topics are left as they
@@ -145,6 +146,7 @@ def create_topics(bootstrap: Bootstrap, specs: dict[str, tuple[int, bool]], time
     if not specs:
         return
     configs = configs or {}
+    unset = replicas is None
     replicas = replication_factor(bootstrap, replicas)
     for name, topic_configs in configs.items():
         if int(topic_configs.get("min.insync.replicas", 1)) > replicas:
@@ -154,19 +156,25 @@ def create_topics(bootstrap: Bootstrap, specs: dict[str, tuple[int, bool]], time
     try:
         existing = set(admin.list_topics())
         missing = set(specs) - existing
-        if missing:
+        attempts = [3, replicas] if unset and replicas < 3 else [replicas]
+        for attempt, factor in enumerate(attempts, 1):
+            if not missing:
+                break
             request = {
-                name: {"num_partitions": specs[name][0], "replication_factor": replicas,
+                name: {"num_partitions": specs[name][0], "replication_factor": factor,
                        "configs": {**({"cleanup.policy": "compact"} if specs[name][1] else {}),
                                    **configs.get(name, {})}}
                 for name in sorted(missing)
             }
             result = admin.create_topics(request, timeout_ms=int(timeout * 1000),
                                          raise_errors=False)
+            missing = set()
             for t in result["topics"]:
                 err = Errors.for_code(t["error_code"])
+                if err is Errors.InvalidReplicationFactorError and attempt < len(attempts):  # fewer brokers
+                    missing.add(t["name"])
                 # Someone else created it between list and create: fine, that is idempotence.
-                if err not in (Errors.NoError, Errors.TopicAlreadyExistsError):
+                elif err not in (Errors.NoError, Errors.TopicAlreadyExistsError):
                     raise err(f"creating topic {t['name']}: {t.get('error_message')}")
         update = [ConfigResource(ConfigResourceType.TOPIC, name, configs=dict(configs[name]))
                   for name in sorted(existing & set(specs)) if configs.get(name)]

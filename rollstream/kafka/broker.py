@@ -358,18 +358,15 @@ class EmbeddedCluster:
         return Cluster(self.bootstrap, **{k: v for k, v in vars(first).items() if k != "bootstrap"})
 
     def start(self, timeout: float = 120) -> str:
-        """Start every node (in parallel: none is ready before a quorum is), then wait until
-        every node reports all of them. Each broker's metadata cache learns of the others on its
-        own, so one node counting 3 while another still counts 2 would let a topic created
-        through the second get 2 replicas (``replication_factor`` unset: min(3, brokers)).
-        Returns the bootstrap list; BrokerStartError on failure."""
+        """Start every node (in parallel: none is ready before a quorum is), then wait until the
+        cluster reports all of them. Returns the bootstrap list; BrokerStartError on failure."""
         deadline = time.monotonic() + timeout
         try:
             for node in self.nodes:
                 node.launch(timeout)
             for node in self.nodes:
                 node.wait_ready(deadline)
-            while min(cluster_brokers(node.cluster, timeout=5) for node in self.nodes) < len(self.nodes):
+            while cluster_brokers(self.cluster, timeout=5) < len(self.nodes):
                 if time.monotonic() > deadline:
                     raise BrokerStartError(f"the cluster did not report {len(self.nodes)} brokers within {timeout} s")
                 time.sleep(0.5)

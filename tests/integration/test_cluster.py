@@ -14,7 +14,8 @@ from kafka.admin import ConfigResource, ConfigResourceType
 from rollstream.app.stages import Stage
 from rollstream.config import load_config
 from rollstream.kafka import names
-from rollstream.kafka.admin import _admin, create_pipeline_topics
+from rollstream.kafka import admin as admin_module
+from rollstream.kafka.admin import _admin, cluster_brokers, create_pipeline_topics, create_topics
 from rollstream.kafka.cluster import Cluster
 from rollstream.kafka.topics import TOPICS, Topics
 from rollstream.tools.readback import read_values
@@ -74,6 +75,25 @@ def test_a_run_on_the_3_broker_cluster_replicates_every_topic_and_changelog(kafk
     assert configs[topics.groups_rejected]["retention.ms"] == "3600000"
     assert "retention.ms" not in configs[topics.groups_accepted]  # the broker default
     assert all(configs[name]["segment.ms"] == "600000" for name in changelogs)
+
+
+@pytest.mark.parametrize("reported", [1, 2])
+def test_unset_replication_is_decided_by_the_controller_not_a_lagging_metadata_view(kafka_cluster, monkeypatch,
+                                                                                    reported):
+    """A node's metadata can lag a broker that just joined (in CI, one node still reported 2 of
+    3 brokers a second after start): with replication_factor unset, 3 is asked for first, and
+    the controller, which knows every broker it has unfenced, grants it."""
+    monkeypatch.setattr(admin_module, "cluster_brokers", lambda bootstrap, timeout=5.0: reported)
+    name = Topics(f"lag{reported}.").prompts
+    create_topics(kafka_cluster.cluster, {name: (2, False)})
+    assert _describe(kafka_cluster.cluster, [name])[0] == {name: [3, 3]}
+
+
+def test_unset_replication_on_a_smaller_cluster_falls_back_to_its_brokers(kafka_broker):
+    name = Topics("fallback.").prompts
+    create_topics(kafka_broker, {name: (2, False)})
+    expected = min(3, cluster_brokers(kafka_broker))
+    assert _describe(kafka_broker, [name])[0] == {name: [expected, expected]}
 
 
 def test_a_run_on_the_sasl_broker_takes_its_credentials_from_the_environment(sasl_broker, tmp_path, monkeypatch):
