@@ -136,11 +136,12 @@ def create_topics(bootstrap: Bootstrap, specs: dict[str, tuple[int, bool]], time
 
     ``replicas``: the replication factor (None: the smaller of 3 and the cluster's brokers,
     see replication_factor; 3 is asked for first, since the controller knows every broker it
-    has unfenced while the metadata replication_factor read may lag one that just joined); ``cleanup.policy=compact`` for compacted topics; ``configs``: more
-    topic configs by full name (e.g. the payload topics' ``max.message.bytes``,
-    ``Topics.topic_configs``), set on creation and also on topics that already exist (an older
-    run's data directory), incrementally. Partition counts of existing topics are left as they
-    are (use check_copartitioned to verify them). Returns once every named topic has a leader for
+    has unfenced while the metadata replication_factor read may lag one that just joined);
+    ``cleanup.policy=compact`` for compacted topics; ``configs``: more topic configs by full
+    name (e.g. the payload topics' ``max.message.bytes``, ``Topics.topic_configs``), set on
+    creation and also on topics that already exist (an older run's data directory),
+    incrementally. Partition counts of existing topics are left as they are (use
+    check_copartitioned to verify them). Returns once every named topic has a leader for
     each partition, or raises KafkaTimeoutError after ``timeout`` s.
     """
     if not specs:

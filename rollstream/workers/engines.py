@@ -177,7 +177,8 @@ class TransformersBackend:
     sorted by prompt length (less padding) and run ``max_num_seqs`` rows per ``generate`` call,
     left-padded (config ``actor_infer.max_num_seqs``). Decoding reads every weight once per step
     whatever the rows, so bigger calls pay: on 2 CPU cores 64 rows of SmolLM2 (16 tokens) take
-    about 19 s at 8 rows per call, 12.5 s at 16 and 9 s at 32 (benchmarks/generation_batch.py). An exception inside a chunk turns that chunk's rows into error samples.
+    about 19 s at 8 rows per call, 12.5 s at 16 and 9 s at 32 (benchmarks/generation_batch.py).
+    An exception inside a chunk turns that chunk's rows into error samples.
 
     ``model_dir``: a model folder or a hub id in the local cache (None: the bundled model);
     ``device``: ``cpu``, ``cuda`` or ``auto`` (rollstream.policy.model.resolve_device). eos and
