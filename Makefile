@@ -31,18 +31,18 @@ env: .venv/.installed
 	$(PY) -c "from rollstream.policy.model import ensure_model_cache; ensure_model_cache()"
 
 demo: env
-	$(PY) -m rollstream run examples/rlvr_math.yaml --summary-json runs/demo-rlvr/summary.json
+	$(PY) -m rollstream run -c examples/rlvr_math.yaml --summary-json runs/demo-rlvr/summary.json
 
 demo-byo: env
-	$(PY) -m rollstream run examples/byo/rlvr_own.yaml --summary-json runs/byo-rlvr/summary.json
+	$(PY) -m rollstream run -c examples/byo/rlvr_own.yaml --summary-json runs/byo-rlvr/summary.json
 
 demo-agentic: env
-	$(PY) -m rollstream run examples/agentic_frozenlake.yaml --summary-json runs/demo-agentic/summary.json
+	$(PY) -m rollstream run -c examples/agentic_frozenlake.yaml --summary-json runs/demo-agentic/summary.json
 
 # Whether it learns: several epochs, validation every 3 versions, the history filter; the summary
 # and runs/demo-learn/report.html end with the learning curve.
 demo-learn: env
-	$(PY) -m rollstream run examples/rlvr_learn.yaml --summary-json runs/demo-learn/summary.json --report runs/demo-learn/report.html
+	$(PY) -m rollstream run -c examples/rlvr_learn.yaml --summary-json runs/demo-learn/summary.json --report runs/demo-learn/report.html
 
 # The report test renders in a real headless browser: Debian's chromium, installed when missing.
 browser:
@@ -72,7 +72,6 @@ bench: env
 	$(PY) benchmarks/cpu_sharing.py --out runs/bench/cpu_sharing.json
 	$(PY) benchmarks/generation_batch.py --out runs/bench/generation_batch.json
 	$(PY) benchmarks/real_sizes.py --out runs/bench/real_sizes.json
-	$(UV) pip install -q -p $(PY) trl==1.16.0  # the learning benchmark's baseline (d); not a dependency
 	$(PY) benchmarks/learning.py --out runs/bench/learning.json
 
 # Correction masks and one training step on CUDA against the CPU; needs only torch + transformers,

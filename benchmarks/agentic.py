@@ -59,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from filter_stage import (  # noqa: E402
     _end_offsets,
     kafka_bootstrap,
+    parse_args,
     process_cpu_s,
     produce_events,
     start_worker,
@@ -290,13 +291,14 @@ def bench_inprocess(config, workload: dict, expected: dict) -> dict:
 
 
 def _committed(bootstrap: str, group_id: str, topic: str, partitions: list[int]) -> dict[int, int]:
-    """Offsets ``group_id`` committed on ``topic`` (-1: none yet); reads, never joins the group."""
+    """Offsets ``group_id`` committed on ``topic`` (0 when none yet: an empty partition needs no
+    commit to count as done); reads, never joins the group."""
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False)
     try:
         offsets = {p: consumer.committed(TopicPartition(topic, p)) for p in partitions}
-        return {p: -1 if off is None else off for p, off in offsets.items()}
+        return {p: 0 if off is None else off for p, off in offsets.items()}
     finally:
         consumer.close(autocommit=False)
 
@@ -317,7 +319,7 @@ def prepare_queues(bootstrap: str, topics: Topics, config_path: Path, workdir: P
             requests = _end_offsets(bootstrap, [topics.episodes_requests])[topics.episodes_requests]
             committed = _committed(bootstrap, names.app_id(topics, names.GROUP_QUEUE_APP), topics.episodes_control,
                                    list(control_end))
-            if requests >= runs_opened and all(committed.get(p, -1) >= end for p, end in control_end.items()):
+            if requests >= runs_opened and all(committed[p] >= end for p, end in control_end.items()):
                 break
             if proc.poll() is not None:
                 error = f"preparing worker exited with {proc.returncode}"
@@ -352,7 +354,7 @@ def _wait_committed(bootstrap: str, topics: Topics, proc: subprocess.Popen) -> s
     while time.monotonic() < deadline:
         committed = _committed(bootstrap, names.app_id(topics, names.GROUP_QUEUE_APP), topics.trajectories,
                                list(ends))
-        if all(committed.get(p, -1) >= end for p, end in ends.items()):
+        if all(committed[p] >= end for p, end in ends.items()):
             return None
         if proc.poll() is not None:
             return f"group-queue worker exited with {proc.returncode} before committing every trajectory"
@@ -578,14 +580,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--bootstrap", default=None, help="existing broker; default: start an embedded one")
     parser.add_argument("--skip-kafka", action="store_true")
     parser.add_argument("--skip-player", action="store_true")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, {"groups": 2, "group_size": 2, "accepted_per_group": OPEN_EPISODES,
+                                     "prompt_tokens": 16, "response_tokens": 4, "env_tokens": 4, "trajectories": 2,
+                                     "max_actions": 1, "max_tokens": 4})
     if args.group_size < 2:
         parser.error("--group-size must be >= 2 (the std filter needs two rewards)")
     if args.accepted_per_group < OPEN_EPISODES or args.accepted_per_group % OPEN_EPISODES:
         parser.error(f"--accepted-per-group must be a positive multiple of {OPEN_EPISODES}")
 
     wall0 = time.perf_counter()
-    result: dict = {"benchmark": "agentic", "groups": args.groups, "group_size": args.group_size,
+    result: dict = {"benchmark": "agentic", "smoke": args.smoke, "groups": args.groups, "group_size": args.group_size,
                     "group_size_redundancy": REDUNDANCY, "max_traj_per_env": OPEN_EPISODES,
                     "accepted_per_group": args.accepted_per_group, "turns": TURNS,
                     "prompt_tokens": args.prompt_tokens, "response_tokens": args.response_tokens,

@@ -29,7 +29,6 @@ Never asserts on time: it prints JSON and writes it to ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -39,9 +38,10 @@ from pathlib import Path
 
 import torch
 
+from filter_stage import parse_args, write_result
 from rollstream.trainer.corrections import AGG_TYPES, compute_train_infer_correction
 
-EPS = 1e-8  # the mean denominators' epsilon, reference-behaviour.md (h)
+EPS = 1e-8  # the epsilon of the reference's mean denominators
 RATIO_BAND = (0.8, 1.2)
 DIFF_BAND = (-0.2, 0.2)
 UPPER_BOUND = 1.2
@@ -183,7 +183,7 @@ def compare(a: tuple, b: tuple) -> dict:
             "max_abs_weight_diff": float((wa - wb).abs().max()) if wa.numel() else 0.0}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=4096)
@@ -191,7 +191,7 @@ def main() -> None:
     ap.add_argument("--loop-rows", type=int, default=16, help="rows the Python loop is timed on")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="runs/bench/corrections.json")
-    args = ap.parse_args()
+    args = parse_args(ap, argv, {"batch": 4, "tokens": 64, "repeats": 1, "loop_rows": 2})
 
     old, infer, mask = make_batch(args.batch, args.tokens, args.seed)
     positions = args.batch * args.tokens
@@ -203,7 +203,7 @@ def main() -> None:
         dev = [x.cuda() for x in (old, infer, mask)]
 
     result: dict = {
-        "benchmark": "train_infer_correction",
+        "benchmark": "train_infer_correction", "smoke": args.smoke,
         "batch": args.batch, "tokens_per_row": args.tokens, "positions": positions,
         "valid_tokens": int(mask.sum()), "repeats": args.repeats,
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
@@ -248,12 +248,7 @@ def main() -> None:
         f"plain Python, timed on the first {rows} of {args.batch} rows; batch time extrapolated "
         "linearly (rows are independent)")
     result["agree"] = all_agree
-
-    text = json.dumps(result, indent=2)
-    print(text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
+    write_result(result, Path(args.out))
 
 
 if __name__ == "__main__":

@@ -29,10 +29,10 @@ import sys
 import time
 from pathlib import Path
 
-from filter_stage import write_result
+from filter_stage import parse_args, write_result
 
 
-def generate_forever(stop_file: str, counter_file: str) -> None:
+def generate_forever(stop_file: str, counter_file: str, new_tokens: int) -> None:
     import torch
 
     from rollstream.policy.model import chat_prompt_ids
@@ -40,7 +40,7 @@ def generate_forever(stop_file: str, counter_file: str) -> None:
 
     backend = TransformersBackend(dtype=torch.bfloat16, max_num_seqs=8)
     prompts = [chat_prompt_ids(backend.tokenizer, f"What is {i} + {i + 2}?") for i in range(2)]
-    params = [SamplingParams(temperature=1.0, max_new_tokens=32, seed=i) for i in range(2)]
+    params = [SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=i) for i in range(2)]
     calls = 0
     while not os.path.exists(stop_file):
         backend.generate(prompts, [4, 4], params)
@@ -48,7 +48,7 @@ def generate_forever(stop_file: str, counter_file: str) -> None:
         Path(counter_file).write_text(str(calls))
 
 
-def train_steps(steps: int) -> list[float]:
+def train_steps(steps: int, groups: int, group_size: int, tokens: int) -> list[float]:
     import torch
 
     from rollstream.trainer.batch import build_batch
@@ -57,16 +57,16 @@ def train_steps(steps: int) -> list[float]:
 
     trainer = PolicyTrainer(TrainSettings(lr=1e-6, micro_batch_size=4), TrainInferCorrectionConfig())
     torch.manual_seed(0)
-    groups = []
-    for g in range(4):
+    records = []
+    for g in range(groups):
         prompt = torch.randint(100, 20000, (40,)).tolist()
-        groups.append({"group_key": f"g{g}", "responses": [
+        records.append({"group_key": f"g{g}", "responses": [
             {"response": {"prompt_id": f"g{g}", "sample_index": i, "policy_version": 0},
              "payload": {"prompt_id": f"g{g}", "sample_index": i, "prompt_token_ids": prompt,
-                         "response_token_ids": torch.randint(100, 20000, (32,)).tolist(),
-                         "infer_logprobs": [-5.0] * 32},  # resolved: the trainer fetched it
-             "response_level_reward": float(i % 2), "scores": {}} for i in range(4)]})
-    batch = build_batch(groups, step=0, pad_token_id=0)
+                         "response_token_ids": torch.randint(100, 20000, (tokens,)).tolist(),
+                         "infer_logprobs": [-5.0] * tokens},  # resolved: the trainer fetched it
+             "response_level_reward": float(i % 2), "scores": {}} for i in range(group_size)]})
+    batch = build_batch(records, step=0, pad_token_id=0)
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -80,12 +80,13 @@ def child(args) -> None:
     work = Path(args.work)
     gen = None
     if args.with_generator:
-        gen = mp.get_context("spawn").Process(target=generate_forever, args=(str(work / "stop"), str(work / "calls")))
+        gen = mp.get_context("spawn").Process(target=generate_forever,
+                                              args=(str(work / "stop"), str(work / "calls"), args.tokens))
         gen.start()
         while not (work / "calls").exists():  # the generator is loaded and running
             time.sleep(0.2)
     started, calls0 = time.monotonic(), int((work / "calls").read_text()) if gen else 0
-    times = train_steps(args.steps)
+    times = train_steps(args.steps, args.groups, args.group_size, args.tokens)
     elapsed = time.monotonic() - started
     calls = (int((work / "calls").read_text()) - calls0) if gen else 0
     if gen:
@@ -96,31 +97,47 @@ def child(args) -> None:
                       "generator_calls_per_s": round(calls / elapsed, 3) if gen else None}))
 
 
-def main() -> None:
+VARIANTS = {"alone": ("PASSIVE", False), "shared_unset": (None, True), "shared_active": ("ACTIVE", True),
+            "shared_passive": ("PASSIVE", True)}  # name: (OMP_WAIT_POLICY, with the generator)
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--groups", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=32, help="tokens per response, and per generator row")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--out", type=Path, default=Path("runs/bench/cpu_sharing.json"))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--with-generator", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser, argv, {"steps": 1, "groups": 1, "group_size": 2, "tokens": 4,
+                                     "variants": "shared_passive"})  # the generator and the trainer, once
     if args.child:
         child(args)
         return
     import tempfile
 
-    result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "steps": args.steps,
+    variants = args.variants.split(",")
+    if unknown := sorted(set(variants) - set(VARIANTS)):
+        parser.error(f"unknown variants {unknown}; known: {list(VARIANTS)}")
+    result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "smoke": args.smoke,
+              "steps": args.steps, "groups": args.groups, "group_size": args.group_size, "tokens": args.tokens,
               "variants": {}}
-    for name, policy, with_gen in (("alone", "PASSIVE", False), ("shared_unset", None, True),
-                                   ("shared_active", "ACTIVE", True), ("shared_passive", "PASSIVE", True)):
+    for name in variants:
+        policy, with_gen = VARIANTS[name]
         with tempfile.TemporaryDirectory() as work:
             env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
             if policy is not None:
                 env["OMP_WAIT_POLICY"] = policy
-            cmd = [sys.executable, __file__, "--child", "--steps", str(args.steps), "--work", work]
+            cmd = [sys.executable, __file__, "--child", "--steps", str(args.steps), "--groups", str(args.groups),
+                   "--group-size", str(args.group_size), "--tokens", str(args.tokens), "--work", work]
             if with_gen:
                 cmd.append("--with-generator")
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent)
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+            if out.returncode != 0:
+                raise RuntimeError(f"variant {name} failed:\n{out.stderr[-3000:]}")
             result["variants"][name] = {"omp_wait_policy": policy, **json.loads(out.stdout.strip().splitlines()[-1])}
     write_result(result, args.out)
 

@@ -223,7 +223,7 @@ def produce_events(bootstrap: str, topic: str, events) -> float:
     from rollstream.kafka.clients import make_producer
 
     t0 = time.perf_counter()
-    producer = make_producer(bootstrap, batch_size=1 << 20)
+    producer = make_producer(bootstrap, batch_size=1 << 20)  # one bulk load, not a live source
     for key, value in events:
         producer.send(topic, key=key, value=value)
     producer.flush()
@@ -379,6 +379,18 @@ def versions() -> dict:
             "fastavro": fastavro.__version__}
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None, smoke: dict) -> argparse.Namespace:
+    """``parser``'s arguments plus ``--smoke``: with it, ``smoke`` (dest -> value) replaces the
+    defaults, so the script runs every code path at a tiny size in seconds (what `make test`
+    runs, checking the JSON's keys); flags given on the command line still win. The namespace
+    has ``smoke`` (bool)."""
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes: every code path in seconds (the test suite runs this)")
+    if "--smoke" in (sys.argv[1:] if argv is None else argv):
+        parser.set_defaults(**smoke)
+    return parser.parse_args(argv)
+
+
 def write_result(result: dict, out: Path) -> None:
     """Print the figures as JSON and write them to ``out``."""
     text = json.dumps(result, indent=2)
@@ -420,12 +432,12 @@ def main(argv: list[str] | None = None) -> dict:
                         help="in-process: events per batch (the aggregator writes each changed prompt once per batch)")
     parser.add_argument("--bootstrap", default=None, help="existing broker; default: start an embedded one")
     parser.add_argument("--skip-kafka", action="store_true", help="only the Avro and in-process figures")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, {"responses": 16, "tokens": 32, "avro_iterations": 20, "batch": 4})
     if args.group_size < 2:
         parser.error("--group-size must be >= 2 (std_filter needs two rewards to reject)")
 
     n_prompts = args.responses // args.group_size
-    result: dict = {"benchmark": "filter_stage", "responses": n_prompts * args.group_size,
+    result: dict = {"benchmark": "filter_stage", "smoke": args.smoke, "responses": n_prompts * args.group_size,
                     "prompts": n_prompts, "group_size": args.group_size, "tokens": args.tokens,
                     "prompt_tokens": PROMPT_TOKENS, "partitions": PARTITIONS,
                     "cpu_count": os.cpu_count(), "loadavg_start": [round(x, 2) for x in os.getloadavg()],

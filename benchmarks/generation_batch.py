@@ -22,36 +22,43 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP
 
 import torch  # noqa: E402
 
-from filter_stage import write_result  # noqa: E402
+from filter_stage import parse_args, write_result  # noqa: E402
 
 SIZES = (8, 16, 32, 64)
 SUMS = [(3, 4), (5, 9), (1, 8), (7, 7), (2, 2), (6, 3), (8, 1), (9, 9)]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=len(SUMS), help=f"prompts (at most {len(SUMS)})")
+    parser.add_argument("--samples", type=int, default=8, help="samples per prompt")
+    parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="max_num_seqs values, comma-separated")
     parser.add_argument("--out", type=Path, default=Path("runs/bench/generation_batch.json"))
-    args = parser.parse_args()
+    args = parse_args(parser, argv, {"repeats": 1, "prompts": 2, "samples": 2, "max_new_tokens": 2, "sizes": "1,4"})
+    sizes = [int(s) for s in args.sizes.split(",")]
 
     from rollstream.policy.model import chat_prompt_ids
     from rollstream.workers.engines import SamplingParams, TransformersBackend
 
-    backend = TransformersBackend(max_num_seqs=max(SIZES))
-    prompts = [chat_prompt_ids(backend.tokenizer, f"What is {a} + {b}? Answer with the number only.") for a, b in SUMS]
-    params = [SamplingParams(temperature=1.0, max_new_tokens=16, seed=i) for i in range(len(prompts))]
-    n = [8] * len(prompts)
+    backend = TransformersBackend(max_num_seqs=max(sizes))
+    prompts = [chat_prompt_ids(backend.tokenizer, f"What is {a} + {b}? Answer with the number only.")
+               for a, b in SUMS[:args.prompts]]
+    params = [SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, seed=i) for i in range(len(prompts))]
+    n = [args.samples] * len(prompts)
     backend.generate(prompts, n, params)  # warm-up: first-call allocations
-    seconds: dict[int, list[float]] = {size: [] for size in SIZES}
+    seconds: dict[int, list[float]] = {size: [] for size in sizes}
     for _ in range(args.repeats):
-        for size in SIZES:
+        for size in sizes:
             backend.max_num_seqs = size
             t0 = time.perf_counter()
             backend.generate(prompts, n, params)
             seconds[size].append(time.perf_counter() - t0)
     rows = sum(n)
     write_result({
-        "benchmark": "generation_batch", "rows": rows, "max_new_tokens": 16, "dtype": "float32",
+        "benchmark": "generation_batch", "smoke": args.smoke, "rows": rows, "max_new_tokens": args.max_new_tokens,
+        "dtype": "float32",
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "machine": platform.machine(),
         "by_max_num_seqs": {str(size): {"seconds_median": round(statistics.median(ts), 2),
                                         "seconds": [round(t, 2) for t in ts],

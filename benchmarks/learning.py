@@ -21,7 +21,7 @@ took (TRL validates between steps, rollstream concurrently on the same cores); r
 32 per step before it.
 
     .venv/bin/python benchmarks/learning.py [--seeds 1,2] [--variants no_filter,...] [--max-steps 12]
-(TRL: `pip install trl==1.16.0`, `make bench` does; without it (d) is reported as not run.)
+(TRL 1.16.0 is in the project's lock, from the ``bench`` extra; without it (d) is reported as not run.)
 """
 
 from __future__ import annotations
@@ -38,15 +38,28 @@ from pathlib import Path
 
 import yaml
 
+from filter_stage import parse_args
+
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ROOT / "examples" / "rlvr_learn.yaml"
 VARIANTS = ("no_filter", "dynamic_sampling", "ds_history", "trl_grpo")
+# --smoke: one step of one group of 2 responses, 2 validation prompts, 4 new tokens; the rollstream
+# variants differ only in their config, so one of them and TRL cover the code
+SMOKE_CONFIG = {"rollout_batch_size": 1, "num_return_sequences_in_group": 2, "val_num_return_sequences": 1,
+                "max_running_prompts": 1, "eval_steps": 1, "num_epochs": 1}
+SMOKE_SAMPLES, SMOKE_NEW_TOKENS = 2, 4
 
 
-def variant_config(base: dict, variant: str, seed: int, max_steps: int) -> dict:
+def variant_config(base: dict, variant: str, seed: int, max_steps: int, smoke: bool = False) -> dict:
     cfg = json.loads(json.dumps(base))
     cfg.update(name=f"bench-learning-{variant}-s{seed}", seed=seed, max_steps=max_steps,
                time_limit_s=max(cfg["time_limit_s"], 120 * max_steps))
+    if smoke:
+        cfg.update(SMOKE_CONFIG)
+        cfg["actor_infer"]["generating_args"]["max_new_tokens"] = SMOKE_NEW_TOKENS
+        cfg["actor_train"]["micro_batch_size"] = SMOKE_CONFIG["num_return_sequences_in_group"]
+        for dataset in cfg["datasets"]:
+            dataset["num_samples"] = SMOKE_SAMPLES
     domain = cfg["rewards"]["arithmetic"]
     if variant == "no_filter":
         domain["query_filter_config"] = {"type": "no_filter"}
@@ -54,12 +67,13 @@ def variant_config(base: dict, variant: str, seed: int, max_steps: int) -> dict:
     return cfg
 
 
-def rollstream_variant(variant: str, seed: int, max_steps: int, threshold: float, workdir: Path) -> dict:
+def rollstream_variant(variant: str, seed: int, max_steps: int, threshold: float, workdir: Path,
+                       smoke: bool = False) -> dict:
     from rollstream.app.run import run_pipeline
     from rollstream.config import parse_config
     from rollstream.tools.learning import first_reaching
 
-    cfg = parse_config(variant_config(yaml.safe_load(BASE.read_text()), variant, seed, max_steps))
+    cfg = parse_config(variant_config(yaml.safe_load(BASE.read_text()), variant, seed, max_steps, smoke))
     started_ms = time.time() * 1000
     summary = run_pipeline(cfg, run_dir=workdir / cfg.name)
     val = summary["validation"]["by_policy_version"]
@@ -88,22 +102,22 @@ def rollstream_variant(variant: str, seed: int, max_steps: int, threshold: float
 
 # -- (d) TRL, in its own process -------------------------------------------------------------------
 
-def trl_variant(seed: int, max_steps: int, threshold: float, out: Path) -> dict:
+def trl_variant(seed: int, max_steps: int, threshold: float, out: Path, smoke: bool = False) -> dict:
     """Run ``--trl-worker`` in a subprocess (its own torch threads and memory)."""
     try:
         import trl  # noqa: F401
     except ImportError:
-        return {"not_run": "trl is not installed (pip install trl==1.16.0; make bench installs it)"}
+        return {"not_run": "trl is not installed (pip install trl==1.16.0)"}
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}  # as a TRL user runs it: libgomp's default
     proc = subprocess.run([sys.executable, __file__, "--trl-worker", "--seeds", str(seed), "--max-steps",
-                           str(max_steps), "--threshold", str(threshold), "--out", str(out)],
+                           str(max_steps), "--threshold", str(threshold), "--out", str(out), *(["--smoke"] if smoke else [])],
                           capture_output=True, text=True, timeout=7200, env=env)
     if proc.returncode != 0:
         return {"failed": proc.stderr[-3000:]}
     return json.loads(out.read_text())
 
 
-def trl_worker(seed: int, max_steps: int, threshold: float, out: Path) -> None:
+def trl_worker(seed: int, max_steps: int, threshold: float, out: Path, smoke: bool = False) -> None:
     started = time.monotonic()
     import torch
     from datasets import Dataset
@@ -116,7 +130,7 @@ def trl_worker(seed: int, max_steps: int, threshold: float, out: Path) -> None:
     from rollstream.tools.learning import first_reaching
     from rollstream.workers.rewards import get_reward_fn
 
-    cfg = parse_config(variant_config(yaml.safe_load(BASE.read_text()), "trl_grpo", seed, max_steps))
+    cfg = parse_config(variant_config(yaml.safe_load(BASE.read_text()), "trl_grpo", seed, max_steps, smoke))
     train = [p for d in cfg.datasets if d.mode == "train" for p in dataset_prompts(d, cfg.seed)]
     val = [p for d in cfg.datasets if d.mode == "val" for p in dataset_prompts(d, cfg.seed)]
     gen = cfg.actor_infer.generating_args
@@ -196,7 +210,7 @@ def spread(values: list) -> dict:
             "stdev": round(statistics.stdev(xs), 2) if len(xs) > 1 else None}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="1,2")
     parser.add_argument("--variants", default=",".join(VARIANTS))
@@ -204,10 +218,10 @@ def main() -> int:
     parser.add_argument("--threshold", type=float, default=0.9)
     parser.add_argument("--out", type=Path, default=Path("runs/bench/learning.json"))
     parser.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser, argv, {"seeds": "1", "variants": "no_filter,trl_grpo", "max_steps": 1})
     seeds = [int(s) for s in args.seeds.split(",") if s]
     if args.trl_worker:
-        trl_worker(seeds[0], args.max_steps, args.threshold, args.out)
+        trl_worker(seeds[0], args.max_steps, args.threshold, args.out, args.smoke)
         return 0
     variants = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(variants) - set(VARIANTS))
@@ -218,13 +232,13 @@ def main() -> int:
         for seed in seeds:  # seeds outermost: a slow spell of the machine hits every variant
             for variant in variants:
                 if variant == "trl_grpo":
-                    run = trl_variant(seed, args.max_steps, args.threshold, Path(tmp) / f"trl-{seed}.json")
+                    run = trl_variant(seed, args.max_steps, args.threshold, Path(tmp) / f"trl-{seed}.json", args.smoke)
                 else:
-                    run = rollstream_variant(variant, seed, args.max_steps, args.threshold, Path(tmp))
+                    run = rollstream_variant(variant, seed, args.max_steps, args.threshold, Path(tmp), args.smoke)
                 runs[variant].append({"seed": seed, **run})
                 print(json.dumps({"variant": variant, "seed": seed, **{k: run.get(k) for k in (
                     "outcome", "wall_seconds", "seconds_to_val_0_9", "responses_to_val_0_9", "not_run")}}), flush=True)
-    report = {"threshold": args.threshold, "max_steps": args.max_steps, "seeds": seeds,
+    report = {"smoke": args.smoke, "threshold": args.threshold, "max_steps": args.max_steps, "seeds": seeds,
               "config": str(BASE.relative_to(ROOT)), "variants": {}}
     for variant, rs in runs.items():
         done = [r for r in rs if "outcome" in r]

@@ -40,7 +40,7 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from filter_stage import kafka_bootstrap, start_worker, stop_worker, versions, write_result  # noqa: E402
+from filter_stage import kafka_bootstrap, parse_args, start_worker, stop_worker, versions, write_result  # noqa: E402
 
 from rollstream.config import KafkaConfig  # noqa: E402
 from rollstream.kafka import names  # noqa: E402
@@ -62,11 +62,11 @@ MIB = 1024 * 1024
 TIMEOUT_S = 600.0
 
 
-def config_dict(prefix: str, group_size: int) -> dict:
+def config_dict(prefix: str, group_size: int, groups_per_batch: int = GROUPS_PER_BATCH) -> dict:
     return {
         "name": "bench-real-sizes",
         "kafka": {"topic_prefix": prefix, "partitions": PARTITIONS},
-        "rollout_batch_size": GROUPS_PER_BATCH,
+        "rollout_batch_size": groups_per_batch,
         "num_return_sequences_in_group": group_size,
         "max_prompts_per_batch": 1024,
         "rewards": {DOMAIN: {"reward_type": "gsm8k",
@@ -147,6 +147,17 @@ def max_event_bytes(bootstrap: str, topic_names: list[str]) -> dict[str, int]:
         consumer.close()
 
 
+def groups_per_batch(n_prompts: int) -> int:
+    """Accepted groups per trainer batch: GROUPS_PER_BATCH, or all of them when fewer (half the
+    prompts, rounded up, are accepted). ValueError unless the batches come out whole: a batch
+    short of groups would wait for ever."""
+    accepted = (n_prompts + 1) // 2
+    size = min(GROUPS_PER_BATCH, accepted)
+    if size < 1 or accepted % size:
+        raise ValueError(f"--prompts {n_prompts}: {accepted} accepted groups do not fill whole batches of {size}")
+    return size
+
+
 def run_case(bootstrap: str, data_dir: Path, workdir: Path, group_size: int, tokens: int, n_prompts: int,
              seed: int = 0) -> dict:
     topics = Topics(f"rs-{uuid.uuid4().hex[:8]}.")
@@ -155,7 +166,7 @@ def run_case(bootstrap: str, data_dir: Path, workdir: Path, group_size: int, tok
     changelogs = names.changelog_topics(topics, PARTITIONS)
     create_topics(bootstrap, changelogs)
     config_path = workdir / f"config-{group_size}x{tokens}.yaml"
-    config_path.write_text(yaml.safe_dump(config_dict(topics.prefix, group_size)))
+    config_path.write_text(yaml.safe_dump(config_dict(topics.prefix, group_size, groups_per_batch(n_prompts))))
     proc = start_worker("aggregator", config_path, bootstrap, workdir / f"aggregator-{config_path.stem}.log", workdir)
     rss = PeakRss(proc.pid)
     rss.start()
@@ -183,7 +194,7 @@ def run_case(bootstrap: str, data_dir: Path, workdir: Path, group_size: int, tok
     producer.close()
     source_s = time.perf_counter() - t0
 
-    builder = BatchBuilder(bootstrap, topics, GROUPS_PER_BATCH, group_id=f"{topics.prefix}trainer",
+    builder = BatchBuilder(bootstrap, topics, groups_per_batch(n_prompts), group_id=f"{topics.prefix}trainer",
                            max_message_bytes=kafka.max_message_bytes)
     batched, error, rows_checked = 0, None, 0
     t1 = time.perf_counter()
@@ -266,7 +277,7 @@ def run_rss(bootstrap: str, workdir: Path, checkpoints: list[int], group_size: i
     create_topics(bootstrap, topics.all(PARTITIONS), configs=topics.topic_configs(KafkaConfig()))
     create_topics(bootstrap, names.changelog_topics(topics, PARTITIONS))
     config_path = workdir / "config-rss.yaml"
-    config_path.write_text(yaml.safe_dump(config_dict(topics.prefix, group_size)))
+    config_path.write_text(yaml.safe_dump(config_dict(topics.prefix, group_size, groups_per_batch(n_prompts))))
     proc = start_worker("aggregator", config_path, bootstrap, workdir / f"aggregator-{config_path.stem}.log", workdir)
     rss = PeakRss(proc.pid)
     producer = make_producer(bootstrap, client_id="bench-rss")
@@ -318,8 +329,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--cases", default=",".join(f"{g}x{t}" for g, t in CASES),
                         help="comma-separated GROUPxTOKENS, e.g. 16x16384,8x65536")
     parser.add_argument("--rss-responses", default=None, help="e.g. 100000,1000000: the RSS-flatness run instead")
-    args = parser.parse_args(argv)
-    result: dict = {"benchmark": "real_sizes", "cpu_count": os.cpu_count(), **versions(),
+    args = parse_args(parser, argv, {"prompts": 2, "cases": "2x64"})
+    try:
+        groups_per_batch(args.prompts)
+    except ValueError as exc:
+        parser.error(str(exc))
+    result: dict = {"benchmark": "real_sizes", "smoke": args.smoke, "cpu_count": os.cpu_count(), **versions(),
                     "loadavg_start": [round(x, 2) for x in os.getloadavg()],
                     "aggregator_import_rss_mb": import_rss_mb()}
     with tempfile.TemporaryDirectory(prefix="rollstream-bench-") as tmp:

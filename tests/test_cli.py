@@ -40,6 +40,33 @@ def test_config_errors_name_the_field(tmp_path):
     assert missing.exit_code == 2 and "config file not found" in missing.output
 
 
+@pytest.mark.parametrize("form", [["-c"], ["--config"], []])
+def test_run_takes_its_config_with_c_like_every_command_or_as_the_positional_path(tmp_path, form):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(Path(EXAMPLE).read_text().replace("type: std_filter", "type: median_filter"))
+    result = runner.invoke(app, ["run", *form, str(bad)])
+    assert result.exit_code == 2
+    assert "rewards.gsm8k" in result.output and "median_filter" in result.output
+
+
+def test_run_without_a_config_or_with_two_is_a_clear_error(tmp_path):
+    none = runner.invoke(app, ["run"])
+    assert none.exit_code == 2 and "no config given: `rollstream run -c" in none.output
+    two = runner.invoke(app, ["run", EXAMPLE, "-c", str(tmp_path / "other.yaml")])
+    assert two.exit_code == 2 and "two configs given" in two.output
+
+
+def test_every_command_that_reads_a_config_takes_it_as_c_config():
+    import typer
+
+    found = {}
+    for path, cmd in _commands(typer.main.get_command(app), []):
+        found[path] = [p.opts for p in cmd.params if p.name.startswith("config")]
+    with_config = {path: opts for path, opts in found.items() if opts}
+    assert {"run", "replay", "whatif", "stats", "report", "worker", "create-topics"} <= set(with_config)
+    assert [path for path, opts in with_config.items() if ["--config", "-c"] not in opts] == []
+
+
 def test_broker_status_exit_code_when_none_runs(tmp_path):
     result = runner.invoke(app, ["broker", "status", "--data-dir", str(tmp_path)])
     assert result.exit_code == 1 and "no broker running" in result.output
@@ -101,20 +128,20 @@ def test_an_error_is_one_line_even_when_longer_than_the_terminal(args):
     assert len(lines) == 1 and lines[0].startswith("error:") and len(lines[0]) > 60
 
 
+def _commands(cmd, path):
+    """(command path, command) of every leaf command (typer vendors its own click: duck-typed)."""
+    if hasattr(cmd, "commands"):
+        for name, sub in cmd.commands.items():
+            yield from _commands(sub, [*path, name])
+    else:
+        yield " ".join(path), cmd
+
+
 def test_every_option_of_every_command_has_help_text():
     """`-b/--bootstrap` had none in stats, report, replay and whatif (found by a fresh-eyes run)."""
     import typer
 
-    from rollstream.app.cli import app
-
-    def commands(cmd, path):  # typer vendors its own click: duck-typed
-        if hasattr(cmd, "commands"):
-            for name, sub in cmd.commands.items():
-                yield from commands(sub, [*path, name])
-        else:
-            yield " ".join(path), cmd
-
-    found = list(commands(typer.main.get_command(app), []))
+    found = list(_commands(typer.main.get_command(app), []))
     assert len(found) >= 12 and {"replay", "stats", "report", "whatif", "worker"} <= {p for p, _ in found}
     missing = [(path, p.opts) for path, cmd in found for p in cmd.params if p.param_type_name == "option" and not p.help]
     assert missing == []

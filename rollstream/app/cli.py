@@ -226,7 +226,10 @@ def start_groups_cmd(config: Path = typer.Option(..., "--config", "-c", help="Ag
 
 @app.command()
 def run(
-    config: Path = typer.Argument(..., help="Pipeline YAML, e.g. examples/rlvr_math.yaml."),
+    config_arg: Optional[Path] = typer.Argument(None, metavar="[CONFIG]", show_default=False,
+                                                help="Pipeline YAML, e.g. examples/rlvr_math.yaml (or -c)."),
+    config_opt: Optional[Path] = typer.Option(None, "--config", "-c", help="Pipeline YAML, as every other command "
+                                              "takes it (the same as the positional CONFIG)."),
     summary_json: Optional[Path] = typer.Option(None, "--summary-json", help="Also write the summary here."),
     report_html: Optional[Path] = typer.Option(None, "--report", help="Also write the HTML report (`rollstream "
                                                "report`) here, before the local broker stops."),
@@ -234,7 +237,11 @@ def run(
     """Run every stage on the local default (or the configured cluster) until the batches are built."""
     from rollstream.app.run import run_pipeline
 
-    cfg = _config(config)
+    if config_arg is None and config_opt is None:
+        _fail(ValueError("no config given: `rollstream run -c examples/rlvr_math.yaml` (or the path alone)"))
+    if config_arg is not None and config_opt is not None and config_arg != config_opt:
+        _fail(ValueError(f"two configs given ({config_arg} and -c {config_opt}); give one"))
+    cfg = _config(config_opt or config_arg)
     if report_html is not None and report_html.is_dir():
         _fail(ValueError(f"--report {report_html} is a directory; give a file name, e.g. {report_html / 'report.html'}"))
     try:

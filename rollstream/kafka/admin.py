@@ -6,20 +6,23 @@ All timeouts are in seconds.
 
 from __future__ import annotations
 
-import time
-
 import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import aiokafka.errors
 import kafka.errors as Errors
-from aiokafka.conn import create_conn
+from aiokafka.conn import AIOKafkaConnection, create_conn
+from aiokafka.protocol.admin import DescribeConfigsRequest
+from aiokafka.protocol.metadata import MetadataRequest
 from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 
 from rollstream.exceptions import (BrokerAuthenticationError, BrokerUnreachableError, ConfigError,
                                    TopicPartitionsMismatch)
 from rollstream.kafka import names
-from rollstream.kafka.cluster import Bootstrap, as_cluster
+from rollstream.kafka.cluster import Bootstrap, Cluster, as_cluster
 from rollstream.kafka.topics import Topics
 
 if TYPE_CHECKING:
@@ -66,6 +69,8 @@ def wait_for_broker(bootstrap: Bootstrap, timeout: float = 15.0) -> None:
 
 AUTH_ERRORS = (Errors.SaslAuthenticationFailedError, Errors.IllegalSaslStateError,
                Errors.UnsupportedSaslMechanismError)
+AUTH_ERRORS_AIO = (aiokafka.errors.SaslAuthenticationFailed, aiokafka.errors.UnsupportedSaslMechanismError,
+                   aiokafka.errors.IllegalSaslStateError)
 
 
 def authentication_error(bootstrap: Bootstrap, exc: BaseException) -> BrokerAuthenticationError:
@@ -90,15 +95,9 @@ def check_credentials(bootstrap: Bootstrap, timeout: float = 5.0) -> None:
 
     async def probe() -> BaseException | None:
         for server in cluster.servers:
-            host, _, port = server.rpartition(":")
             try:
-                conn = await create_conn(host, int(port), client_id="rollstream-auth-check",
-                                         request_timeout_ms=int(timeout * 1000), ssl_context=cluster.ssl_context(),
-                                         security_protocol=cluster.security_protocol,
-                                         sasl_mechanism=cluster.sasl_mechanism, sasl_plain_username=cluster.sasl_username,
-                                         sasl_plain_password=cluster.sasl_password)
-            except (aiokafka.errors.SaslAuthenticationFailed, aiokafka.errors.UnsupportedSaslMechanismError,
-                    aiokafka.errors.IllegalSaslStateError) as exc:
+                conn = await _connect(cluster, server, timeout)
+            except AUTH_ERRORS_AIO as exc:
                 return exc
             except (aiokafka.errors.KafkaError, OSError, asyncio.TimeoutError):
                 continue
@@ -108,6 +107,18 @@ def check_credentials(bootstrap: Bootstrap, timeout: float = 5.0) -> None:
     problem = asyncio.run(asyncio.wait_for(probe(), timeout * max(1, len(cluster.servers)) + 1))
     if problem is not None:
         raise authentication_error(bootstrap, problem) from problem
+
+
+async def _connect(cluster: Cluster, server: str, timeout: float) -> AIOKafkaConnection:
+    """An aiokafka connection to the one broker at ``server`` (``host:port``), with the
+    cluster's TLS and SASL settings: how a request reaches a broker of our choosing."""
+    host, _, port = server.rpartition(":")
+    return await asyncio.wait_for(
+        create_conn(host, int(port), client_id="rollstream-admin", request_timeout_ms=int(timeout * 1000),
+                    ssl_context=cluster.ssl_context(), security_protocol=cluster.security_protocol,
+                    sasl_mechanism=cluster.sasl_mechanism, sasl_plain_username=cluster.sasl_username,
+                    sasl_plain_password=cluster.sasl_password),
+        timeout)
 
 
 def _admin(bootstrap: Bootstrap, timeout: float = 30.0) -> KafkaAdminClient:
@@ -141,8 +152,10 @@ def create_topics(bootstrap: Bootstrap, specs: dict[str, tuple[int, bool]], time
     name (e.g. the payload topics' ``max.message.bytes``, ``Topics.topic_configs``), set on
     creation and also on topics that already exist (an older run's data directory),
     incrementally. Partition counts of existing topics are left as they are (use
-    check_copartitioned to verify them). Returns once every named topic has a leader for
-    each partition, or raises KafkaTimeoutError after ``timeout`` s.
+    check_copartitioned to verify them). Returns once every broker of the cluster reports every
+    named topic with a leader for each partition (a topic created here: with its partitions and
+    replicas) and the configs it was given, so a client may ask any broker next; raises
+    KafkaTimeoutError after ``timeout`` s per wait.
     """
     if not specs:
         return
@@ -157,6 +170,7 @@ def create_topics(bootstrap: Bootstrap, specs: dict[str, tuple[int, bool]], time
     try:
         existing = set(admin.list_topics())
         missing = set(specs) - existing
+        wanted = {name: TopicWanted() for name in specs}  # what every broker must report
         attempts = [3, replicas] if unset and replicas < 3 else [replicas]
         for attempt, factor in enumerate(attempts, 1):
             if not missing:
@@ -174,17 +188,20 @@ def create_topics(bootstrap: Bootstrap, specs: dict[str, tuple[int, bool]], time
                 err = Errors.for_code(t["error_code"])
                 if err is Errors.InvalidReplicationFactorError and attempt < len(attempts):  # fewer brokers
                     missing.add(t["name"])
+                elif err is Errors.NoError:
+                    wanted[t["name"]] = TopicWanted(specs[t["name"]][0], factor)
                 # Someone else created it between list and create: fine, that is idempotence.
-                elif err not in (Errors.NoError, Errors.TopicAlreadyExistsError):
+                elif err is not Errors.TopicAlreadyExistsError:
                     raise err(f"creating topic {t['name']}: {t.get('error_message')}")
         update = [ConfigResource(ConfigResourceType.TOPIC, name, configs=dict(configs[name]))
                   for name in sorted(existing & set(specs)) if configs.get(name)]
         if update:
             admin.alter_configs(update, raise_on_unknown=False)
-            _wait_for_configs(admin, {r.name: configs[r.name] for r in update}, timeout)
-        admin.wait_for_topics(list(specs), timeout_ms=int(timeout * 1000))
     finally:
         admin.close()
+    wait_for_topics(bootstrap, wanted, timeout)
+    if update:
+        wait_for_configs(bootstrap, {r.name: dict(configs[r.name]) for r in update}, timeout)
 
 
 def create_pipeline_topics(bootstrap: Bootstrap, kafka: "KafkaConfig", only: tuple[str, ...] | None = None,
@@ -212,19 +229,131 @@ def create_changelog_topics(bootstrap: Bootstrap, kafka: "KafkaConfig", timeout:
                   configs=names.changelog_configs(topics, kafka), replicas=kafka.replication_factor)
 
 
-def _wait_for_configs(admin: KafkaAdminClient, wanted: dict[str, dict[str, str]], timeout: float) -> None:
-    """Until every topic reports ``wanted``'s values (an altered config reaches the brokers
-    asynchronously); KafkaTimeoutError after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        described = admin.describe_configs(
-            [ConfigResource(ConfigResourceType.TOPIC, name) for name in wanted])["topic"]
-        if all(described.get(name, {}).get(key, {}).get("value") == value
-               for name, configs in wanted.items() for key, value in configs.items()):
-            return
-        if time.monotonic() > deadline:
-            raise Errors.KafkaTimeoutError(f"topic configs not applied after {timeout:.0f}s: {wanted}")
-        time.sleep(0.2)
+# ---- what every broker reports --------------------------------------------------------------
+# A KRaft broker applies the cluster's metadata log on its own: a topic the controller has just
+# created, or a config it has just changed, reaches the brokers one after another. A client asks
+# whichever broker it likes, so a topic counts as ready only once every broker reports it.
+
+@dataclass(frozen=True)
+class TopicWanted:
+    """What a broker must report of one topic: ``partitions`` partitions and ``replicas``
+    replicas of each (None: any number, for a topic that existed before), each with a leader."""
+
+    partitions: int | None = None
+    replicas: int | None = None
+
+
+def topic_not_ready(reported: dict | None, wanted: TopicWanted) -> str | None:
+    """Why one broker's Metadata entry of a topic (``{"error_code", "partitions": [{"error_code",
+    "leader", "replicas", ...}]}``, None when absent) falls short of ``wanted``; None when ready."""
+    if reported is None:
+        return "missing"
+    if reported["error_code"]:
+        return Errors.for_code(reported["error_code"]).__name__
+    partitions = reported["partitions"]
+    if not partitions or (wanted.partitions is not None and len(partitions) != wanted.partitions):
+        return f"{len(partitions)} of {wanted.partitions or 'some'} partitions"
+    for p in partitions:
+        if p["error_code"] and p["error_code"] != Errors.ReplicaNotAvailableError.errno:
+            return f"partition {p['partition']}: {Errors.for_code(p['error_code']).__name__}"
+        if p["leader"] < 0:
+            return f"partition {p['partition']}: no leader"
+        if wanted.replicas is not None and len(p["replicas"]) != wanted.replicas:
+            return f"partition {p['partition']}: {len(p['replicas'])} of {wanted.replicas} replicas"
+    return None
+
+
+def configs_not_applied(reported: list[dict], wanted: dict[str, dict[str, str]]) -> str | None:
+    """Why one broker's DescribeConfigs resources (``[{"resource_name", "error_code",
+    "config_entries": [{"config_names", "config_value"}]}]``) differ from ``wanted`` (topic ->
+    config -> value); None when every value is there."""
+    by_topic = {r["resource_name"]: r for r in reported}
+    for topic, configs in wanted.items():
+        resource = by_topic.get(topic)
+        if resource is None or resource["error_code"]:
+            return f"{topic}: {'missing' if resource is None else Errors.for_code(resource['error_code']).__name__}"
+        values = {e["config_names"]: e["config_value"] for e in resource["config_entries"]}
+        for key, value in configs.items():
+            if values.get(key) != value:
+                return f"{topic}: {key}={values.get(key)!r}, not {value!r}"
+    return None
+
+
+Check = Callable[[AIOKafkaConnection, dict], Awaitable[str | None]]
+
+
+def until_every_broker(bootstrap: Bootstrap, topics: list[str], check: Check, what: str,
+                       timeout: float = 30.0) -> None:
+    """Return once ``check`` passes on every broker the cluster lists; KafkaTimeoutError after
+    ``timeout`` s, naming each broker that falls short and why.
+
+    Each broker is asked over its own connection. ``check(conn, metadata)`` gets the broker's
+    Metadata answer for ``topics`` (a dict: ``brokers``, ``topics``) and returns why it is not
+    ready, or None. The brokers to ask are those the answers list (a stopped node drops out once
+    the cluster fences it), plus the bootstrap servers that answer."""
+    cluster = as_cluster(bootstrap)
+    per_request = min(timeout, 5.0)  # a hung broker costs a round this long, not the whole wait
+
+    async def ask(server: str) -> tuple[str | None, set[str]]:
+        try:
+            conn = await _connect(cluster, server, per_request)
+        except AUTH_ERRORS_AIO as exc:
+            raise authentication_error(bootstrap, exc) from exc
+        except (aiokafka.errors.KafkaError, OSError, asyncio.TimeoutError) as exc:
+            return f"unreachable ({type(exc).__name__})", set()
+        try:
+            metadata = (await asyncio.wait_for(
+                conn.send(MetadataRequest(topics, allow_auto_topic_creation=False)), per_request)).to_object()
+            listed = {f"{b['host']}:{b['port']}" for b in metadata["brokers"]}
+            return await asyncio.wait_for(check(conn, metadata), per_request), listed
+        except (aiokafka.errors.KafkaError, OSError, asyncio.TimeoutError) as exc:
+            return f"no answer ({type(exc).__name__})", set()
+        finally:
+            conn.close()
+
+    async def wait() -> None:
+        deadline = time.monotonic() + timeout
+        servers = set(cluster.servers)
+        while True:
+            answers = dict(zip(sorted(servers), await asyncio.gather(*(ask(s) for s in sorted(servers)))))
+            listed = set().union(*(brokers for _, brokers in answers.values()))
+            pending = {s: answers[s][0] if s in answers else "not asked yet" for s in sorted(listed)
+                       if s not in answers or answers[s][0] is not None}
+            if listed and not pending:
+                return
+            if time.monotonic() > deadline:
+                pending = pending or {s: reason for s, (reason, _) in answers.items()}
+                raise Errors.KafkaTimeoutError(
+                    f"{what} not on every broker after {timeout:.0f} s: "
+                    + "; ".join(f"{s}: {reason}" for s, reason in pending.items()))
+            servers = set(cluster.servers) | listed
+            await asyncio.sleep(0.1)
+
+    asyncio.run(wait())
+
+
+def wait_for_topics(bootstrap: Bootstrap, wanted: dict[str, TopicWanted], timeout: float = 30.0) -> None:
+    """Return once every broker reports each topic of ``wanted`` as it says (topic_not_ready);
+    KafkaTimeoutError after ``timeout`` s."""
+
+    async def check(_conn: AIOKafkaConnection, metadata: dict) -> str | None:
+        reported = {t["topic"]: t for t in metadata["topics"]}
+        reasons = {name: topic_not_ready(reported.get(name), w) for name, w in wanted.items()}
+        return "; ".join(f"{name}: {r}" for name, r in sorted(reasons.items()) if r) or None
+
+    until_every_broker(bootstrap, sorted(wanted), check, f"topics {sorted(wanted)}", timeout)
+
+
+def wait_for_configs(bootstrap: Bootstrap, wanted: dict[str, dict[str, str]], timeout: float = 30.0) -> None:
+    """Return once every broker reports ``wanted``'s values (topic -> config -> value);
+    KafkaTimeoutError after ``timeout`` s."""
+
+    async def check(conn: AIOKafkaConnection, _metadata: dict) -> str | None:
+        request = DescribeConfigsRequest([(ConfigResourceType.TOPIC.value, name, sorted(configs))
+                                          for name, configs in sorted(wanted.items())])
+        return configs_not_applied((await conn.send(request)).to_object()["resources"], wanted)
+
+    until_every_broker(bootstrap, sorted(wanted), check, f"the configs {wanted}", timeout)
 
 
 def topic_partitions(bootstrap: Bootstrap, names: list[str]) -> dict[str, int]:

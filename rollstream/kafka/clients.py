@@ -15,12 +15,13 @@ from rollstream.runtime import PAYLOAD_MAX_MESSAGE_BYTES
 
 
 def make_producer(bootstrap: Bootstrap, *, max_request_size: int = PAYLOAD_MAX_MESSAGE_BYTES,
-                  compression_type: str = "none", **kwargs) -> KafkaProducer:
+                  compression_type: str = "none", batch_size: int = 16384, **kwargs) -> KafkaProducer:
     """A producer that waits for every in-sync replica (``acks=all``), batches for 5 ms and sends
     records up to ``max_request_size`` bytes (``kafka.max_message_bytes``),
     compressed with ``compression_type`` (``lz4``, ``zstd``, ``gzip`` or ``none``: payload
-    producers compress, decision-plane producers need not). ``kwargs`` (e.g. ``client_id``) go to
-    KafkaProducer."""
+    producers compress, decision-plane producers need not). ``batch_size``: bytes per partition
+    batch (kafka-python's default 16 KiB; bulk loaders ask for more), capped at
+    ``max_request_size``. ``kwargs`` (e.g. ``client_id``) go to KafkaProducer."""
     return KafkaProducer(
         **as_cluster(bootstrap).client_kwargs(),
         acks="all",
@@ -28,7 +29,7 @@ def make_producer(bootstrap: Bootstrap, *, max_request_size: int = PAYLOAD_MAX_M
         max_request_size=max_request_size,
         # a batch of small records must never exceed the limit either (kafka-python's default
         # batch is 16 KiB; a record larger than the batch size travels alone)
-        batch_size=min(16384, max_request_size),
+        batch_size=min(batch_size, max_request_size),
         compression_type=None if compression_type == "none" else compression_type,
         **kwargs,
     )

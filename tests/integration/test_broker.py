@@ -14,6 +14,7 @@ from rollstream.config import KafkaConfig
 from rollstream.exceptions import TopicPartitionsMismatch
 from rollstream.kafka.admin import check_copartitioned, create_topics, metadata_ready, topic_partitions
 from rollstream.kafka.broker import EmbeddedBroker, daemon_status, start_daemon, stop_daemon
+from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import Topics
 
 pytestmark = pytest.mark.integration
@@ -140,3 +141,16 @@ def test_daemon_start_status_stop(tmp_path):
         assert stop_daemon(data_dir)
     assert daemon_status(data_dir) is None
     assert _gone(state["pid"])
+
+
+@pytest.mark.parametrize("kwargs, batch_size", [
+    ({}, 16384),  # kafka-python's default
+    ({"batch_size": 1 << 20}, 1 << 20),  # a bulk loader's (the benchmarks' sources)
+    ({"batch_size": 4 << 20, "max_request_size": 2 << 20}, 2 << 20),  # never above one request
+])
+def test_a_producer_batch_is_the_callers_size_capped_at_the_request_limit(kafka_broker, kwargs, batch_size):
+    producer = make_producer(kafka_broker, **kwargs)
+    try:
+        assert producer.config["batch_size"] == batch_size
+    finally:
+        producer.close()

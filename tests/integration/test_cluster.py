@@ -4,18 +4,21 @@ security (SASL/SCRAM) against a broker that requires it, credentials from the en
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
 import yaml
 from kafka.admin import ConfigResource, ConfigResourceType
+from kafka.errors import KafkaTimeoutError
 
 from rollstream.app.stages import Stage
 from rollstream.config import load_config
 from rollstream.kafka import names
 from rollstream.kafka import admin as admin_module
-from rollstream.kafka.admin import _admin, cluster_brokers, create_pipeline_topics, create_topics
+from rollstream.kafka.admin import (TopicWanted, _admin, cluster_brokers, create_pipeline_topics, create_topics,
+                                    wait_for_topics)
 from rollstream.kafka.cluster import Cluster
 from rollstream.kafka.topics import TOPICS, Topics
 from rollstream.tools.readback import read_values
@@ -87,6 +90,24 @@ def test_unset_replication_is_decided_by_the_controller_not_a_lagging_metadata_v
     name = Topics(f"lag{reported}.").prompts
     create_topics(kafka_cluster.cluster, {name: (2, False)})
     assert _describe(kafka_cluster.cluster, [name])[0] == {name: [3, 3]}
+
+
+def test_every_broker_must_report_a_topic_before_it_counts_as_ready(kafka_cluster):
+    """A client asks whichever broker it likes, so create_topics waits for every broker's own
+    view: one that cannot confirm (here, paused) holds the wait back and is named in the error;
+    once it answers, each broker alone describes the topic in full."""
+    name = Topics("every.").prompts
+    create_topics(kafka_cluster.cluster, {name: (2, False)})
+    paused = kafka_cluster.nodes[-1]
+    os.kill(paused.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(KafkaTimeoutError, match=f"{paused.bootstrap}: unreachable|{paused.bootstrap}: no answer"):
+            wait_for_topics(kafka_cluster.cluster, {name: TopicWanted(2, 3)}, timeout=2)
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
+    wait_for_topics(kafka_cluster.cluster, {name: TopicWanted(2, 3)}, timeout=60)
+    for node in kafka_cluster.nodes:
+        assert _describe(node.bootstrap, [name])[0] == {name: [3, 3]}
 
 
 def test_unset_replication_on_a_smaller_cluster_falls_back_to_its_brokers(kafka_broker):

@@ -1,0 +1,96 @@
+"""Every benchmark under benchmarks/ at its smallest size (``--smoke``): the real broker, real
+stages and the real model on a tiny workload, its JSON written and its keys checked, so a
+benchmark that breaks fails the suite. The figures themselves are never asserted (they are
+`make bench`'s); correctness flags the scripts compute are."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.integration
+
+
+def run_benchmark(name: str, tmp_path: Path, *args: str, timeout: float = 600) -> dict:
+    """Run ``benchmarks/<name>.py --smoke`` with ``args``; the JSON it wrote to ``--out``."""
+    out = tmp_path / f"{name}.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--smoke", "--out", str(out), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["smoke"] is True
+    return result
+
+
+def test_filter_stage(kafka_broker, tmp_path):
+    r = run_benchmark("filter_stage", tmp_path, "--bootstrap", kafka_broker)
+    assert (r["responses"], r["prompts"], r["broker"]) == (16, 4, "external")
+    assert (r["expected_accepted"], r["expected_rejected"]) == (2, 2)
+    assert (r["inprocess_accepted"], r["inprocess_rejected"]) == (2, 2)
+    assert r["correct"] is True and r["kafka_correct"] is True
+    for key in ("avro_encode_per_s", "avro_decode_per_s", "inprocess_responses_per_s", "kafka_startup_s"):
+        assert r[key] > 0, key
+    assert "kafka_responses_per_s" in r  # None when every outcome came in one poll (no span to time)
+
+
+def test_agentic(kafka_broker, tmp_path):
+    r = run_benchmark("agentic", tmp_path, "--bootstrap", kafka_broker)
+    assert r["groups"] == 2 and r["correct"] is True and r["kafka_correct"] is True
+    assert r["env_player_correct"] is True
+    assert (r["kafka_accepted"], r["kafka_late"], r["kafka_error"]) == (4, 4, None)
+    for key in ("group_queue_inprocess_trajectories_per_s_default", "group_queue_inprocess_trajectories_per_s_std",
+                "kafka_startup_s"):
+        assert r[key] > 0, key
+    assert "group_queue_kafka_trajectories_per_s" in r  # None when every group came in one poll
+    assert {"env_player_same_tokens", "env_player_speedup"} <= set(r)
+
+
+def test_corrections(tmp_path):
+    r = run_benchmark("corrections", tmp_path)
+    assert (r["batch"], r["tokens_per_row"]) == (4, 64)
+    assert set(r["cpu"]) == set(r["loop_reference"]) == {"token", "segment", "geometric", "sequence"}
+    assert r["agree"] is True
+    assert all(v["tokens_per_s"] > 0 for v in r["cpu"].values())
+
+
+def test_cpu_sharing(tmp_path):
+    r = run_benchmark("cpu_sharing", tmp_path)
+    [(name, variant)] = r["variants"].items()
+    assert (name, variant["omp_wait_policy"]) == ("shared_passive", "PASSIVE")
+    assert variant["step_seconds_median"] > 0 and variant["generator_calls_per_s"] >= 0
+
+
+def test_generation_batch(tmp_path):
+    r = run_benchmark("generation_batch", tmp_path)
+    assert (r["rows"], r["max_new_tokens"]) == (4, 2)
+    assert set(r["by_max_num_seqs"]) == {"1", "4"}
+    assert all(v["seconds_median"] > 0 for v in r["by_max_num_seqs"].values())
+
+
+def test_real_sizes(tmp_path):
+    r = run_benchmark("real_sizes", tmp_path)
+    [case] = r["cases"]
+    assert (case["group_size"], case["response_tokens"], case["prompts"]) == (2, 64, 2)
+    assert case["completed"] is True and (case["groups_accepted"], case["groups_rejected"]) == (1, 1)
+    for key in ("payload_mb", "bytes_written_per_payload_byte", "aggregator_peak_rss_mb", "trainer_fetch_mb_per_s",
+                "decision_event_max_bytes", "changelog_value_max_bytes"):
+        assert key in case, key
+    assert r["aggregator_import_rss_mb"] > 0
+
+
+def test_learning(tmp_path):
+    r = run_benchmark("learning", tmp_path, timeout=900)
+    assert (r["max_steps"], r["seeds"]) == (1, [1])
+    assert set(r["variants"]) == {"no_filter", "trl_grpo"}
+    for name, variant in r["variants"].items():
+        [run] = variant["runs"]
+        assert run["outcome"] in ("complete", "end_of_data"), (name, run)
+        assert [v["policy_version"] for v in run["validation"]] == [0, 1], name
+        assert run["responses_generated"] == 2, name
+        assert {"seconds_to_val_0_9", "responses_to_val_0_9", "wall_seconds"} <= set(run)
