@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import aiokafka.errors
 import kafka.errors as Errors
@@ -27,6 +28,8 @@ from rollstream.kafka.topics import Topics
 
 if TYPE_CHECKING:
     from rollstream.config.base import KafkaConfig
+
+T = TypeVar("T")
 
 
 def cluster_brokers(bootstrap: Bootstrap, timeout: float = 5.0) -> int:
@@ -104,9 +107,20 @@ def check_credentials(bootstrap: Bootstrap, timeout: float = 5.0) -> None:
             conn.close()
         return None
 
-    problem = asyncio.run(asyncio.wait_for(probe(), timeout * max(1, len(cluster.servers)) + 1))
+    problem = _run(lambda: asyncio.wait_for(probe(), timeout * max(1, len(cluster.servers)) + 1))
     if problem is not None:
         raise authentication_error(bootstrap, problem) from problem
+
+
+def _run(make: Callable[[], Awaitable[T]]) -> T:
+    """``asyncio.run(make())``, also for a caller whose thread already runs an event loop (a
+    notebook, an async application), where asyncio.run refuses: there in a thread of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()
 
 
 async def _connect(cluster: Cluster, server: str, timeout: float) -> AIOKafkaConnection:
@@ -329,7 +343,7 @@ def until_every_broker(bootstrap: Bootstrap, topics: list[str], check: Check, wh
             servers = set(cluster.servers) | listed
             await asyncio.sleep(0.1)
 
-    asyncio.run(wait())
+    _run(wait)
 
 
 def wait_for_topics(bootstrap: Bootstrap, wanted: dict[str, TopicWanted], timeout: float = 30.0) -> None:

@@ -154,3 +154,17 @@ def test_a_producer_batch_is_the_callers_size_capped_at_the_request_limit(kafka_
         assert producer.config["batch_size"] == batch_size
     finally:
         producer.close()
+
+
+def test_topics_are_created_from_a_thread_that_runs_an_event_loop(kafka_broker):
+    """A notebook or an async application calls in with its loop running, where asyncio.run
+    refuses; the per-broker readiness check then runs in a thread of its own."""
+    import asyncio
+
+    name = f"t-{uuid.uuid4().hex[:8]}.in-loop"
+
+    async def app() -> None:
+        create_topics(kafka_broker, {name: (2, False)})
+
+    asyncio.run(app())
+    assert topic_partitions(kafka_broker, [name]) == {name: 2}
