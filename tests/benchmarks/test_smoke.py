@@ -6,6 +6,7 @@ benchmark that breaks fails the suite. The figures themselves are never asserted
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,11 +19,24 @@ pytestmark = pytest.mark.integration
 
 
 def run_benchmark(name: str, tmp_path: Path, *args: str, timeout: float = 600) -> dict:
-    """Run ``benchmarks/<name>.py --smoke`` with ``args``; the JSON it wrote to ``--out``."""
+    """Run ``benchmarks/<name>.py --smoke`` with ``args``; the JSON it wrote to ``--out``.
+
+    Past ``timeout`` the script gets SIGINT first: its ``finally`` blocks stop the workers and
+    the broker it started (each in a session of its own, out of reach of a plain kill)."""
     out = tmp_path / f"{name}.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--smoke", "--out", str(out), *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--smoke", "--out", str(out),
+                             *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, stderr = proc.communicate()
+        pytest.fail(f"{name} --smoke still running after {timeout:.0f} s:\n{stderr[-4000:]}")
+    assert proc.returncode == 0, stderr[-4000:]
     result = json.loads(out.read_text())
     assert result["smoke"] is True
     return result
