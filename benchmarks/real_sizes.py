@@ -277,7 +277,7 @@ def run_rss(bootstrap: str, workdir: Path, checkpoints: list[int], group_size: i
     create_topics(bootstrap, topics.all(PARTITIONS), configs=topics.topic_configs(KafkaConfig()))
     create_topics(bootstrap, names.changelog_topics(topics, PARTITIONS))
     config_path = workdir / "config-rss.yaml"
-    config_path.write_text(yaml.safe_dump(config_dict(topics.prefix, group_size, groups_per_batch(n_prompts))))
+    config_path.write_text(yaml.safe_dump(config_dict(topics.prefix, group_size)))
     proc = start_worker("aggregator", config_path, bootstrap, workdir / f"aggregator-{config_path.stem}.log", workdir)
     rss = PeakRss(proc.pid)
     producer = make_producer(bootstrap, client_id="bench-rss")

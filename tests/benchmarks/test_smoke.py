@@ -98,6 +98,14 @@ def test_real_sizes(tmp_path):
     assert r["aggregator_import_rss_mb"] > 0
 
 
+def test_real_sizes_rss(tmp_path):
+    """The RSS-flatness mode: the aggregator's RSS after each count of small responses."""
+    r = run_benchmark("real_sizes", tmp_path, "--rss-responses", "16,32")
+    assert r["rss_group_size"] == 8 and set(r["rss_mb_after"]) == {"16", "32"}
+    assert all(mb > 0 for mb in r["rss_mb_after"].values())
+    assert "cases" not in r
+
+
 def test_learning(tmp_path):
     r = run_benchmark("learning", tmp_path, timeout=900)
     assert (r["max_steps"], r["seeds"]) == (1, [1])
