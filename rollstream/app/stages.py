@@ -10,7 +10,6 @@ from enum import Enum
 from pathlib import Path
 
 import faust
-import torch
 
 from rollstream.config import AgenticConfig, Config
 from rollstream.exceptions import ConfigError
@@ -72,6 +71,8 @@ def backend_kwargs(config: Config) -> dict:
     actor_infer = config.actor_infer
     rows = {} if actor_infer.max_num_seqs is None else {"max_num_seqs": actor_infer.max_num_seqs}
     if actor_infer.backend == "transformers":
+        import torch  # only the model stages pay for it
+
         return {"model_dir": config.infer_model_path, "dtype": getattr(torch, actor_infer.dtype),
                 "device": actor_infer.device, **rows}
     return {"model_dir": config.infer_model_path, "dtype": actor_infer.dtype, **rows}  # vllm.LLM takes the name

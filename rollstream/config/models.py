@@ -23,9 +23,30 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 # A fast tokenizer (tokenizer.json), a sentencepiece model, or a BPE vocabulary.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
-# Every prompt is chat-templated (rollstream.policy.model.chat_prompt_ids), so the template is
+# Every prompt is chat-templated (rollstream.policy.chat), so the template is
 # required: a file of its own, or the ``chat_template`` key of tokenizer_config.json.
 CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+
+
+BUNDLED_MODEL_NAME = "smollm2-135m-instruct"
+
+
+def default_cache_dir() -> Path:
+    """The bundled model's fp32 folder (built on first use by rollstream.policy.model):
+    ``$ROLLSTREAM_MODEL_CACHE`` or ``~/.cache/rollstream/models/smollm2-135m-instruct``."""
+    env = os.environ.get("ROLLSTREAM_MODEL_CACHE")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "rollstream" / "models" / BUNDLED_MODEL_NAME
+
+
+def is_built_model_cache(folder: Path) -> bool:
+    """Whether the bundled model's cache ``folder`` is complete (config, weights, tokenizer)."""
+    # The folder only ever appears by an atomic rename of a fully written temp folder, but a
+    # hand-made or truncated one is possible.
+    return (folder / "config.json").is_file() and (
+        (folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file()
+    ) and (folder / "tokenizer_config.json").is_file()
 
 
 def hf_hub_cache() -> Path:

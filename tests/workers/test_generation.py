@@ -16,7 +16,7 @@ from rollstream.kafka.events import Input, Send
 from rollstream.kafka.topics import Topics
 from rollstream.policy import model as model_mod
 from rollstream.policy.model import (
-    EOS_TOKEN,
+    BUNDLED_EOS,
     IM_START,
     chat_prompt_ids,
     default_cache_dir,
@@ -68,8 +68,8 @@ def test_model_loads_from_wheel_and_caches(monkeypatch):
     assert not hasattr(model.config, "quantization_config")
     assert next(model.parameters()).dtype == torch.float32
     for t in (tok, load_tokenizer()):
-        assert t.eos_token == EOS_TOKEN and t.pad_token == EOS_TOKEN
-        assert t.eos_token_id == t.pad_token_id == t.convert_tokens_to_ids(EOS_TOKEN)
+        assert t.eos_token == BUNDLED_EOS and t.pad_token == BUNDLED_EOS
+        assert t.eos_token_id == t.pad_token_id == t.convert_tokens_to_ids(BUNDLED_EOS)
         assert t.padding_side == "left"
 
 
