@@ -66,6 +66,13 @@ def f32(x: float) -> float:
     return _f32_of(float(x))
 
 
+def load_torch() -> None:
+    """Import torch now. Its first import takes ~5 CPU-s: a stream stage calls this before its
+    event loop starts, so the first decision does not stall the loop (a stalled faust loop
+    delays heartbeats and, near the end of its start-up recovery, was seen to skip an event)."""
+    import torch  # noqa: F401
+
+
 def float32_tensor(values: Sequence[float]) -> "torch.Tensor":
     """``values`` as a (n,) float32 torch tensor: what every query filter, built-in or custom, is
     given."""

@@ -27,6 +27,7 @@ from collections import deque
 import faust
 
 from rollstream.config import RLVRConfig
+from rollstream.filtering.query_filters import load_torch
 from rollstream.kafka import names
 from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.topics import Topics
@@ -56,6 +57,7 @@ def build_aggregator_app(config: RLVRConfig, bootstrap: Bootstrap, store: str = 
     app = make_app(names.app_id(topics, names.AGGREGATOR_APP), bootstrap, partitions, config.kafka, store)
     app.conf.producer_linger = PRODUCER_LINGER_S
     app.conf.producer_max_batch_size = PRODUCER_MAX_BATCH_BYTES
+    load_torch()  # the filters need it; imported before the event loop runs, not at the first decision
     aggregation = Aggregation(config)
     metrics = process_metrics()
     emit = Emitter(app, topics, "aggregator")

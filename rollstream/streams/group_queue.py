@@ -16,6 +16,7 @@ import logging
 import faust
 
 from rollstream.config import AgenticConfig
+from rollstream.filtering.query_filters import load_torch
 from rollstream.kafka import names
 from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.topics import Topics
@@ -32,6 +33,7 @@ TICK_INTERVAL_S = 1.0
 
 def build_group_queue_app(config: AgenticConfig, bootstrap: Bootstrap, store: str = "memory://",
                           tick_interval_s: float = TICK_INTERVAL_S) -> faust.App:
+    load_torch()  # the filters need it; imported before the event loop runs, not at the first decision
     topics = Topics(config.kafka.topic_prefix)
     partitions = config.kafka.partitions
     app = make_app(names.app_id(topics, names.GROUP_QUEUE_APP), bootstrap, partitions, config.kafka, store)

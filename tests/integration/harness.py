@@ -211,6 +211,30 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 180.0, interval: fl
     raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
 
 
+def wait_for_group(bootstrap: str, group_id: str, members: int, stages: StageProcesses | None = None,
+                   timeout: float = 120.0) -> None:
+    """Wait until the consumer group ``group_id`` is Stable with ``members`` members: every
+    process started has joined and holds its share of the partitions, so no rebalance moves a
+    partition while the events that follow are handled."""
+    from kafka.admin import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        def stable() -> bool:
+            try:
+                group = admin.describe_groups([group_id])[group_id]
+            except KafkaError as exc:  # e.g. no coordinator yet, before the first member joins
+                if exc.retriable:
+                    return False
+                raise
+            return group["group_state"] == "Stable" and len(group["members"]) == members
+
+        wait_for(stable, timeout=timeout, what=f"group {group_id} stable with {members} members", stages=stages)
+    finally:
+        admin.close()
+
+
 def count(bootstrap: str, topic: str) -> int:
     return len(read_values(bootstrap, topic))
 

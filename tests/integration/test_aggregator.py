@@ -6,12 +6,13 @@ import pytest
 from kafka.partitioner.default import murmur2
 
 from rollstream.app.stages import Stage
+from rollstream.kafka import names
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.payloads import PayloadFetcher, ref_key
 from rollstream.schemas import decode, encode
 from rollstream.tools.readback import read_values
 
-from .harness import publish_rewarded, response, start_stages, wait_for, write_config
+from .harness import publish_rewarded, response, start_stages, wait_for, wait_for_group, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -146,6 +147,10 @@ def test_two_aggregator_processes_decide_200_prompts_exactly_once(kafka_broker, 
     stages = start_stages(config, kafka_broker, tmp_path / "logs", Stage.aggregator)
     assert stages.start(Stage.aggregator) == "aggregator-2"
     try:
+        # Both processes hold their partitions before any event: a rebalance while events are in
+        # flight may decide a prompt again (at least once; admission, the trainer and audit take
+        # a repeated identical decision for one), which the fault tests cover.
+        wait_for_group(kafka_broker, names.app_id(topics, names.AGGREGATOR_APP), 2, stages)
         records = []
         for p in range(200):
             mixed = p % 2 == 0
