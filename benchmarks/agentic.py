@@ -5,16 +5,18 @@
    ``GroupQueueProcessor.handle`` over a plain dict table (no Kafka), once with the
    default group filter (keeps every group) and once with ``EnvFailureStdGroupFilter`` (drops
    zero-std groups; each drop starts a replacement episode). Same events both times.
-2. ``group_queue_kafka_trajectories_per_s``: the same events (std filter) produced to
-   ``trajectories`` before ONE group-queue worker subprocess starts, timed from the first decided
-   group read back from ``groups.accepted``/``groups.rejected`` to the last; the trajectories
-   counted are those handled in that span (``kafka_trajectories_timed``, known from the
-   in-process run). Startup (subprocess start -> first decided group) is ``kafka_startup_s``.
-   The ``start`` GroupCommands on ``episodes.control`` are handled beforehand by a preparing
-   worker, stopped once it has committed them (``kafka_prepare_s``): faust reads its two input
-   topics round-robin, so a backlog of trajectories produced after the start commands could
-   still be handled before them (dead-lettered as "never started"). The measured worker
-   restores the open group queues from the table's changelog and finds the whole backlog.
+2. ``group_queue_kafka_trajectories_per_s``: the same events (std filter) through ONE
+   group-queue worker subprocess, timed from the first decided group read back from
+   ``groups.accepted``/``groups.rejected`` to the last; the trajectories counted are those
+   handled in that span (``kafka_trajectories_timed``, known from the in-process run). The
+   worker first handles the ``start`` GroupCommands on ``episodes.control`` and commits them
+   (``kafka_prepare_s``; faust reads its two input topics round-robin, so trajectories sent
+   with the start commands could be handled before them and dead-lettered as "never
+   started"); then the trajectories are produced to the running worker, faster than it handles
+   them, so it works through a backlog. ``kafka_startup_s``: first trajectory sent -> first
+   decided group. (A worker started on a backlog right after another member of its group left
+   was seen to skip an event during its first rebalances; that start-up path is not what this
+   measures.)
 3. ``env_player_*``: the real model (TransformersBackend on CPU) plays the same N EpisodeRequests
    (gym:FrozenLake-v1, is_slippery false) with ``EpisodePlayer(max_concurrent=1)`` (one
    trajectory at a time, batch 1) and ``max_concurrent=N`` (all waiting turns in one batched
@@ -49,6 +51,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -303,34 +306,33 @@ def _committed(bootstrap: str, group_id: str, topic: str, partitions: list[int])
         consumer.close(autocommit=False)
 
 
-def prepare_queues(bootstrap: str, topics: Topics, config_path: Path, workdir: Path, starts, runs_opened: int) -> dict:
-    """Open every group queue with a first worker: send the start commands, wait for the
-    EpisodeRequests they cause and for the worker to commit its control offsets, then stop it."""
+def prepare_queues(bootstrap: str, topics: Topics, config_path: Path, workdir: Path, starts,
+                   runs_opened: int) -> tuple[dict, subprocess.Popen]:
+    """Start the group-queue worker and open every group queue: send the start commands, wait
+    for the EpisodeRequests they cause and for the worker to commit its control offsets. The
+    worker is returned running (the caller stops it)."""
     from rollstream.kafka import names
 
     t0 = time.perf_counter()
     produce_events(bootstrap, topics.episodes_control, starts)
     control_end = _end_offsets_by_partition(bootstrap, topics.episodes_control)
-    proc = start_worker("group-queue", config_path, bootstrap, workdir / "prepare.log", workdir)
+    proc = start_worker("group-queue", config_path, bootstrap, workdir / "group_queue.log", workdir)
     error = None
-    try:
-        deadline = time.monotonic() + SAFETY_TIMEOUT_S
-        while True:
-            requests = _end_offsets(bootstrap, [topics.episodes_requests])[topics.episodes_requests]
-            committed = _committed(bootstrap, names.app_id(topics, names.GROUP_QUEUE_APP), topics.episodes_control,
-                                   list(control_end))
-            if requests >= runs_opened and all(committed[p] >= end for p, end in control_end.items()):
-                break
-            if proc.poll() is not None:
-                error = f"preparing worker exited with {proc.returncode}"
-                break
-            if time.monotonic() > deadline:
-                error = f"preparing worker: {requests}/{runs_opened} requests after {SAFETY_TIMEOUT_S:.0f} s"
-                break
-            time.sleep(0.5)
-    finally:
-        stop_worker(proc)
-    return {"kafka_prepare_s": round(time.perf_counter() - t0, 2), "kafka_prepare_error": error}
+    deadline = time.monotonic() + SAFETY_TIMEOUT_S
+    while True:
+        requests = _end_offsets(bootstrap, [topics.episodes_requests])[topics.episodes_requests]
+        committed = _committed(bootstrap, names.app_id(topics, names.GROUP_QUEUE_APP), topics.episodes_control,
+                               list(control_end))
+        if requests >= runs_opened and all(committed[p] >= end for p, end in control_end.items()):
+            break
+        if proc.poll() is not None:
+            error = f"group-queue worker exited with {proc.returncode} while opening the queues"
+            break
+        if time.monotonic() > deadline:
+            error = f"opening the queues: {requests}/{runs_opened} requests after {SAFETY_TIMEOUT_S:.0f} s"
+            break
+        time.sleep(0.5)
+    return {"kafka_prepare_s": round(time.perf_counter() - t0, 2), "kafka_prepare_error": error}, proc
 
 
 def _end_offsets_by_partition(bootstrap: str, topic: str) -> dict[int, int]:
@@ -379,10 +381,7 @@ def bench_kafka(bootstrap: str, config_dict_: dict, workload: dict, expected: di
     """``timed``: trajectories handled after the event that decides the first group up to the one
     that decides the last (known from the in-process run of the same events): the span the
     read-back timing covers."""
-    from kafka import KafkaConsumer, TopicPartition
-
     from rollstream.kafka.admin import create_topics
-    from rollstream.tools.readback import read_values
 
     topics = Topics(f"bench-{uuid.uuid4().hex[:8]}.")
     raw = {**config_dict_, "kafka": {"topic_prefix": topics.prefix, "partitions": PARTITIONS}}
@@ -393,12 +392,25 @@ def bench_kafka(bootstrap: str, config_dict_: dict, workload: dict, expected: di
     manager = config_dict_["train_env_manager"]
     runs_opened = manager["num_env_groups"] * OPEN_EPISODES * (manager["group_size"] + REDUNDANCY)
     result: dict = {"kafka_topic_prefix": topics.prefix}
-    result.update(prepare_queues(bootstrap, topics, config_path, workdir, workload["starts"], runs_opened))
-    events = workload["events"]
-    # compressed as the env workers' payload producers do (kafka.compression_type)
-    result["kafka_produce_s"] = round(_produce(bootstrap, topics.trajectories, events,
-                                               parse_config(raw).kafka.compression_type), 3)
+    prepared, proc = prepare_queues(bootstrap, topics, config_path, workdir, workload["starts"], runs_opened)
+    result.update(prepared)
+    try:
+        result.update(_timed_run(bootstrap, topics, raw, workload["events"], expected, timed, proc, workdir,
+                                 error=result["kafka_prepare_error"]))
+    finally:
+        stop_worker(proc)
+    return result
 
+
+def _timed_run(bootstrap: str, topics: Topics, raw: dict, events, expected: dict, timed: int,
+               proc: subprocess.Popen, workdir: Path, error: str | None) -> dict:
+    """Produce the trajectories to the running worker ``proc`` and time the decisions read back
+    (see bench_kafka); ``error``: why the queues could not be opened (then nothing is sent)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from rollstream.tools.readback import read_values
+
+    result: dict = {}
     want = expected["accepted"] + expected["rejected"]
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                              fetch_max_wait_ms=50)
@@ -411,9 +423,14 @@ def bench_kafka(bootstrap: str, config_dict_: dict, workload: dict, expected: di
     counts = {topics.groups_accepted: 0, topics.groups_rejected: 0}
     duplicates = 0
     first_at = last_at = first_ts = last_ts = first_cpu = last_cpu = None
-    error = result["kafka_prepare_error"]
     started = time.monotonic()
-    proc = start_worker("group-queue", config_path, bootstrap, log_path, workdir)
+    produced: list[float] = []
+    # compressed as the env workers' payload producers do (kafka.compression_type); in a thread,
+    # so decisions are read back while the producer is still sending
+    producer = threading.Thread(target=lambda: produced.append(_produce(
+        bootstrap, topics.trajectories, events, parse_config(raw).kafka.compression_type)), daemon=True)
+    if error is None:
+        producer.start()
     try:
         while error is None and len(seen) < want:
             if time.monotonic() - started > SAFETY_TIMEOUT_S:
@@ -447,7 +464,9 @@ def bench_kafka(bootstrap: str, config_dict_: dict, workload: dict, expected: di
             error = _wait_committed(bootstrap, topics, proc)
     finally:
         consumer.close()
-        stop_worker(proc)
+        if producer.is_alive():
+            producer.join()
+    result["kafka_produce_s"] = round(produced[0], 3) if produced else None
     late = sum(m["value"] for m in read_values(bootstrap, topics.metrics)
                if m["name"] == "group_queue/late_trajectories")
     dead = _end_offsets(bootstrap, [topics.dead_letter])[topics.dead_letter]
@@ -623,11 +642,9 @@ def main(argv: list[str] | None = None) -> dict:
                          else len(workload["events"]))
                 result.update(bench_kafka(bootstrap, configs["std"], workload, expected["std"], timed, workdir))
                 ok = ok and result["kafka_correct"]
-                if not result["kafka_correct"]:
-                    for log in ("prepare.log", "group_queue.log"):
-                        if (workdir / log).exists():
-                            result[f"{log.split('.')[0]}_log_tail"] = (
-                                (workdir / log).read_text(errors="replace").splitlines()[-20:])
+                if not result["kafka_correct"] and (workdir / "group_queue.log").exists():
+                    result["group_queue_log_tail"] = (
+                        (workdir / "group_queue.log").read_text(errors="replace").splitlines()[-20:])
     del workload
 
     if not args.skip_player:
