@@ -49,7 +49,6 @@ import math
 from numbers import Real
 from typing import Any, Mapping, Sequence
 
-
 from rollstream.exceptions import ConfigError
 from rollstream.filtering.query_filters import f32, float32_tensor, std_filter
 from rollstream.filtering.ratio_guard import RATIO_MODES, DropFlagRatioGuard

@@ -66,7 +66,7 @@ CLOCK_SKEW_MS = 60_000  # how far an outcome's timestamp may lag its admission (
 def default_tokenize(model_path: str | None = None) -> Tokenize:
     """The generation model's chat-templated tokenisation of a Prompt (what `prompt_length`
     limits): its ``messages`` when non-empty, else its ``prompt`` as one user turn."""
-    prompt_ids = load_prompt_ids(model_path)  # no transformers import for a plain tokenizer.json
+    prompt_ids = load_prompt_ids(model_path)  # the bundled model's without importing transformers
     return lambda prompt: prompt_ids(prompt.get("messages") or prompt["prompt"])
 
 
