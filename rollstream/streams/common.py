@@ -8,6 +8,8 @@ import tempfile
 from pathlib import Path
 
 import faust
+from faust.tables.manager import TableManager
+from faust.tables.recovery import Recovery
 
 from rollstream.config.base import KafkaConfig
 from rollstream.kafka.admin import replication_factor
@@ -53,6 +55,7 @@ def make_app(app_id: str, bootstrap: Bootstrap, partitions: int, kafka: KafkaCon
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
         web_enabled=False,
+        TableManager=StageTableManager,
         stream_wait_empty=False,
         broker_commit_interval=1.0,
         # a killed worker's partitions move after this long (faust's default is 60 s)
@@ -77,6 +80,43 @@ class StageApp(faust.App):
         log.critical("agent %s failed: %r; exiting", agent.name, exc)
         logging.shutdown()
         os._exit(70)
+
+
+class StageRecovery(Recovery):
+    """faust's recovery, without losing the events fetched while it seeks the stream partitions.
+
+    When a table's recovery completes, faust resumes the stream partitions, then seeks them to
+    their committed offsets, then resumes the flow, which clears every agent's queue (to drop
+    what was fetched before the seek). The flow is already running while the seek awaits the
+    broker, so events fetched right after the seek land in a queue that is then cleared: the
+    fetch position is past them, and a restarted stage never sees them (one in five restarts of
+    a stage on a backlog, on two busy cores). Stopping the flow first means nothing is fetched
+    between the resume and the seek; whatever an agent already holds is processed again after
+    the seek (at least once, as after a crash)."""
+
+    async def on_recovery_completed(self, generation_id: int = 0) -> None:
+        self._stop_flow()
+        await super().on_recovery_completed(generation_id)
+
+    async def _resume_streams(self, generation_id: int = 0) -> None:  # the same order, for apps without tables
+        self._stop_flow()
+        await super()._resume_streams(generation_id)
+
+    def _stop_flow(self) -> None:
+        """Hold the fetcher and the agents' queues until faust resumes them after its seek (a
+        rebalance that interrupts the seek resumes them again when it completes)."""
+        self.app.flow_control.suspend()
+        self.app.consumer.stop_flow()
+
+
+class StageTableManager(TableManager):
+    """faust's table manager with :class:`StageRecovery`."""
+
+    @property
+    def recovery(self) -> Recovery:
+        if self._recovery is None:
+            self._recovery = StageRecovery(self.app, self, beacon=self.beacon, loop=self.loop)
+        return self._recovery
 
 
 def raw_topic(app: faust.App, name: str, partitions: int | None = None) -> faust.TopicT:
