@@ -425,10 +425,17 @@ def _timed_run(bootstrap: str, topics: Topics, raw: dict, events, expected: dict
     first_at = last_at = first_ts = last_ts = first_cpu = last_cpu = None
     started = time.monotonic()
     produced: list[float] = []
+    produce_failed: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            produced.append(_produce(bootstrap, topics.trajectories, events, parse_config(raw).kafka.compression_type))
+        except BaseException as exc:  # reported by the reading loop, which stops at once
+            produce_failed.append(exc)
+
     # compressed as the env workers' payload producers do (kafka.compression_type); in a thread,
     # so decisions are read back while the producer is still sending
-    producer = threading.Thread(target=lambda: produced.append(_produce(
-        bootstrap, topics.trajectories, events, parse_config(raw).kafka.compression_type)), daemon=True)
+    producer = threading.Thread(target=produce, daemon=True)
     if error is None:
         producer.start()
     try:
@@ -441,6 +448,9 @@ def _timed_run(bootstrap: str, topics: Topics, raw: dict, events, expected: dict
                 break
             if proc.poll() is not None:
                 error = f"group-queue worker exited with {proc.returncode}; see {log_path}"
+                break
+            if produce_failed:
+                error = f"producing the trajectories failed: {produce_failed[0]!r}"
                 break
             for msgs in consumer.poll(timeout_ms=100).values():
                 now = time.monotonic()
