@@ -81,7 +81,7 @@ def config_for(agg: str) -> dict:
 
 
 def loop_reference(old: list[list[float]], infer: list[list[float]], mask: list[list[int]], agg: str):
-    """Row by row, token by token, in Python floats: the formulas of reference-behaviour.md (h)
+    """Row by row, token by token, in Python floats: the reference's formulas
     with masked positions read as o = i = 0 (our rule). Returns (weights, keep, metrics)."""
     weights, keep = [], []
     sums = {f"{k}_{a}": 0.0 for k in ("ratio", "diff") for a in AGG_TYPES}

@@ -41,7 +41,7 @@ def test_unknown_query_filter_type_fails_at_startup_with_field_path():
 
 
 def test_filter_metric_absent_from_the_reward_event_fails_at_startup():
-    # peer scenario 6: a filter on a field the reward event does not carry
+    # a filter on a field the reward event does not carry
     cfg = base()
     cfg["rewards"]["math"]["query_filter_config"]["metric"] = "accuracy"
     with pytest.raises(ConfigError, match="metric 'accuracy' is not a reward field"):

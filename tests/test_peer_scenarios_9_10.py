@@ -1,5 +1,5 @@
-"""Peer scenarios 9 (reward metrics before and after filtering; validation untouched by filters)
-and 10 (a global admission budget per policy version, rebuilt after a restart)."""
+"""Reward metrics before and after filtering (validation untouched by filters), and a global
+admission budget per policy version, rebuilt after a restart."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ class EnvConfig(FrozenModel):
 
 
 class RefillConfig(FrozenModel):
-    """Per-sample refill of infra-aborted trajectories (peer-scenarios.md 5)."""
+    """Per-sample refill of infra-aborted trajectories (an infra failure is never reward 0)."""
 
     enabled: bool = Field(True, description="Set env_timeout/env_failed trajectories aside (reason infra_abort) and start a replacement run with the same seed. False: they stay group members and the group filter sees them (the reference's behaviour).")
     max_refills_per_group: int = Field(2, ge=0, le=1000, description="Replacement runs per episode at most.")
@@ -136,6 +136,6 @@ class AgenticConfig(PipelineConfig):
 
     def group_seed(self, mode: str, group_id: int) -> int:
         """Deterministic seed shared by every run of group ``group_id``; episode e plays
-        ``group_seed + e`` (reference-behaviour.md f draws it at random instead)."""
+        ``group_seed + e`` (the reference system draws it at random instead)."""
         digest = hashlib.sha256(f"{self.seed}/{mode}/{group_id}".encode()).digest()
         return int.from_bytes(digest[:4], "little") % 1_000_000

@@ -1,5 +1,5 @@
 """The ``train_infer_correction`` mapping, validated: the IS weight, the token filters and the
-collapse threshold (reference defaults, reference-behaviour.md (h)).
+collapse threshold (with the reference system's defaults).
 
 Only the configuration lives here, so it loads without the trainer; the correction
 itself (formulas, metrics) is rollstream.trainer.corrections.
@@ -18,7 +18,7 @@ from rollstream.exceptions import validation_problems
 
 AggType = Literal["token", "segment", "geometric", "sequence"]
 AGG_TYPES: tuple[str, ...] = get_args(AggType)
-"""Granularities of ratio/diff; reference-behaviour.md (h) table."""
+"""Granularities of ratio/diff, as the reference system names them."""
 
 
 def _finite_or_inf(name: str, value: float) -> float:
@@ -28,7 +28,7 @@ def _finite_or_inf(name: str, value: float) -> float:
 
 
 class ISWeightConfig(FrozenModel):
-    """``train_infer_correction.is_weight`` (reference defaults, reference-behaviour.md (h))."""
+    """``train_infer_correction.is_weight`` (with the reference system's defaults)."""
 
     enabled: bool = Field(False, description="Multiply the per-token loss by the IS weight.")
     weight_type: AggType = Field("token", description="Granularity of the ratio used as weight.")
@@ -48,7 +48,7 @@ class ISWeightConfig(FrozenModel):
 
 
 class CorrectionFilterConfig(FrozenModel):
-    """One entry of ``train_infer_correction.filters`` (reference defaults, (h)).
+    """One entry of ``train_infer_correction.filters`` (with the reference system's defaults).
 
     A listed filter is inert unless ``enabled`` is True, as in the reference. Bounds are
     inclusive; ``ratio_*`` bound ``exp(l)`` at the chosen granularity, ``diff_*`` the probability

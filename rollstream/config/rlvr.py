@@ -24,8 +24,9 @@ from rollstream.filtering.query_filters import check_query_filter_args, resolve_
 from rollstream.filtering.response_filters import resolve_response_filter
 
 # Score keys every built-in reward function reports (rollstream.workers.rewards); a query filter
-# may read one of these instead of the shaped reward (peer scenario 6). A user function's dict
-# names its own scores, so any metric is allowed there.
+# may read one of these instead of the shaped reward (e.g. ``acc``: shaped rewards can differ
+# within a group whose answers are all wrong). A user function's dict names its own scores, so
+# any metric is allowed there.
 REWARD_SCORE_KEYS = ("acc", "format")
 
 

@@ -12,8 +12,7 @@ groups), admission:
   (filtering/staleness.py), so generation never runs further ahead of the trainer than that;
 * spends at most ``max_prompts_per_batch`` training prompts on one batch. When the budget is
   spent and nothing of the step is in flight while the batch is short, the step ends with a
-  ``BatchUnderfilled`` verdict instead of resampling forever (the reference has no cap:
-  reference-behaviour.md section b.6, caveat 10).
+  ``BatchUnderfilled`` verdict instead of resampling forever (the reference has no cap).
 
 End of data and epochs: the ``PromptsEnd`` marker on ``prompts`` ends the first read (epoch 0).
 For epochs 1..``num_epochs``-1 the shell re-reads the train prompts that preceded it, in the

@@ -1,6 +1,6 @@
 """Agentic group filters: one decision over the trajectories of one episode (a GRPO group).
 
-Contract (reference-behaviour.md (f); config field ``EnvManagerConfig.group_filter_cls``):
+Contract (the reference system's; config field ``EnvManagerConfig.group_filter_cls``):
 
 * The class is built once per mode as ``Cls(config, env_manager_config, mode)``: ``config`` is the
   AgenticConfig (None in tests), ``env_manager_config`` the EnvManagerConfig of that mode, ``mode``
@@ -17,8 +17,7 @@ Contract (reference-behaviour.md (f); config field ``EnvManagerConfig.group_filt
 
   **True means DROP the group** (a replacement episode is started); **False means KEEP it.** This is
   what the reference's code does; the reference's help text for ``group_filter_cls`` ("Return
-  false to filter out group") says the opposite and is wrong (reference-behaviour.md (f), last
-  paragraph, and (i) 6).
+  false to filter out group") says the opposite and is wrong.
 * Optional attributes the caller reads through :func:`filter_group`: ``reason`` (a RejectReason
   value, read after a True return; missing or unknown means ``group_filter``), ``decision_values``
   (``dict[str, float]`` describing the last decision), and ``state_dict()`` /
@@ -32,14 +31,14 @@ Built-in filters (``group_filter_config`` keys in brackets):
 * :class:`DropFlagGroupFilter`: drops groups with a ``drop_flag``, under a ratio guard
   [``ratio_mode``, ``max_ratio``, ``window``].
 
-Where the built-ins differ from the reference on purpose (ARCHITECTURE.md section 6):
+Where the built-ins differ from the reference on purpose:
 
 * In mode ``"val"`` they never drop unless ``drop_in_val: true``. The reference calls the filter in
   validation too and leaves the check to each filter (its docs tell users to add it).
 * A None entry never crashes a filter: None entries are ignored when reading flags and rewards.
-  The reference's drop_flag filter raises AttributeError on them (reference-behaviour.md (i) 17).
+  The reference's drop_flag filter raises AttributeError on them.
   A group whose entries are all None is kept; the reference's queue never calls the filter on such
-  a group but marks it complete (reference-behaviour.md (f)), and keeping it matches that.
+  a group but marks it complete, and keeping it matches that.
 """
 
 from __future__ import annotations
@@ -81,8 +80,8 @@ def _number(cfg: Mapping[str, Any], key: str, default: float) -> float:
 
 
 class GroupFilter:
-    """The default group filter: never drops (reference ``agentic_pipeline.GroupFilter``,
-    reference-behaviour.md (f)). Also the base class of the built-ins.
+    """The default group filter: never drops (reference ``agentic_pipeline.GroupFilter``).
+    Also the base class of the built-ins.
 
     Args:
         config: the AgenticConfig, or None (tests). Unused here.
@@ -144,16 +143,16 @@ class GroupFilter:
 class EnvFailureStdGroupFilter(GroupFilter):
     """Drops groups with an infrastructure failure or without reward spread.
 
-    The seed documentation's example custom filter (section 3.4) as a built-in, with a reason per
-    rule. In order, ignoring None entries:
+    The usual example of a custom group filter, as a built-in with a reason per rule. In order,
+    ignoring None entries:
 
     1. any trajectory with ``env_timeout`` -> DROP, reason ``env_timeout``;
     2. any trajectory with ``env_failed`` -> DROP, reason ``env_failed``;
     3. any ``response_level_rewards`` missing or not finite -> DROP, reason ``invalid_reward``
-       (ARCHITECTURE.md section 6: a NaN reward never passes silently);
+       (a deliberate difference from the reference: a NaN reward never passes silently);
     4. the unbiased (n-1) standard deviation of ``response_level_rewards`` ``<= std_threshold``
        -> DROP, reason ``zero_std``. Same arithmetic as the RLVR ``std_filter``
-       (reference-behaviour.md (b)): float32, inclusive, threshold rounded to float32.
+       and the reference: float32, inclusive, threshold rounded to float32.
        A group with a single valid trajectory has std 0.0 by definition here (no spread, so no
        within-group advantage), hence it is dropped unless std_threshold < 0. This differs from the
        RLVR query filter, which keeps one response because there the group size is 1 by
@@ -219,7 +218,7 @@ class EnvFailureStdGroupFilter(GroupFilter):
 
 class DropFlagGroupFilter(GroupFilter):
     """Drops groups that carry a ``drop_flag``, capped by a :class:`DropFlagRatioGuard`
-    (reference-behaviour.md (g); the reference's ``agent_native_env_manager.GroupFilter``).
+    (the reference's ``agent_native_env_manager.GroupFilter``).
 
     A group is a candidate iff any of its non-None trajectories has a truthy ``drop_flag``. Every
     group the filter decides (candidate or not) is one guard decision; the guard says whether a
@@ -288,8 +287,8 @@ class DropFlagGroupFilter(GroupFilter):
 
 def load_group_filter(path: str, config: Any, env_manager_config: Any, mode: str) -> Any:
     """Import the group filter class at ``path`` (``"pkg.module:Class"``; ``"pkg.module.Class"``
-    also works) and build it as ``Class(config, env_manager_config, mode)`` (reference-behaviour.md
-    (f)).
+    also works) and build it as ``Class(config, env_manager_config, mode)``, as the
+    reference does.
 
     Returns: the instance; its ``filter(group_id, episode_id, group)`` returns True to DROP.
 

@@ -1,6 +1,6 @@
 """The agentic group queue of one env group (``mode``, ``group_id``): a pure state machine.
 
-Reference: reference-behaviour.md (f) (GroupQueue) and ARCHITECTURE.md section 5. What it keeps:
+It follows the reference system's GroupQueue. What it keeps:
 
 - each episode starts ``group_size + group_size_redundancy`` runs with one seed
   (``group_seed + episode_id``);
@@ -17,8 +17,8 @@ Where it does better (each one tested):
   ``episode_timeout`` and replaced;
 - an infra-aborted trajectory (``env_timeout`` / ``env_failed``) is set aside with reason
   ``infra_abort`` and refilled with a new run of the same seed, ``max_refills_per_group`` times
-  (peer-scenarios.md 5); after that the group is dropped as ``refill_exhausted``, or accepted
-  with fewer trajectories when ``min_valid_group_size`` allows it;
+  (an infra failure is never reward 0); after that the group is dropped as ``refill_exhausted``,
+  or accepted with fewer trajectories when ``min_valid_group_size`` allows it;
 - replacement episodes per group id are bounded (``max_replaced_episodes``); a group id that
   spends them stops with status ``exhausted`` instead of resampling forever.
 

@@ -4,7 +4,7 @@
 ``state`` (None = deleted) and carries out the effects. Same code runs in ``whatif``, tests and
 benchmarks.
 
-Lifecycle (reference-behaviour.md sections a-c, with our differences):
+Lifecycle (the reference system's, with our differences):
 
 1. The first response of a prompt opens the state expecting sample indices
    ``0 .. num_return_sequences-1`` (round 0).

@@ -1,6 +1,6 @@
 """Query (prompt-group) filters: one decision over the rewards of all responses to a prompt.
 
-Semantics follow the reference system (reference-behaviour.md section b):
+Semantics follow the reference system:
 
 * ``mean_filter`` drops when ``mean <= threshold_down`` or ``mean >= threshold_up``
   (inclusive; defaults -1 and +inf).
@@ -13,7 +13,7 @@ Semantics follow the reference system (reference-behaviour.md section b):
 * A group of one response is kept: its std is undefined and its mean alone says nothing
   about within-group advantage.
 
-Where we differ on purpose (ARCHITECTURE.md section 6):
+Where we differ on purpose:
 
 * A non-finite reward rejects the group with ``invalid_reward`` (the reference keeps it,
   because every comparison with NaN is false).

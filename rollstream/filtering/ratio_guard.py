@@ -2,21 +2,21 @@
 
 Two modes:
 
-``cumulative`` (the default) is the reference system's guard (reference-behaviour.md (g)): two
+``cumulative`` (the default) is the reference system's guard: two
 counters that are never reset. Every decision adds 1 to ``total``, candidate or not. A
 non-candidate is kept. A candidate is kept when ``filtered / total >= max_ratio`` or when
 ``(filtered + 1) / total > max_ratio``; otherwise ``filtered += 1`` and the group is dropped. The
 first test is implied by the second, so the effective rule is: drop a candidate iff
 ``(filtered + 1) / total <= max_ratio``, with ``total`` already counting the current decision.
 With ``max_ratio = 0.5`` this is the reference's hard-coded 50 % rule, and it reproduces every call
-of the ``drop_flag_ratio_guard`` vectors. As the reference's docs say
-(reference-behaviour.md (i) 8), this bounds the share over the whole run, not over any recent
-stretch: after a long clean period the guard may drop many groups in a row.
+of the ``drop_flag_ratio_guard`` vectors. As the reference's docs say, this bounds the share over
+the whole run, not over any recent stretch: after a long clean period the guard may drop many
+groups in a row.
 
-``window`` is our strict limiter (ARCHITECTURE.md section 6, "A strict window ratio guard"). It
-remembers the outcomes of the last ``window`` decisions (candidate or not) and drops a candidate
-iff, counting the current decision as a drop, the dropped share of the last ``m`` decisions stays
-within ``max_ratio``, where ``m = min(decisions remembered + 1, window)``::
+``window`` is our strict limiter, a deliberate difference from the reference. It remembers the
+outcomes of the last ``window`` decisions (candidate or not) and drops a candidate iff, counting
+the current decision as a drop, the dropped share of the last ``m`` decisions stays within
+``max_ratio``, where ``m = min(decisions remembered + 1, window)``::
 
     drop  iff  candidate and (drops among the previous m - 1 decisions + 1) / m <= max_ratio
 
@@ -59,7 +59,7 @@ class DropFlagRatioGuard:
     """Decides whether a drop candidate is really dropped, capping the dropped share.
 
     Args:
-        mode: ``"cumulative"`` (reference-behaviour.md (g), the reference's arithmetic) or
+        mode: ``"cumulative"`` (the reference's arithmetic) or
             ``"window"`` (strict limit over the last ``window`` decisions, module docstring).
         max_ratio: the largest share of dropped groups, in [0, 1]. 0 never drops, 1 drops every
             candidate. The reference hard-codes 0.5.
@@ -110,7 +110,7 @@ class DropFlagRatioGuard:
         return self._decide_window(candidate)
 
     def _decide_cumulative(self, candidate: bool) -> bool:
-        # reference-behaviour.md (g), steps 1-5, with 0.5 generalised to max_ratio
+        # the reference's guard, with its hard-coded 0.5 generalised to max_ratio
         self.total += 1
         if not candidate:
             return False

@@ -1,8 +1,8 @@
 """Response filters: one decision per rewarded response, before the group is complete.
 
-The reference declares ``rewards.<domain>.response_filter_config`` but never reads it
-(reference-behaviour.md section c); here it is wired. ``type: default`` applies these rules in
-order, each switchable in ``filter_args`` (all on by default except ``reject_invalid_format``):
+The reference declares ``rewards.<domain>.response_filter_config`` but never reads it;
+here it is wired. ``type: default`` applies these rules in order, each switchable in
+``filter_args`` (all on by default except ``reject_invalid_format``):
 
 =====================  ==============================================  ====================
 rule                   rejects when                                    reason

@@ -40,7 +40,7 @@ SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 SASL_ADMIN_USER = "rollstream-admin"  # the brokers' own user (inter-broker traffic)
 SASL_USER = "rollstream"  # the user `broker start --sasl` creates for clients
 
-# Combined broker+controller nodes on loopback (stack-notes 1.1). Ports, ids, voters, the
+# Combined broker+controller nodes (KRaft) on loopback. Ports, ids, voters, the
 # listener's security and the internal topics' replication are filled in per node.
 SERVER_PROPERTIES_TEMPLATE = """\
 process.roles=broker,controller

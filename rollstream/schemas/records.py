@@ -70,7 +70,7 @@ def batch_event(*, step: int, status: str, target: int, accepted: int, prompts_c
     }
 
 
-# ---- decision plane: summaries and payload references (issue 12) ---------------------------
+# ---- decision plane: summaries and payload references --------------------------------------
 
 RESPONSE_SUMMARY_FIELDS = ("prompt_id", "domain", "mode", "prompt", "ground_truth", "messages", "round",
                            "sample_index", "finish_reason", "error", "policy_version", "generation_ms", "created_ms")

@@ -1,10 +1,10 @@
 """Events written in an older format, brought to the current one after decoding.
 
 Schema evolution by Avro resolution covers added fields with defaults; the change to packed
-arrays and payload references (issue 12) is not such a change (an ``array<int>`` does not
+arrays and payload references is not such a change (an ``array<int>`` does not
 resolve to ``bytes``). So an event of an older writer schema is decoded with the newest history
 version the upgrade covers (Avro resolution from older versions to that one), then converted here;
-later history versions (e.g. before ``messages`` existed, issue 13) resolve to the current schema. An
+later history versions (e.g. before ``messages`` existed) resolve to the current schema. An
 upgraded payload-carrying decision event keeps its payload inline (``payload`` is the Response or
 Trajectory itself, not a PayloadRef): nothing to fetch, nothing lost.
 """

@@ -82,7 +82,7 @@ def invalid_reason(trajectory: dict) -> str | None:
 
 def is_infra_failure(trajectory: dict) -> bool:
     """An environment timeout or crash, an engine error, or no turn at all: the run says nothing
-    about the policy (ARCHITECTURE.md 6: infra failures are reasons of their own, never reward 0).
+    about the policy (infra failures are reasons of their own, never reward 0).
     ``trajectory``: a ``Trajectory`` or a ``TrajectorySummary`` record (``num_turns``)."""
     turns = trajectory["num_turns"] if "num_turns" in trajectory else len(trajectory.get("turns") or ())
     return bool(trajectory.get("env_timeout") or trajectory.get("env_failed")

@@ -51,8 +51,7 @@ References:
 - Leave-one-out baseline (``rloo``): Ahmadian et al. 2024, "Back to Basics: Revisiting
   REINFORCE Style Optimization for Learning from Human Feedback in LLMs", section 3.2 (after
   Kool et al. 2019, "Buy 4 REINFORCE Samples, Get a Baseline for Free!").
-- Unbiased std (n - 1) as torch's default, like the reference query filter:
-  reference-behaviour.md section (b).
+- Unbiased std (n - 1) as torch's default, like the reference query filter.
 """
 
 from __future__ import annotations
@@ -93,7 +92,7 @@ class RolloutBatch:
       environment token (an agentic trajectory's later-turn prompt tokens).
     - ``infer_logprobs``: ``(B, T) float32``, the inference engine's log p(token) (nats) at model
       tokens; 0.0 at padding and environment tokens, so they stay finite for the train-infer
-      correction (reference-behaviour.md (h)).
+      correction.
     - ``response_lengths``: ``(B,) int64``, real tokens in each row's response (model and
       environment tokens); positions from there on are padding.
     - ``response_level_rewards``: ``(B,) float32``, the scalar reward of each row.
@@ -447,7 +446,7 @@ def group_advantages(rewards, estimator: str = "grpo", eps: float = GRPO_EPS):
     Estimators, for a group of ``n`` rewards ``r`` with mean ``m``:
 
     - ``grpo``: ``(r_i - m) / (std(r) + eps)``, std unbiased (n - 1) (Shao et al. 2024,
-      DeepSeekMath, section 4.1.2; the reference's std: reference-behaviour.md (b)).
+      DeepSeekMath, section 4.1.2; the reference computes its std the same way).
     - ``dr_grpo``: ``r_i - m``, no std division, which biases updates towards groups with a
       small reward spread (Liu et al. 2025, "Understanding R1-Zero-Like Training", section 3.2).
       Dr. GRPO's other change, no per-response length normalisation, is the loss's
@@ -509,7 +508,7 @@ def grpo_advantages(rewards, eps: float = GRPO_EPS, norm_by_std: bool = True):
 
     Note:
         Formula: Shao et al. 2024, DeepSeekMath, section 4.1.2. The std is torch's default unbiased
-        estimator (denominator n - 1), as in the reference (reference-behaviour.md (b)).
+        estimator (denominator n - 1), as in the reference.
         ``norm_by_std=False``: Liu et al. 2025 (Dr. GRPO). Constant groups are set to 0 exactly
         instead of ``(r - mean) / eps``, which float32 rounding of the mean can make non-zero.
     """

@@ -31,7 +31,7 @@ Edge cases:
 - An event that does not decode, is neither a ``Group`` nor a ``TrajectoryGroup``, is not accepted,
   or fails ``check_group`` goes to ``dead-letter`` with its reason (``undecodable``,
   ``unknown_schema``, ``invalid_event``).
-- Payloads (issue 12): a group's members name their token arrays by ``PayloadRef``. They are
+- Payloads: a group's members name their token arrays by ``PayloadRef``. They are
   fetched only when a batch is built, after the stale check, only for the groups going into it:
   one ``PayloadFetcher.fetch`` for all their references, each value decoded and put in place of
   its reference in a copy of the group (``rollstream.trainer.intake.resolve_payloads``). A group

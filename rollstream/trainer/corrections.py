@@ -4,8 +4,8 @@ The inference engine samples with its own numerics (``infer_logprobs``); the tra
 the old policy's logprobs (``old_log_probs``). Where the two disagree, the reference system
 (ROLL) can reweight each token's loss by a clipped probability ratio and drop tokens, segments or
 whole rows whose ratio or probability difference leaves a band. This module computes both, with
-the reference's formulas, defaults and metric names (reference-behaviour.md (h)), and with the
-differences ARCHITECTURE.md section 6 ("Correction:") asks for.
+the reference's formulas, defaults and metric names, and with the deliberate differences listed
+below.
 
 Entry points:
 
@@ -17,7 +17,7 @@ Entry points:
   ``train_infer_correction`` YAML mapping, validated; defined in rollstream.config.corrections
   (the config layer reads it without the trainer) and re-exported here.
 
-Notation (reference-behaviour.md (h)), per row b and position t of ``[B, T]`` tensors:
+Notation (the reference's), per row b and position t of ``[B, T]`` tensors:
 ``o`` = old logprob, ``i`` = infer logprob, ``m`` = mask, ``l = o - i``, ``n_b = sum_t m``.
 
 ====================  ==============================================  =============================
@@ -36,7 +36,7 @@ Where we differ from the reference on purpose (each one tested in
 1. **Masked inputs first.** Where ``m == 0`` we use ``o = i = 0`` (so ``l = 0`` and ``diff = 0``)
    before any arithmetic. A non-finite logprob at padding or at an environment token therefore
    never touches its row (the reference multiplies ``inf * 0 = NaN`` inside masked sums and drops
-   the whole row for geometric/sequence, and every monitoring metric becomes NaN; caveat (i) 20).
+   the whole row for geometric/sequence, and every monitoring metric becomes NaN).
    Consequence for finite inputs: at masked positions the *token* ratio is 1 and the token diff 0
    (the reference evaluates ``exp(o - i)`` of whatever the padding holds). Values at masked
    positions never matter to training (the mask is 0 there); at valid positions, and for the
@@ -44,7 +44,7 @@ Where we differ from the reference on purpose (each one tested in
 2. **Pass rates over valid tokens.** ``..._ratio_mask_mean@sum``, ``..._diff_mask_mean@sum`` and
    ``actor/is_weight_clipfrac@sum`` count valid tokens only (numerator and denominator), so they
    never exceed 1. The reference counts padding and empty rows in the numerator only (1.6
-   "pass rate"; clipfrac 0.6 where the true value is 0.2; caveat (i) 19).
+   "pass rate"; clipfrac 0.6 where the true value is 0.2).
 3. **One metric key per filter** (see "Metric keys"): two enabled filters with the same
    ``agg_type`` no longer overwrite each other's pass rate.
 4. **Sequence ratio decided in log space.** ``ratio_low <= exp(S) <= ratio_high`` is evaluated as
@@ -53,7 +53,7 @@ Where we differ from the reference on purpose (each one tested in
    float32). The reported ``ratio_sequence`` metric is still ``exp(S)`` and may be ``inf``.
 5. **No NaN weight.** A non-finite IS weight after clamping (NaN from a NaN logprob at a valid
    token, or ``+inf`` when ``upper_bound`` is None) becomes 0, so ``weight * mask`` stays finite
-   in the loss (the reference keeps NaN, which makes the masked loss NaN; (h) edge cases).
+   in the loss (the reference keeps NaN, which makes the masked loss NaN).
    ``+inf`` with an ``upper_bound`` is clamped to it, as in the reference.
 6. **Dtypes.** ``filter_mask`` is always float32 0/1 (the reference returns int64 ones when no
    check ran, else float32) and ``apply_correction_mask`` keeps the mask's dtype (the reference
@@ -131,7 +131,7 @@ __all__ = [
 ]
 
 _MONITOR_ORDER = ("token", "geometric", "sequence", "segment")  # the reference's key order
-_MEAN_EPS = 1e-8  # the reference's only epsilon, in mean denominators (h)
+_MEAN_EPS = 1e-8  # the reference's only epsilon, in mean denominators
 METRIC_PREFIX = "actor/train_infer_"  # every metric key of the correction starts so
 _F64 = torch.float64  # accumulator dtype of every sum
 
@@ -176,7 +176,7 @@ def _segment_index(valid: Tensor) -> tuple[Tensor, Tensor]:
     """Segment bucket of every position and the length of every segment.
 
     ``valid``: (B, T) bool. A segment is a maximal run of consecutive valid positions in one row
-    (reference-behaviour.md (h), segment row). Returns ``idx`` (B*T,) int64, the segment's number
+    (the reference's segment granularity). Returns ``idx`` (B*T,) int64, the segment's number
     counted over the flattened batch, or B*T (a dump bucket) outside every segment, and
     ``counts`` (B*T + 1,) float64, the number of positions per bucket. No Python loop: starts are
     ``valid & ~previous``, numbers their cumsum.
@@ -210,7 +210,7 @@ def segment_mean(values: Tensor, mask: Tensor) -> Tensor:
     """Per-segment masked mean, broadcast over each segment; 0 outside every segment.
 
     A segment is each maximal run of consecutive positions with ``mask == 1`` in a row; its value
-    is ``sum_S values / (|S| + 1e-8)`` (reference-behaviour.md (h); the reference's
+    is ``sum_S values / (|S| + 1e-8)`` (the reference's
     ``compute_segment_masked_mean``). Masked positions never contribute, even when they hold
     NaN/inf; a non-finite value inside a segment affects that segment only.
 
@@ -241,14 +241,14 @@ def segment_mean(values: Tensor, mask: Tensor) -> Tensor:
 def apply_correction_mask(mask: Tensor, filter_mask: Tensor) -> Tensor:
     """The loss mask after the correction: ``mask`` where ``filter_mask != 0``, else 0.
 
-    Take the loss normaliser (number of trained tokens) from this result, not from ``mask``
-    (ARCHITECTURE.md section 6).
+    Take the loss normaliser (number of trained tokens) from this result, not from ``mask``:
+    a token the correction removed must not count.
 
     Args:
         mask: ``(B, T)`` 0/1 mask of any dtype (float32 ``response_mask`` of a ``RolloutBatch``),
             or ``(B, T + 1)`` in the reference's full-width layout, where the statistics used
-            ``mask[:, 1:]``; column 0 is then kept as is (reference-behaviour.md (h),
-            ``apply_train_infer_correction_to_batch``).
+            ``mask[:, 1:]``; column 0 is then kept as is (as the reference's
+            ``apply_train_infer_correction_to_batch`` does).
         filter_mask: ``(B, T)`` 0/1 from ``compute_train_infer_correction``.
 
     Returns:
@@ -321,10 +321,10 @@ def compute_train_infer_correction(
 ) -> tuple[Tensor, Tensor, dict[str, float]]:
     """IS weights, filter mask and metrics of the train-infer correction.
 
-    Formulas, defaults and metric names: reference-behaviour.md (h) (table in the module doc);
-    the differences from the reference are listed in the module doc and ARCHITECTURE.md
-    section 6. Everything runs on the tensors' device, vectorised (no loop over rows or tokens);
-    per-token values are float32, sums accumulate in float64.
+    Formulas, defaults and metric names are the reference's (table in the module doc); the
+    differences from the reference are listed in the module doc. Everything runs on the tensors'
+    device, vectorised (no loop over rows or tokens); per-token values are float32, sums
+    accumulate in float64.
 
     Args:
         old_log_probs: ``(B, T)`` floating, the trainer's logprobs of the sampled tokens (cast to

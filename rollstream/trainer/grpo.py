@@ -7,7 +7,7 @@ group-normalised advantages, Shao et al. 2024 section 4.1)::
     r_t  = exp(log_probs_t - old_log_probs_t)
     l_t  = max(-A_t * r_t, -A_t * clip(r_t, 1 - pg_clip_low, 1 + pg_clip_high)) * w_t
 
-``w_t`` is the train-inference IS weight when enabled (reference-behaviour.md (h)), else 1.
+``w_t`` is the train-inference IS weight when enabled, else 1.
 Aggregation (the reference's ``loss_agg_mode`` names):
 
 - ``token-mean``: ``sum(l * m) / sum(m)`` over the whole batch;
@@ -15,8 +15,8 @@ Aggregation (the reference's ``loss_agg_mode`` names):
 
 ``m`` is the FINAL mask (response mask times the correction filters), and the normaliser is
 taken from it: a token the correction removed neither adds to the numerator nor to the count
-(ARCHITECTURE.md section 6). A final mask without any token is not trained on: the step is
-skipped and reported (reference caveat (i) 22 trains on nothing).
+(a deliberate difference from the reference). A final mask without any token is not trained on:
+the step is skipped and reported (the reference runs a step that trains on nothing).
 """
 
 from __future__ import annotations

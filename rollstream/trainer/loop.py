@@ -8,7 +8,7 @@ It serves ``rollstream run``, ``rollstream worker trainer`` (both through
 loop with a ``train`` callback).
 
 Verdicts (rollstream.trainer.verdicts) end a step short of a full batch; ``verdict_action``
-applies the configured ``min_fill_ratio`` (peer scenario 1):
+applies the configured ``min_fill_ratio``:
 
 * underfilled, ``accepted / target >= min_fill_ratio`` -> the accepted groups ship as a partial
   batch;

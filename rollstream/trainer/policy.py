@@ -1,7 +1,7 @@
 """The policy trainer: one GRPO step per rollout batch.
 
 old_log_probs (training model, before the step) -> train-inference correction (masks and IS
-weight, reference-behaviour.md (h)) -> final mask = response_mask x filter mask -> clipped GRPO
+weight) -> final mask = response_mask x filter mask -> clipped GRPO
 step over the final mask (rollstream.trainer.grpo) -> checkpoint.
 
 The separate old_log_probs pass is skipped when it cannot change anything: the one optimiser

@@ -5,7 +5,7 @@ resampling budget is spent, and one ``Batch(status="end_of_data")`` once the pro
 epoch are all decided. Agentic: every train group id publishes a ``GroupQueueOutcome`` on
 ``episodes.outcomes`` when it stops; once all have stopped and fewer than a batch of accepted
 groups remain uncommitted, that is the verdict. Both readers return verdicts shaped like the
-admission's ``Batch`` event; ``verdict_action`` applies ``min_fill_ratio`` (peer scenario 1).
+admission's ``Batch`` event; ``verdict_action`` applies ``min_fill_ratio``.
 """
 
 from __future__ import annotations

@@ -33,11 +33,11 @@ def test_admits_only_the_batch_deficit_and_one_replacement_per_rejection():
         state, _ = core.on_outcome(state, lim, pid, True, "accepted")
     state, _ = core.on_outcome(state, lim, first[63], False, "zero_std")
     refill = fill(state, lim, 64)
-    assert refill == ["p64"]  # peer scenario 3: one rejection -> one prompt, not a wave of 64
+    assert refill == ["p64"]  # one rejection -> one prompt, not a wave of 64
 
 
 def test_budget_ends_a_hopeless_step_with_batch_underfilled():
-    # peer scenario 1: G=4, batch 4, budget 24 prompts, only two prompts ever pass
+    # G=4, batch 4, budget 24 prompts, only two prompts ever pass
     lim = limits(max_prompts_per_batch=24)
     state, effects, n, admitted = core.AdmissionState(), [], 0, []
     passing = {"p5", "p17"}

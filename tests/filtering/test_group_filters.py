@@ -1,4 +1,4 @@
-"""Agentic group filters: True means DROP (reference-behaviour.md (f), (g), (i) 6 and 17)."""
+"""Agentic group filters: True means DROP (the reference's code, not its help text)."""
 
 from __future__ import annotations
 
@@ -163,7 +163,7 @@ def test_drop_flag_filter_follows_the_reference_guard():
     f = DropFlagGroupFilter(None, manager(), "train")
     clean = group(1, 0, 1, 0)
     flagged = [traj(0.0), traj(1.0, drop_flag=True), traj(0.0), traj(1.0)]
-    pattern = [0, 0, 1, 1, 1, 0, 1, 1, 1, 1]  # vectors "mixed" / reference-behaviour.md (g)
+    pattern = [0, 0, 1, 1, 1, 0, 1, 1, 1, 1]  # vectors "mixed"
     out = [filter_group(f, 0, e, flagged if c else clean) for e, c in enumerate(pattern)]
     assert [drop for drop, _, _ in out] == [False, False, True, True, False, False, True, True, False, True]
     assert {reason for drop, reason, _ in out if drop} == {"drop_flag"}
@@ -175,7 +175,7 @@ def test_drop_flag_filter_follows_the_reference_guard():
 
 def test_drop_flag_filter_none_entries_and_all_none():
     f = DropFlagGroupFilter(None, manager(), "train")
-    # the reference raises AttributeError here (reference-behaviour.md (i) 17)
+    # the reference raises AttributeError here
     assert f.filter(0, 0, [None, traj(0.0, drop_flag=True), None, traj(1.0)]) is False  # call 1: 1/1 > 0.5
     assert f.decision_values["n_missing"] == 2.0 and f.decision_values["n_flagged"] == 1.0
     assert f.filter(0, 1, [traj(0.0, drop_flag=True), None, None, None]) is True  # call 2: 1/2

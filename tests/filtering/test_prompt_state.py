@@ -121,7 +121,7 @@ def test_invalid_format_rule_and_no_filter():
 
 
 def test_query_filter_reads_configured_metric_not_shaped_reward():
-    # peer scenario 6: shaped rewards [0, 0, -0.617, -1.0] but raw acc all 0 -> zero_std on acc
+    # shaped rewards [0, 0, -0.617, -1.0] but raw acc all 0 -> zero_std on acc
     f = DomainFilters(num_return_sequences=4, query_filter_config={**STD0, "metric": "acc"})
     shaped = [0.0, 0.0, -0.617, -1.0]
     _, effects = run([rr(i, r, acc=0.0) for i, r in enumerate(shaped)], f)

@@ -14,7 +14,7 @@ from rollstream.filtering import Decision, RejectReason, UnknownFilterError, dec
 VECTORS = json.loads((Path(__file__).resolve().parents[2] / "tests" / "vectors" / "roll_reference_vectors.json").read_text())
 QF = VECTORS["query_filter"]
 
-# Vectors whose reference outcome we deliberately change (ARCHITECTURE.md section 6), by note.
+# Vectors whose reference outcome we deliberately change, by note.
 DIFFERENT = {
     "NaN reward -> mean NaN -> comparisons False -> keep",  # we reject: invalid_reward
     "unrecognised type string -> falls through -> keep",  # we raise ConfigError

@@ -1,5 +1,5 @@
 """DropFlagRatioGuard: the cumulative mode against every executed reference call, the strict window
-mode against its invariants (reference-behaviour.md (g); ARCHITECTURE.md section 6)."""
+mode against its invariants."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_vectors_cover_the_documented_sequences():
 
 
 def test_cumulative_alternating_pattern_from_the_reference_table():
-    # reference-behaviour.md (g), last table row (not in the vectors file): 0 1 0 1 ... drops every candidate
+    # the reference's alternating pattern (not in the vectors file): 0 1 0 1 ... drops each candidate
     guard = DropFlagRatioGuard()
     out = [guard.decide(bool(i % 2)) for i in range(10)]
     assert out == [False, True] * 5

@@ -51,7 +51,7 @@ def test_rejected_prompt_frees_its_slot_and_a_new_prompt_is_admitted(kafka_broke
 
 
 def test_budget_ends_a_hopeless_batch_with_batch_underfilled(kafka_broker, topic_factory, tmp_path):
-    # peer scenario 1: G=4, batch 4, budget 24 prompts, only two prompts ever give [1,0,0,0]
+    # G=4, batch 4, budget 24 prompts, only two prompts ever give [1,0,0,0]
     topics = topic_factory(partitions=PARTITIONS)
     script = rewards_by_prompt({"p05": [1, 0, 0, 0], "p17": [1, 0, 0, 0]})
     stages, rollout = pipeline(kafka_broker, topics, tmp_path, script, rollout_batch_size=4,

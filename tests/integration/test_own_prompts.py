@@ -1,4 +1,4 @@
-"""Users' own prompts into a run (issue 13): a plain {question, answer} JSONL and a verl-style
+"""Users' own prompts into a run: a plain {question, answer} JSONL and a verl-style
 parquet (chat messages with a system turn) go through `rollstream produce-prompts --file` to the
 RLVR stages on the real broker with the real model; the prompt the model sees is the templated
 chat, and the chat travels on to the decided groups."""

@@ -1,4 +1,4 @@
-"""The payload plane on the real broker (issue 12): token arrays written once, read back by
+"""The payload plane on the real broker: token arrays written once, read back by
 reference, only for the groups the trainer trains.
 
 - a 16 x 16,384-token group reaches a trainer batch bit-identical to what was generated;

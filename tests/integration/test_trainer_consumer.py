@@ -1,6 +1,6 @@
 """BatchBuilder against a real broker: exact batches, resume, duplicates, dead letters, manifest.
 
-Groups are produced the real way (issue 12): each member's payload (Response / Trajectory) is
+Groups are produced the real way: each member's payload (Response / Trajectory) is
 written to its payload topic first, and the small Group / TrajectoryGroup on groups.accepted names
 it by PayloadRef; the builder fetches the payloads of the groups it batches."""
 

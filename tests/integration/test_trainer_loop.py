@@ -1,4 +1,4 @@
-"""The underfilled-batch policy end to end on the real broker (peer scenario 1)."""
+"""The underfilled-batch policy end to end on the real broker."""
 
 from __future__ import annotations
 

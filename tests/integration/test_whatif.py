@@ -75,7 +75,7 @@ def test_whatif_is_deterministic_and_exact(kafka_broker, topic_factory, tmp_path
     # offline: the topics hold exactly what they held
     assert {t: count(kafka_broker, t) for t in sizes} == sizes
 
-    # peer scenario 15: the recorded responses, replayed into a fresh aggregator (sandbox prefix,
+    # the recorded responses, replayed into a fresh aggregator (sandbox prefix,
     # same config), give the same split, group ids and reasons ...
     sandbox = topic_factory(partitions=2)
     replayed = subprocess.run([sys.executable, "-m", "rollstream", "replay", "responses.rewarded", "-b",

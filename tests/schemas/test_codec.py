@@ -181,7 +181,7 @@ def test_a_trajectory_group_written_before_filter_config_existed_still_decodes()
         "TrajectoryGroup", "zero_std", "", "")
 
 
-# ---- packed arrays (issue 12) ---------------------------------------------------------------
+# ---- packed arrays --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_packed_arrays_round_trip_for_every_dtype(dtype):

@@ -1,4 +1,4 @@
-"""Chat messages on the prompt's path (issue 13): Prompt -> GenerationRequest -> Response ->
+"""Chat messages on the prompt's path: Prompt -> GenerationRequest -> Response ->
 ResponseSummary -> Group carry ``messages``; events written before the field existed (the landed
 main's schemas, kept under history/) still decode, with no messages."""
 

@@ -334,7 +334,7 @@ def test_a_queue_state_stored_before_rejected_by_reason_existed_keeps_running():
         "exhausted", 2, {"zero_std": 2})
 
 
-# -- payload plane vs decision plane (issue 12) ------------------------------------------------------
+# -- payload plane vs decision plane -----------------------------------------------------------------
 
 
 def test_members_are_summaries_that_name_their_trajectory_by_reference():

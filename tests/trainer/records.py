@@ -1,4 +1,4 @@
-"""Builders of the records the trainer reads, in the payload/decision format (issue 12): payloads
+"""Builders of the records the trainer reads, in the payload/decision format: payloads
 (``Response``, ``Trajectory``) and the small decision events that name them (``RewardedResponse``,
 ``TrajectorySummary``, ``Group``, ``TrajectoryGroup``). A member's ``payload`` is the payload itself
 (inline, as ``build_batch`` wants it after the fetch) unless a ``PayloadRef`` is given; on Kafka,

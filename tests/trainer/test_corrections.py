@@ -1,8 +1,8 @@
 """Tests of rollstream.trainer.corrections against the reference vectors and our differences.
 
 Vectors: ``tests/vectors/roll_reference_vectors.json`` key ``train_infer_correction``, obtained by
-running the reference's own functions (reference-behaviour.md (h)). Finite-input cases must
-match to 1e-6 except where ARCHITECTURE.md section 6 says we do better; each such expectation is
+running the reference's own functions. Finite-input cases must match to 1e-6 except where we
+deliberately do better; each such expectation is
 spelled out below with the reason it differs from the vector.
 """
 
@@ -65,9 +65,9 @@ def assert_metrics(got: dict, expected: dict) -> None:
 
 # ---- finite compute vectors ------------------------------------------------------------------
 
-# Our metric values where the vector holds the reference's buggy pass rates (reference-behaviour.md
-# (h) "Bug", caveat (i) 19): we count valid tokens only, so a rate never exceeds 1. The shared
-# inputs have 15 valid tokens in rows 0, 1, 3; row 2 is empty (6 padding slots).
+# Our metric values where the vector holds the reference's buggy pass rates (it counts padding and
+# empty rows in the numerator only): we count valid tokens only, so a rate never exceeds 1. The
+# shared inputs have 15 valid tokens in rows 0, 1, 3; row 2 is empty (6 padding slots).
 METRIC_FIXES = {
     # 12 of 15 valid tokens pass [0.8, 1.2]; the vector's 14/15 also counts padding that passes.
     "token_ratio_only": {f"{P}token_ratio_mask_mean@sum": 0.8},
@@ -476,7 +476,7 @@ def test_final_mask_mean_collapse_and_all_masked():
 
 
 def test_listed_filter_is_inert_unless_enabled():
-    """Reference default (h): a filter entry has enabled=False."""
+    """Reference default: a filter entry has enabled=False."""
     old = torch.tensor([[-0.1, -3.0]])
     infer = torch.tensor([[-0.1, -0.1]])
     _, f, m = compute_train_infer_correction(old, infer, torch.ones(1, 2), {"filters": [{"agg_type": "token"}]})
@@ -563,7 +563,7 @@ def test_input_errors():
 
 
 def _oracle(old, infer, mask, cfg):
-    """Plain Python, float64, row by row: the (h) formulas with our masked-input rule."""
+    """Plain Python, float64, row by row: the reference's formulas with our masked-input rule."""
     cfg = parse_correction_config(cfg)
     B, T = len(old), len(old[0])
     ratio = {a: [[1.0] * T for _ in range(B)] for a in AGG_TYPES}
