@@ -15,10 +15,10 @@ Resuming is idempotent and asked for at three points: when faust reports the reb
 with it the table's recovery) complete, after every outcome, and on a timer, so one missed
 signal never leaves the later epochs unread.
 
-Outcomes not delivered: faust can lose an event fetched during a rebalance (seen here
-as a restarted admission that never received an outcome already on the topic, its credit never
-returned). So when prompts are in flight and no outcome arrived for
-``OUTCOME_RECHECK_S``, the admission reads ``prompt.outcomes`` itself from the oldest in-flight
+Outcomes not delivered: a restarted admission once never received an outcome already on the
+topic, its credit never returned (faust cleared events fetched while it seeked after recovery;
+``streams.common.StageRecovery`` now prevents that). As a bounded backstop, when prompts are in
+flight and no outcome arrived for ``OUTCOME_RECHECK_S``, the admission reads ``prompt.outcomes`` itself from the oldest in-flight
 prompt's admission time on and applies the outcomes of prompts still in flight. Applying an
 outcome twice is harmless (the second is an UnknownOutcome).
 """
