@@ -1,4 +1,5 @@
-"""Shared fixtures: one real Kafka broker per test session, isolated topics per test."""
+"""Shared fixtures: one real Kafka broker per test session, isolated topics per test, and one
+real vLLM server per test session for the tests that generate with it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from rollstream.kafka.admin import create_topics
 from rollstream.kafka.broker import SASL_ADMIN_USER, EmbeddedBroker, EmbeddedCluster
 from rollstream.kafka.cluster import Cluster
 from rollstream.kafka.topics import TOPICS, Topics
+from rollstream.policy.model import model_folder
+from rollstream.workers.local_server import LocalInferenceServer, vllm_python
 
 
 @pytest.fixture(scope="session")
@@ -28,6 +31,19 @@ def kafka_broker(tmp_path_factory) -> str:
         yield bootstrap
     finally:
         broker.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory) -> LocalInferenceServer:
+    """A vLLM server (the .venv-vllm interpreter, `make vllm-env`) serving the bundled model in
+    bfloat16, as `rollstream run` starts one; its log is in the session's temporary folder."""
+    server = LocalInferenceServer(model_folder(None), tmp_path_factory.mktemp("vllm") / "server.log",
+                                  python=vllm_python(), dtype="bfloat16", max_model_len=1024)
+    server.start(timeout_s=600)  # ~60 s on 2 cores
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 SASL_USER, SASL_PASSWORD = "alice", "alice-secret"

@@ -56,7 +56,7 @@ def user_files(tmp_path, monkeypatch):
 
 def test_the_section_has_a_config_per_item():
     names = [yaml.safe_load(b)["name"] for b in blocks("yaml")]
-    assert names == ["my-model", "my-prompts", "my-epochs", "my-reward", "my-trainer"]
+    assert names == ["my-model", "my-prompts", "my-epochs", "my-reward", "my-trainer", "my-servers"]
 
 
 def test_every_config_of_the_section_loads(user_files):

@@ -33,11 +33,13 @@ from rollstream.kafka.admin import create_pipeline_topics, wait_for_broker
 from rollstream.kafka.broker import EmbeddedBroker
 from rollstream.kafka.cluster import Cluster
 from rollstream.kafka.topics import Topics
+from rollstream.policy.model import model_folder
 from rollstream.tools.learning import final_round_done
 from rollstream.tools.readback import read_values
 from rollstream.tools.report import write_report
 from rollstream.tools.summary import summarize_agentic, summarize_rlvr
 from rollstream.trainer.driver import LoopResult, run_trainer
+from rollstream.workers.local_server import LocalInferenceServer, vllm_python
 
 
 def run_pipeline(config: Config, summary_json: Path | None = None, console: Console | None = None,
@@ -51,9 +53,7 @@ def run_pipeline(config: Config, summary_json: Path | None = None, console: Cons
     if run_dir.exists():
         shutil.rmtree(run_dir)
     (run_dir / "logs").mkdir(parents=True)
-    config_path = run_dir / "config.yaml"
-    config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-
+    server = local_inference_server(config, run_dir / "logs" / "vllm-server.log")
     broker = None
     if config.kafka.bootstrap_servers is None:
         broker = EmbeddedBroker(run_dir / "kafka")
@@ -63,21 +63,37 @@ def run_pipeline(config: Config, summary_json: Path | None = None, console: Cons
     else:
         bootstrap = Cluster.from_config(config.kafka.bootstrap_servers, config.kafka)
         wait_for_broker(bootstrap)
+    if server is not None:
+        try:
+            with console.status("starting the local vLLM server"):
+                url = server.start(config.actor_infer.server.startup_timeout_s)
+        except BaseException:
+            if broker is not None:
+                broker.stop()
+            raise
+        console.print(f"local vLLM server at {url} (log {server.log_path})")
+        config = with_servers(config, [url])
+    config_path = run_dir / "config.yaml"  # what every stage process reads
+    config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     topics = Topics(config.kafka.topic_prefix)
     stages = StageProcesses(config_path, bootstrap, run_dir / "logs", max_restarts=config.max_stage_restarts,
                             backoff_s=config.stage_restart_backoff_s,
                             on_restart=lambda line: console.print(f"[yellow]{line}[/]"))
     try:
         try:
-            result = _build(config, bootstrap, topics, stages, run_dir, console, started)
+            result = _build(config, bootstrap, topics, Supervised(stages, server, console), run_dir, console, started)
         except StageDied as exc:
             result = LoopResult(outcome="stage_failed", detail=str(exc))
         finally:
             stages.close()
+            if server is not None:
+                server.stop()
         summarize = summarize_agentic if isinstance(config, AgenticConfig) else summarize_rlvr
         summary = summarize(config, bootstrap, topics, result.batches, result.outcome, result.detail,
                             time.monotonic() - started)
         summary["stage_restarts"] = dict(stages.restarts)
+        if server is not None:
+            summary["stage_restarts"]["vllm-server"] = server.restarts
         if report_html is not None:
             plots, with_data = write_report(bootstrap, topics, report_html, f"rollstream run {config.name}")
             console.print(f"report: {report_html} ({plots} plots, {with_data} with data)")
@@ -91,7 +107,41 @@ def run_pipeline(config: Config, summary_json: Path | None = None, console: Cons
     return summary
 
 
-def _build(config: Config, bootstrap: Cluster, topics: Topics, stages: StageProcesses, run_dir: Path,
+def local_inference_server(config: Config, log_path: Path) -> LocalInferenceServer | None:
+    """The vLLM server `rollstream run` starts: for ``vllm_server`` without ``actor_infer.servers``
+    (not started yet). Raises ConfigError when no Python with vLLM is found."""
+    actor_infer = config.actor_infer
+    if actor_infer.backend != "vllm_server" or actor_infer.servers:
+        return None
+    server = actor_infer.server
+    return LocalInferenceServer(
+        model_folder(config.infer_model_path), log_path, python=vllm_python(server.python), dtype=actor_infer.dtype,
+        port=server.port, max_model_len=server.max_model_len, kv_cache_gb=server.kv_cache_gb,
+        max_num_seqs=actor_infer.max_num_seqs, extra_args=server.extra_args)
+
+
+def with_servers(config: Config, servers: list[str]) -> Config:
+    """``config`` with ``actor_infer.servers`` set (the config is frozen: a copy)."""
+    return config.model_copy(update={"actor_infer": config.actor_infer.model_copy(update={"servers": servers})})
+
+
+class Supervised:
+    """The stage processes and the local vLLM server, checked together: a dead stage restarts
+    or raises StageDied (StageProcesses.check), a dead server is started again on its port."""
+
+    def __init__(self, stages: StageProcesses, server: LocalInferenceServer | None, console: Console) -> None:
+        self.stages, self.server, self.console = stages, server, console
+
+    def start(self, stage) -> str:
+        return self.stages.start(stage)
+
+    def check(self, finished: frozenset[str] = frozenset()) -> None:
+        self.stages.check(finished)
+        if self.server is not None and self.server.restart_if_dead():
+            self.console.print(f"[yellow]the vLLM server died; restart {self.server.restarts} on {self.server.url}[/]")
+
+
+def _build(config: Config, bootstrap: Cluster, topics: Topics, stages: Supervised, run_dir: Path,
            console: Console, started: float) -> LoopResult:
     create_pipeline_topics(bootstrap, config.kafka)
     for stage in pipeline_stages(config):
@@ -128,7 +178,7 @@ def _build(config: Config, bootstrap: Cluster, topics: Topics, stages: StageProc
 FINAL_VALIDATION_WAIT_S = 600.0
 
 
-def _await_final_validation(config: Config, bootstrap: Cluster, topics: Topics, stages: StageProcesses,
+def _await_final_validation(config: Config, bootstrap: Cluster, topics: Topics, stages: Supervised,
                             console: Console, deadline: float) -> None:
     """With ``eval_steps``, the trainer's last version may be due a validation round the stages
     are still generating: wait for it (bounded by ``deadline``) so the learning curve ends there."""

@@ -64,11 +64,16 @@ def preflight(config: Config) -> None:
         load_group_filter(manager.group_filter_cls, config, manager, mode)
 
 
-def backend_kwargs(config: Config) -> dict:
+def backend_kwargs(config: Config, instance: int = 0, instances: int = 1) -> dict:
     """Constructor arguments of the configured generation backend beyond its defaults: the
     generation model (``config.infer_model_path``; None = the bundled one), its dtype,
-    ``max_num_seqs`` when set and, for transformers, its device (vLLM picks its own GPU)."""
+    ``max_num_seqs`` when set and, for transformers, its device (vLLM picks its own GPU). For
+    ``vllm_server``: this worker's share of ``actor_infer.servers`` (server i belongs to worker
+    i mod ``instances``: each server has one worker, which alone updates its weights). Raises
+    ConfigError for no servers, or fewer servers than workers."""
     actor_infer = config.actor_infer
+    if actor_infer.backend == "vllm_server":
+        return _server_kwargs(config, instance, instances)
     rows = {} if actor_infer.max_num_seqs is None else {"max_num_seqs": actor_infer.max_num_seqs}
     if actor_infer.backend == "transformers":
         import torch  # only the model stages pay for it
@@ -76,6 +81,21 @@ def backend_kwargs(config: Config) -> dict:
         return {"model_dir": config.infer_model_path, "dtype": getattr(torch, actor_infer.dtype),
                 "device": actor_infer.device, **rows}
     return {"model_dir": config.infer_model_path, "dtype": actor_infer.dtype, **rows}  # vllm.LLM takes the name
+
+
+def _server_kwargs(config: Config, instance: int, instances: int) -> dict:
+    from rollstream.policy.model import load_tokenizer, model_folder
+
+    actor_infer = config.actor_infer
+    if len(actor_infer.servers) < instances:
+        raise ConfigError(f"actor_infer.servers: {len(actor_infer.servers)} server(s) for {instances} generation "
+                          "workers; each worker needs at least one server of its own (empty: `rollstream run` "
+                          "starts one)")
+    server = actor_infer.server
+    return {"servers": actor_infer.servers[instance::instances], "tokenizer": load_tokenizer(config.infer_model_path),
+            "initial_weights": str(model_folder(config.infer_model_path)), "max_inflight": server.max_inflight,
+            "request_timeout_s": server.request_timeout_s, "retries": server.retries, "down_s": server.down_s,
+            "pause_mode": server.pause_mode}
 
 
 def start_metrics(stage: str, bootstrap: Bootstrap, topics: Topics, port: int = 0):
@@ -134,7 +154,7 @@ def _run(stage: Stage, config: Config, bootstrap: Bootstrap, topics: Topics, max
         run_generation_worker(bootstrap, topics, params, backend=config.actor_infer.backend,
                               group_id=names.consumer_group(topics, "generation"), max_batch=config.actor_infer.max_batch,
                               max_idle_s=max_idle_s, instance=instance, instances=instances,
-                              backend_kwargs=backend_kwargs(config),
+                              backend_kwargs=backend_kwargs(config, instance, instances),
                               max_message_bytes=config.kafka.max_message_bytes,
                               compression_type=config.kafka.compression_type, domains=config.rewards)
     elif stage is Stage.reward:
@@ -153,7 +173,7 @@ def _run(stage: Stage, config: Config, bootstrap: Bootstrap, topics: Topics, max
         from rollstream.workers.env_worker import run_env_worker
 
         run_env_worker(bootstrap, topics, config, group_id=names.consumer_group(topics, "env"), max_idle_s=max_idle_s,
-                       instance=instance, instances=instances, backend_kwargs=backend_kwargs(config))
+                       instance=instance, instances=instances, backend_kwargs=backend_kwargs(config, instance, instances))
     elif stage is Stage.trainer:
         from rollstream.trainer.driver import run_trainer
 

@@ -140,14 +140,43 @@ class GeneratingArgs(FrozenModel):
     max_new_tokens: int = Field(64, gt=0, le=32768, description="response_length: tokens per response at most.")
 
 
+class InferenceServerConfig(FrozenModel):
+    """How the ``vllm_server`` backend talks to its servers, and the local one `rollstream run`
+    starts when ``actor_infer.servers`` is empty."""
+
+    max_inflight: int = Field(256, gt=0, le=65536, description="Sequences in flight per server at most (a request of n samples counts n); new requests go to the server with the fewest.")
+    request_timeout_s: float = Field(600.0, gt=0.0, le=86400.0, description="Limit of one completion request; past it the request's samples are errors and its prompt is replaced.")
+    retries: int = Field(3, ge=0, le=100, description="Further tries of a request after a refused connection, a 5xx or an abort, on another server when there is one.")
+    down_s: float = Field(1.0, gt=0.0, le=600.0, description="How long a server that refuses connections leaves the rotation at first (doubled per failure in a row, at most 60 s).")
+    pause_mode: Literal["keep", "abort", "wait"] = Field("keep", description="A weight update's pause: keep (requests in flight are frozen and continue with the new weights, their responses record both versions), abort (they are sent again after the update) or wait (they finish first).")
+    python: str | None = Field(None, description="Python interpreter with vLLM for the local server; null: $ROLLSTREAM_VLLM_PYTHON, else .venv-vllm/bin/python (make vllm-env).")
+    port: int = Field(0, ge=0, le=65535, description="Port of the local server; 0: a free one.")
+    startup_timeout_s: float = Field(600.0, gt=0.0, le=7200.0, description="How long the local server may take to become healthy.")
+    kv_cache_gb: int = Field(1, ge=1, le=4096, description="KV cache of the local server on a CPU (VLLM_CPU_KVCACHE_SPACE), GiB.")
+    max_model_len: int = Field(2048, gt=0, le=1048576, description="The local server's context length (prompt + response tokens).")
+    extra_args: list[str] = Field(default_factory=list, description="More command-line arguments of the local server, e.g. [--max-num-seqs, '128'].")
+
+
 class ActorInferConfig(FrozenModel):
-    backend: Literal["transformers", "vllm"] = "transformers"
+    backend: Literal["transformers", "vllm", "vllm_server"] = Field("transformers", description="transformers or vllm: an engine in each generation worker; vllm_server: inference servers over HTTP (servers), weights updated in place.")
+    servers: list[str] = Field(default_factory=list, description="vllm_server: base URLs of the inference servers (http://host:port). Empty: `rollstream run` starts one locally. With several generation workers, each drives its own share (server i belongs to worker i mod instances).")
+    server: InferenceServerConfig = Field(default_factory=InferenceServerConfig)
     model_args: ModelArgs = Field(default_factory=ModelArgs)
     device: Device = Field("auto", description="Where generation runs; auto: cuda when available, else cpu.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Generation weights' dtype; the trainer computes old_log_probs in float32, so bfloat16 here gives the train-inference mismatch the correction masks handle.")
     generating_args: GeneratingArgs = Field(default_factory=GeneratingArgs)
     max_batch: int = Field(16, gt=0, description="Generation requests a generation worker takes per poll, generated in one engine call (each request is one prompt's num_return_sequences samples).")
     max_num_seqs: int | None = Field(None, gt=0, le=65536, description="Sequences (rows) per engine batch: per transformers generate call, in generation and env workers (None: 32); vLLM's max_num_seqs (None: vLLM's default).")
+
+    @field_validator("servers")
+    @classmethod
+    def _urls(cls, servers: list[str]) -> list[str]:
+        for url in servers:
+            if not url.startswith(("http://", "https://")) or len(url.split("://", 1)[1].strip("/")) == 0:
+                raise ValueError(f"{url!r} is not a server base URL (http://host:port)")
+        if len(set(servers)) != len(servers):
+            raise ValueError("a server is listed twice")
+        return [url.rstrip("/") for url in servers]
 
 
 class ActorTrainConfig(FrozenModel):

@@ -47,6 +47,8 @@ METRICS: dict[str, str] = {
     "rollstream_version_correct_count": "{mode, policy_version} of them with a reward > 0",
     "rollstream_batch_fill_seconds": "histogram of the time to fill a trainer batch",
     "rollstream_events_total": "{stage} events a worker handled",
+    "rollstream_weight_update_ms": "{server, version, mode} an inference server's in-place load of a policy "
+                                   "version, pause to resume (the vllm_server backend)",
     # per-event records of the agentic group queue (labels mode, group_id)
     "group_queue/groups": "{reason} one per decided episode",
     "scheduler/group_filter_count": "{reason} one per group the group filter (or staleness) dropped",
@@ -117,6 +119,8 @@ class WorkerMetrics:
         self.batch_fill = Histogram("rollstream_batch_fill_seconds", "Time to fill a trainer batch", registry=r,
                                     buckets=(1, 5, 10, 30, 60, 120, 300, 600, 1800))
         self.events = Counter("rollstream_events", "Events handled", ["stage"], registry=r)
+        self.weight_update_ms = Gauge("rollstream_weight_update_ms", "In-place weight load of an inference server, "
+                                      "pause to resume", ["server", "version", "mode"], registry=r)
         self._producer = None
         self._topic = ""
         self._thread: threading.Thread | None = None

@@ -23,9 +23,10 @@ def _arrays(record: dict, fields: dict[str, type]) -> dict:
 
 
 def upgrade_response(old: dict) -> dict:
-    """Response v1 (int/float arrays) -> Response (packed arrays, extras, no chat messages)."""
+    """Response v1 (int/float arrays) -> Response (packed arrays, extras, no chat messages, no
+    list of versions: policy_version alone)."""
     return {**_arrays(old, {"prompt_token_ids": np.int32, "response_token_ids": np.int32,
-                            "infer_logprobs": np.float32}), "extras": {}, "messages": []}
+                            "infer_logprobs": np.float32}), "extras": {}, "messages": [], "policy_versions": []}
 
 
 def upgrade_rewarded_response(old: dict, prompt_token_ids: list[int] | None = None) -> dict:

@@ -88,7 +88,22 @@ def summarize_rlvr(config: RLVRConfig, bootstrap: Bootstrap, topics: Topics, bat
         "response_tokens_mean": round(sum(r["response_length"] for r in responses) / len(responses), 1)
         if responses else 0.0,
         **_policy(bootstrap, topics, [r["policy_version"] for r in responses]),
+        "engine": config.actor_infer.backend,
+        "weight_updates": weight_updates(read_values(bootstrap, topics.metrics)),
     }
+
+
+def weight_updates(metrics: list[dict]) -> list[dict]:
+    """The inference servers' in-place weight loads from the ``metrics`` records: one entry per
+    (version, server), ``ms`` from the pause to the resume, by version."""
+    latest = {}
+    for m in metrics:
+        if m["name"] == "rollstream_weight_update_ms":
+            labels = m["labels"]
+            latest[(int(labels["version"]), labels["server"])] = {
+                "version": int(labels["version"]), "server": labels["server"], "mode": labels["mode"],
+                "ms": round(m["value"], 1)}
+    return [latest[key] for key in sorted(latest)]
 
 
 def summarize_agentic(config: AgenticConfig, bootstrap: Bootstrap, topics: Topics, batches: list[dict], outcome: str,

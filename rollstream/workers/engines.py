@@ -58,6 +58,8 @@ class Sample:
     ``extras``: optional per-token arrays by name (e.g. ``routed_experts``: a numpy array of
     shape ``(len(token_ids), layers, top_k)``, uint8/uint16); the first dimension is always the
     response length. They travel in ``Response.extras`` (rollstream.schemas.packed).
+    ``versions``: the policy versions whose weights produced the tokens, ascending (two when
+    an in-place weight update fell inside the request); empty: the backend's ``policy_version``.
     """
 
     token_ids: list[int]
@@ -66,6 +68,7 @@ class Sample:
     finish_reason: str
     error: str | None = None
     extras: dict = field(default_factory=dict)
+    versions: tuple[int, ...] = ()
 
 
 @runtime_checkable
@@ -307,7 +310,8 @@ class TransformersBackend:
 
 
 class VLLMBackend:
-    """vLLM engine behind the same interface (needs a GPU and ``pip install rollstream[vllm]``).
+    """vLLM engine in this process behind the same interface (``pip install rollstream[vllm]``,
+    or the CPU build in ``.venv-vllm``: ``make vllm-env``).
 
     vLLM's V1 sampler returns logprobs of the raw logits by default (``logprobs_mode=
     "raw_logprobs"``), matching TransformersBackend. ``model_dir`` as TransformersBackend's;
@@ -321,13 +325,14 @@ class VLLMBackend:
                 "the 'vllm' generation backend needs the optional vllm package: "
                 "pip install rollstream[vllm]  (or use backend='transformers')"
             )
-        # vllm is an optional, heavy dependency (GPU only, pip install rollstream[vllm]): it is
-        # imported only when this backend is built, here and in the two methods below.
+        # vllm is an optional, heavy dependency with a torch of its own: it is imported only
+        # when this backend is built, here and in generate.
         from vllm import LLM
 
         self._model_dir = str(model_folder(model_dir))
         self.tokenizer = load_tokenizer(model_dir)
-        self._llm_kwargs = llm_kwargs
+        # refresh_output_embedding after each in-place reload (rollstream.workers.vllm_extension)
+        llm_kwargs.setdefault("worker_extension_cls", "rollstream.workers.vllm_extension.WeightSyncExtension")
         self.llm = LLM(model=self._model_dir, **llm_kwargs)
         self.policy_version = 0
 
@@ -369,28 +374,35 @@ class VLLMBackend:
         return out
 
     def load_weights(self, path: str, version: int) -> None:
-        """Reload from a model folder (rebuilds the engine; simple, not fast). Raises
-        ValueError for a bare state-dict file, which vLLM cannot load by path."""
+        """Load new weights from a saved model folder into the live engine, in place (the
+        workers' ``reload_weights``: same engine, same KV cache, no restart). Raises ValueError
+        for a bare state-dict file, which vLLM cannot load by path; a failed load leaves the
+        old weights and ``policy_version``."""
         if not Path(path).is_dir():
             raise ValueError(f"VLLMBackend.load_weights needs a saved model folder, got {path}")
-        from vllm import LLM
-
-        del self.llm
-        self.llm = LLM(model=str(path), **self._llm_kwargs)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
+        self.llm.collective_rpc("refresh_output_embedding")
+        self.llm.reset_prefix_cache()  # its blocks hold keys and values of the old weights
         self._model_dir = str(path)
         self.policy_version = int(version)
 
 
-BACKENDS: dict[str, type] = {"transformers": TransformersBackend, "vllm": VLLMBackend}
+def _server_backend(**kw: Any) -> GenerationBackend:
+    from rollstream.workers.servers import ServerBackend  # HTTP client code: only when asked for
+
+    return ServerBackend(**kw)
+
+
+BACKENDS: dict[str, Any] = {"transformers": TransformersBackend, "vllm": VLLMBackend, "vllm_server": _server_backend}
 
 
 def make_backend(name: str, **kw: Any) -> GenerationBackend:
-    """Build a backend by name (``"transformers"`` or ``"vllm"``); ``kw`` go to its constructor.
-    Raises ConfigError naming the valid backends for an unknown name."""
+    """Build a backend by name (``"transformers"``, ``"vllm"`` or ``"vllm_server"``); ``kw``
+    go to its constructor. Raises ConfigError naming the valid backends for an unknown name."""
     try:
-        cls = BACKENDS[name]
+        build = BACKENDS[name]
     except KeyError:
         raise ConfigError(
             f"generation.backend: unknown backend {name!r}; valid: {', '.join(sorted(BACKENDS))}"
         ) from None
-    return cls(**kw)
+    return build(**kw)

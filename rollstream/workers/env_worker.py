@@ -273,9 +273,9 @@ def run_env_worker(
         actor = getattr(config, "actor_infer", None)
         name = backend or (actor.backend if actor is not None else "transformers")
         kwargs = dict(backend_kwargs or {})
-        if actor is not None:
+        if actor is not None and name != "vllm_server":  # a server backend's model is the servers'
             kwargs.setdefault("model_dir", getattr(config, "infer_model_path", None))
-        if actor is not None and actor.max_num_seqs is not None:
+        if actor is not None and name != "vllm_server" and actor.max_num_seqs is not None:
             kwargs.setdefault("max_num_seqs", actor.max_num_seqs)
         if actor is not None and name == "transformers":
             kwargs.setdefault("device", actor.device)

@@ -21,7 +21,7 @@ RESPONSE = {
     "prompt_id": "gsm8k-test-00017", "domain": "gsm8k", "mode": "train", "prompt": "2+2?", "ground_truth": "4",
     "round": 1, "sample_index": 5, "prompt_token_ids": [1, 2, 3], "response_token_ids": [7, 8],
     "infer_logprobs": [-0.5, -1.25], "response_text": "4", "finish_reason": "stop", "error": None,
-    "policy_version": 3, "generation_ms": 12.5, "created_ms": 1700000000000, "extras": {},
+    "policy_version": 3, "policy_versions": [3], "generation_ms": 12.5, "created_ms": 1700000000000, "extras": {},
     "messages": [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "2+2?"}],
 }
 ARRAYS = ("prompt_token_ids", "response_token_ids", "infer_logprobs")
@@ -236,7 +236,7 @@ def test_payload_events_in_the_format_before_packed_arrays_still_decode(name):
     old = fixture["record"]
     assert decoded_name == name and record["extras"] == {}
     if name == "Response":
-        assert plain(record) == {**old, "extras": {}, "messages": []}
+        assert plain(record) == {**old, "extras": {}, "messages": [], "policy_versions": []}
     else:
         assert record["response_mask"].dtype == np.uint8 and record["response_mask"].tolist() == old["response_mask"]
         assert [plain(t) for t in record["turns"]] == old["turns"]
@@ -248,7 +248,7 @@ def test_decision_events_in_the_old_format_decode_with_their_payload_inline():
     _, rewarded = decode(base64.b64decode(OLD_EVENTS["RewardedResponse"]["message_b64"]))
     old = OLD_EVENTS["RewardedResponse"]["record"]
     assert not is_payload_ref(rewarded["payload"])
-    assert plain(rewarded["payload"]) == {**old["response"], "extras": {}, "messages": []}
+    assert plain(rewarded["payload"]) == {**old["response"], "extras": {}, "messages": [], "policy_versions": []}
     assert rewarded["response"]["response_length"] == 3 and rewarded["response_level_reward"] == 1.0
 
     _, group = decode(base64.b64decode(OLD_EVENTS["Group"]["message_b64"]))

@@ -62,7 +62,7 @@ def test_a_group_event_written_by_the_landed_main_still_decodes():
     # upgraded to the current shape: a summary, the reward, and the Response itself as payload
     for new, was in zip(record["responses"], old["responses"]):
         payload = {k: v.tolist() if hasattr(v, "tolist") else v for k, v in new["payload"].items()}
-        assert payload == {**was["response"], "extras": {}, "messages": []}
+        assert payload == {**was["response"], "extras": {}, "messages": [], "policy_versions": []}
         assert (new["response"]["response_length"], new["response_level_reward"], new["scores"]) == (
             2, was["response_level_reward"], was["scores"])
 
