@@ -22,6 +22,9 @@ def print_summary(summary: dict, console: Console) -> None:
                 "responses_per_accepted_response", "dead_letters"):
         table.add_row(key, str(summary[key]))
     table.add_row("groups_rejected", ", ".join(f"{k}={v}" for k, v in summary["groups_rejected"].items()) or "-")
+    if summary.get("weight_updates"):
+        table.add_row(f"weights loaded in place ({summary['engine']})", ", ".join(
+            f"v{u['version']} {u['ms']:.0f} ms" for u in summary["weight_updates"]))
     if summary.get("stage_restarts"):
         table.add_row("stage restarts", ", ".join(f"{k}={v}" for k, v in summary["stage_restarts"].items()))
     if summary["groups_stale_at_trainer"]:
