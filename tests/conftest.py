@@ -43,7 +43,7 @@ def vllm_server(tmp_path_factory) -> LocalInferenceServer:
     try:
         yield server
     finally:
-        server.stop()
+        server.stop(timeout_s=5)
 
 
 SASL_USER, SASL_PASSWORD = "alice", "alice-secret"

@@ -93,16 +93,22 @@ def parse_completion(body: Any, n: int) -> list[Sample]:
     """The ``n`` samples of a ``/v1/completions`` response body, in choice order.
 
     Returns Samples with ``finish_reason`` ``stop`` or ``length``. Raises ServerError for a
-    body that is not a completion of ``n`` choices, a choice without one logprob per token, or a
-    finish reason other than stop/length (``abort``: retryable, the server was paused or the
-    request cancelled)."""
+    body that is not a completion of ``n`` choices, a choice without one logprob per token, a
+    value of the wrong type, or a finish reason other than stop/length (``abort``: retryable,
+    the server was paused or the request cancelled)."""
+    try:
+        return _parse_completion(body, n)
+    except (TypeError, ValueError, AttributeError) as exc:  # a field of the wrong type or shape
+        raise ServerError(f"malformed completion: {type(exc).__name__}: {exc}"[:500]) from None
+
+
+def _parse_completion(body: Any, n: int) -> list[Sample]:
     if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
         raise ServerError(f"not a completion response: {str(body)[:200]}")
-    choices = sorted(body["choices"], key=lambda c: int(c.get("index", 0)) if isinstance(c, dict) else 0)
-    if len(choices) != n or not all(isinstance(c, dict) for c in choices):
-        raise ServerError(f"expected {n} choices, got {len(choices)}")
+    if len(body["choices"]) != n or not all(isinstance(c, dict) for c in body["choices"]):
+        raise ServerError(f"expected {n} choices, got {len(body['choices'])}")
     samples = []
-    for choice in choices:
+    for choice in sorted(body["choices"], key=lambda c: int(c.get("index", 0))):
         reason = choice.get("finish_reason")
         if reason == "abort":
             raise ServerError("the request was aborted (server paused or restarting)", retry=True)
@@ -234,8 +240,8 @@ class ServerBackend:
         return self._call(self._generate_all(prompt_token_ids, n, params))
 
     async def _generate_all(self, prompts, n, params) -> list[list[Sample]]:
-        if self.model is None:
-            self.model = await self._served_model()
+        if not self.model:  # asked again until a server answers
+            self.model = await self._served_model() or None
         return list(await asyncio.gather(*(
             self._request(p, int(k), sp) if k > 0 else _empty() for p, k, sp in zip(prompts, n, params))))
 
@@ -377,9 +383,10 @@ class ServerBackend:
     def load_weights(self, path: str, version: int) -> None:
         """Load policy ``version`` from the model folder ``path`` (as the servers see it) into
         every server in rotation, each once: pause (``pause_mode``), reload, set the version,
-        resume. Requests keep flowing to the others meanwhile. A server that is down loads it
-        when it comes back. Raises WeightUpdateError when no server could load it (the servers
-        keep their old weights and ``policy_version`` stays)."""
+        resume. Requests keep flowing to the others meanwhile. A server that is down, or goes
+        down during the load, loads it when it comes back. Raises WeightUpdateError when every
+        server answered and none could load it (the checkpoint is at fault: ``policy_version``
+        stays, and the servers reload the old weights before they serve again)."""
         self._call(self._load_everywhere(str(path), int(version)))
 
     async def _load_everywhere(self, path: str, version: int) -> None:
@@ -387,19 +394,22 @@ class ServerBackend:
         for server in targets:
             server.updating = True
         results = await asyncio.gather(*(self._load(s, path, version) for s in targets), return_exceptions=True)
-        failed = []
+        failed, refused = [], 0
         async with self._changed:
             for server, result in zip(targets, results):
                 server.updating = False
                 if isinstance(result, BaseException):
                     failed.append(f"{server.url}: {result}")
+                    refused += isinstance(result, httpx.TransportError)
                     # Its weights are unknown now (the reload may have half happened): out of
                     # rotation until it is back with the weights of policy_version.
                     server.stale = True
                     self._mark_down(server)
-            if targets and len(failed) == len(targets):
+            if targets and len(failed) == len(targets) and not refused:
+                # every server answered and none could load it: the checkpoint is at fault
                 self._changed.notify_all()
                 raise WeightUpdateError(f"no server loaded policy version {version} from {path}: " + "; ".join(failed))
+            # a server that was unreachable loads this version when it is back
             for problem in failed:
                 log.error("policy version %d not loaded: %s", version, problem)
             self.policy_version, self.checkpoint = version, path

@@ -1,9 +1,11 @@
 """`rollstream run` generating with a real vLLM server over HTTP (the session's server): the
-policy versions advance, each is loaded into the server in place, and the server then answers
-with the trainer's new weights."""
+policy versions advance, each is loaded into the server in place, the server is killed mid-run
+and comes back, and the server then answers with the trainer's new weights."""
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 
 import httpx
@@ -15,6 +17,7 @@ from rollstream.app.run import run_pipeline
 from rollstream.config import parse_config
 from rollstream.kafka.topics import Topics
 from rollstream.policy.model import load_model
+from rollstream.tools.audit import run_audit
 from rollstream.tools.readback import read_values
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.vllm]
@@ -33,6 +36,19 @@ def _teacher_forced(model, response: list[int]) -> list[float]:
     with torch.inference_mode():
         logits = model(input_ids=torch.tensor([PROBE + response])).logits[0, len(PROBE) - 1:-1].float()
     return logits.log_softmax(-1).gather(-1, torch.tensor(response)[:, None]).squeeze(-1).tolist()
+
+
+def _kill_when_published(server, checkpoint, done: dict) -> None:
+    """SIGKILL the server once ``checkpoint`` exists (the trainer published version 1, so step 1's
+    requests are about to be or are in flight), then start it again, with its first weights."""
+    deadline = time.monotonic() + 500
+    while not checkpoint.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    done["killed_at"] = time.monotonic()
+    server.kill()
+    server.restart_if_dead()
+    server.wait_ready(600)
+    done["back_at"] = time.monotonic()
 
 
 def test_a_run_loads_every_policy_version_into_the_server_in_place(kafka_broker, vllm_server, tmp_path):
@@ -59,7 +75,11 @@ def test_a_run_loads_every_policy_version_into_the_server_in_place(kafka_broker,
                       "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}],
     })
     run_dir = tmp_path / "run"
+    killed: dict = {}
+    killer = threading.Thread(target=_kill_when_published, args=(vllm_server, run_dir / "checkpoints" / "v000001", killed))
+    killer.start()
     summary = run_pipeline(config, run_dir=run_dir)
+    killer.join()
 
     assert summary["outcome"] == "complete", summary
     assert summary["engine"] == "vllm_server"
@@ -70,8 +90,14 @@ def test_a_run_loads_every_policy_version_into_the_server_in_place(kafka_broker,
     updates = [u for u in summary["weight_updates"] if u["version"] > 0]
     assert [u["version"] for u in updates] == [1, 2]
     assert all(u["server"] == vllm_server.url and u["mode"] == "keep" and 0 < u["ms"] < 60_000 for u in updates)
+    # the server died mid-run: its requests waited for it (or failed and their prompts were
+    # replaced); when it came back, with its first weights, it loaded version 1 before serving
+    assert "back_at" in killed, killed
+    report = run_audit(kafka_broker, Topics(prefix), False, run_dir / "batches.jsonl")
+    assert report.ok, report.to_json()
     responses = read_values(kafka_broker, Topics(prefix).responses_rewarded)
-    assert all(r["response"]["finish_reason"] != "error" for r in responses)
+    late = [r["response"]["policy_version"] for r in responses if r["response"]["finish_reason"] != "error"]
+    assert sorted(set(late)) == [0, 1, 2]
     # The server holds the weights of version 2 now: its logprobs of a fixed probe are those of
     # checkpoint v000002 (bf16 against float32) and not the initial weights'.
     ids, server_logprobs = _server_probe(vllm_server.url)

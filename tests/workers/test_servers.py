@@ -49,6 +49,9 @@ def test_token_ids_are_read_from_the_logprob_tokens_when_the_server_does_not_ret
     ({"choices": [_choice(0, [1], [float("nan")]), _choice(1, [1], [-1.0])]}, "NaN or positive", False),
     ({"choices": [_choice(0, [1], [-1.0], "abort"), _choice(1, [1], [-1.0])]}, "aborted", True),
     ({"choices": [_choice(0, [1], [-1.0], "content_filter"), _choice(1, [1], [-1.0])]}, "content_filter", False),
+    ({"choices": [_choice(0, [1], ["x"]), _choice(1, [1], [-1.0])]}, "malformed completion: ValueError", False),
+    ({"choices": [_choice(0, [1], [-1.0]), {**_choice(1, [1], [-1.0]), "index": "b"}]}, "malformed completion", False),
+    ({"choices": [{**_choice(0, [1], [-1.0]), "logprobs": "none"}, _choice(1, [1], [-1.0])]}, "malformed", False),
 ])
 def test_a_malformed_completion_is_a_clear_error(body, message, retry):
     with pytest.raises(ServerError, match=message) as info:
@@ -232,5 +235,49 @@ def test_an_update_no_server_can_load_keeps_the_old_version(broken):
         assert out[0][0].versions == (0,)
         assert [s.version for s in backend.servers] == [0]
         assert len(broken.requests) == 5  # pause, reload, reset, update_weight_version, resume... then the completion
+    finally:
+        backend.close()
+
+
+def test_the_served_model_is_asked_again_once_a_server_answers():
+    port = free_port()
+    backend = ServerBackend([f"http://127.0.0.1:{port}"], request_timeout_s=5.0, down_s=0.1)
+    server = None
+    try:
+        first = backend.generate([[1]], [1], [SamplingParams(max_new_tokens=4)])
+        assert first[0][0].finish_reason == FINISH_ERROR and backend.model is None
+        server = ThreadingHTTPServer(("127.0.0.1", port), _Broken)  # the server starts late
+        server.mode, server.requests = "ok", []
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        second = backend.generate([[1]], [1], [SamplingParams(max_new_tokens=4)])
+        assert second[0][0].finish_reason == "stop" and backend.model == "served-model"
+    finally:
+        backend.close()
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+
+def test_a_server_down_during_an_update_loads_that_version_when_it_is_back(broken):
+    url = f"http://127.0.0.1:{broken.server_port}"
+    backend = _backend(url)
+    try:
+        backend.generate([[1]], [1], [SamplingParams(max_new_tokens=4)])  # in rotation at version 0
+        port = broken.server_port
+        broken.shutdown()
+        broken.server_close()  # the server dies: the update cannot reach it
+        backend.load_weights("/checkpoints/v000001", 1)  # no error: it is a dead server, not a bad checkpoint
+        assert backend.policy_version == 1 and [(s.version, s.stale) for s in backend.servers] == [(None, True)]
+        back = ThreadingHTTPServer(("127.0.0.1", port), _Broken)
+        back.mode, back.requests = "ok", []
+        threading.Thread(target=back.serve_forever, daemon=True).start()
+        try:
+            out = backend.generate([[1]], [1], [SamplingParams(max_new_tokens=4)])
+        finally:
+            back.shutdown()
+            back.server_close()
+        assert out[0][0].versions == (1,)
+        reloads = [r for r in back.requests if r.get("method") == "reload_weights"]
+        assert reloads == [{"method": "reload_weights", "kwargs": {"weights_path": "/checkpoints/v000001"}}]
     finally:
         backend.close()
