@@ -22,6 +22,7 @@ from transformers import GenerationConfig, LogitsProcessorList
 from rollstream.exceptions import ConfigError, RollstreamError
 from rollstream.policy.model import load_model, load_tokenizer, load_weights_into, model_folder, resolve_device
 from rollstream.schemas.records import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
+from rollstream.workers.vllm_extension import WORKER_EXTENSION
 
 log = logging.getLogger(__name__)
 
@@ -332,7 +333,7 @@ class VLLMBackend:
         self._model_dir = str(model_folder(model_dir))
         self.tokenizer = load_tokenizer(model_dir)
         # refresh_output_embedding after each in-place reload (rollstream.workers.vllm_extension)
-        llm_kwargs.setdefault("worker_extension_cls", "rollstream.workers.vllm_extension.WeightSyncExtension")
+        llm_kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION)
         self.llm = LLM(model=self._model_dir, **llm_kwargs)
         self.policy_version = 0
 

@@ -33,6 +33,7 @@ import httpx
 from rollstream.exceptions import RollstreamError
 from rollstream.schemas.records import FINISH_LENGTH, FINISH_STOP
 from rollstream.workers.engines import Sample, SamplingParams, _check_args, error_samples
+from rollstream.workers.vllm_extension import WORKER_EXTENSION
 
 log = logging.getLogger(__name__)
 
@@ -458,7 +459,7 @@ class ServerBackend:
             server.extension = False
             log.warning("inference server %s runs without rollstream's worker extension (--worker-extension-cls %s): "
                         "on vLLM's CPU build a tied output embedding keeps its old weights after a reload",
-                        server.url, "rollstream.workers.vllm_extension.WeightSyncExtension")
+                        server.url, WORKER_EXTENSION)
 
     async def _post(self, url: str, **kw: Any) -> dict:
         """POST to a control endpoint; returns its JSON object ({} for another body). Raises

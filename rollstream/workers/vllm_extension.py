@@ -26,3 +26,7 @@ class WeightSyncExtension:
             return False
         method.process_weights_after_loading(lm_head)
         return True
+
+
+WORKER_EXTENSION = f"{__name__}.{WeightSyncExtension.__qualname__}"
+"""What vLLM's ``--worker-extension-cls`` (or ``LLM(worker_extension_cls=...)``) takes."""
