@@ -19,23 +19,15 @@ from rollstream.kafka.topics import Topics
 from rollstream.policy.model import load_model
 from rollstream.tools.audit import run_audit
 from rollstream.tools.readback import read_values
+from tests.workers.teacher_forcing import PROBE, teacher_forced
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.vllm]
-
-PROBE = [1, 504, 3458, 314, 3997, 28]
-
 
 def _server_probe(url: str) -> tuple[list[int], list[float]]:
     body = {"model": httpx.get(f"{url}/v1/models").json()["data"][0]["id"], "prompt": PROBE, "max_tokens": 6,
             "temperature": 0.0, "logprobs": 0, "return_token_ids": True}
     choice = httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()["choices"][0]
     return choice["token_ids"], choice["logprobs"]["token_logprobs"]
-
-
-def _teacher_forced(model, response: list[int]) -> list[float]:
-    with torch.inference_mode():
-        logits = model(input_ids=torch.tensor([PROBE + response])).logits[0, len(PROBE) - 1:-1].float()
-    return logits.log_softmax(-1).gather(-1, torch.tensor(response)[:, None]).squeeze(-1).tolist()
 
 
 def _kill_when_published(server, checkpoint, done: dict) -> None:
@@ -104,6 +96,6 @@ def test_a_run_loads_every_policy_version_into_the_server_in_place(kafka_broker,
     assert httpx.get(f"{vllm_server.url}/weight_info").json()["weight_version"] == "2"
     trained = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "v000002", dtype=torch.float32)
     initial = load_model(dtype=torch.float32, device="cpu")[1]
-    now = max(abs(a - b) for a, b in zip(server_logprobs, _teacher_forced(trained, ids)))
-    before = max(abs(a - b) for a, b in zip(server_logprobs, _teacher_forced(initial, ids)))
+    now = max(abs(a - b) for a, b in zip(server_logprobs, teacher_forced(trained, PROBE, ids)))
+    before = max(abs(a - b) for a, b in zip(server_logprobs, teacher_forced(initial, PROBE, ids)))
     assert now < 0.3 and before > now, (now, before)

@@ -14,19 +14,9 @@ import torch
 from rollstream.policy.model import load_model, model_folder
 from rollstream.workers.engines import SamplingParams
 from rollstream.workers.servers import ServerBackend
+from tests.workers.teacher_forcing import PROBE, teacher_forced
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
-
-PROBE = [1, 504, 3458, 314, 3997, 28]  # a fixed prompt: the server's logprobs of it name its weights
-
-
-def teacher_forced(model, prompt: list[int], response: list[int]) -> list[float]:
-    """log p(response[t] | prompt, response[:t]) under ``model`` (float32, one forward pass)."""
-    ids = torch.tensor([prompt + response])
-    with torch.inference_mode():
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
-    return logits.log_softmax(-1).gather(-1, torch.tensor(response)[:, None]).squeeze(-1).tolist()
-
 
 @pytest.fixture(scope="module")
 def trainer_model():

@@ -9,9 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from rollstream.policy.model import model_folder
 from rollstream.workers.engines import SamplingParams, VLLMBackend
-
-PROBE = [1, 504, 3458, 314, 3997, 28]
-
+from tests.workers.teacher_forcing import PROBE, teacher_forced
 
 def main(out_dir: str) -> None:
     backend = VLLMBackend(dtype="bfloat16", max_model_len=512, enforce_eager=True,
@@ -27,9 +25,7 @@ def main(out_dir: str) -> None:
     model.save_pretrained(out_dir)
     backend.load_weights(out_dir, 1)
     after = backend.generate([PROBE], [1], greedy)[0][0]
-    with torch.inference_mode():
-        logits = model(input_ids=torch.tensor([PROBE + after.token_ids])).logits[0, len(PROBE) - 1:-1]
-    expected = logits.log_softmax(-1).gather(-1, torch.tensor(after.token_ids)[:, None]).squeeze(-1).tolist()
+    expected = teacher_forced(model, PROBE, after.token_ids)
     print("RESULT " + json.dumps({"same_engine": id(backend.llm) == engine, "version": backend.policy_version,
                       "before": [before.token_ids, before.logprobs], "after": [after.token_ids, after.logprobs],
                       "expected": expected}))
