@@ -1,27 +1,16 @@
 """The in-process vLLM backend loads new weights into the same engine (no rebuild). It runs
-under the vLLM environment's own interpreter (vLLM pins its own torch), as a subprocess."""
+under the vLLM environment's own interpreter (vLLM pins its own torch), as a subprocess that the
+session starts early (the `vllm_inprocess_probe` fixture)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-from pathlib import Path
-
 import pytest
-
-from rollstream.workers.local_server import PROJECT_ROOT, vllm_python
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
 
-def test_the_in_process_engine_reloads_in_place(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run([vllm_python(), str(Path(__file__).with_name("vllm_inprocess_probe.py")), str(tmp_path / "v1")],
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    [line] = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    result = json.loads(line.removeprefix("RESULT "))
+def test_the_in_process_engine_reloads_in_place(vllm_inprocess_probe):
+    result = vllm_inprocess_probe
     assert result["same_engine"] and result["version"] == 1
     (before_ids, before_lp), (after_ids, after_lp) = result["before"], result["after"]
     assert (after_ids, after_lp) != (before_ids, before_lp)
