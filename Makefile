@@ -80,18 +80,20 @@ chaos: env
 	mkdir -p runs/chaos
 	$(PY) -m tests.chaos.run --out runs/chaos/results.json
 
-bench: env
+bench: env vllm-env
 	mkdir -p runs/bench
 	$(PY) benchmarks/filter_stage.py --out runs/bench/filter_stage.json
 	$(PY) benchmarks/agentic.py --out runs/bench/agentic.json
 	$(PY) benchmarks/corrections.py --out runs/bench/corrections.json
 	$(PY) benchmarks/cpu_sharing.py --out runs/bench/cpu_sharing.json
 	$(PY) benchmarks/generation_batch.py --out runs/bench/generation_batch.json
+	$(PY) benchmarks/engine.py --out runs/bench/engine.json
 	$(PY) benchmarks/real_sizes.py --out runs/bench/real_sizes.json
 	$(PY) benchmarks/learning.py --out runs/bench/learning.json
 
 # Correction masks and one training step on CUDA against the CPU; needs only torch + transformers,
 # so no `env`: on a bare CUDA machine `make gpu-check GPU_PYTHON=python3`. Exit 2 without CUDA.
+# Its vLLM section (generation and an in-place reload) runs where that Python has vLLM for CUDA.
 gpu-check:
 	$(or $(GPU_PYTHON),$(wildcard $(PY)),python3) benchmarks/gpu_check.py --out runs/gpu-check.json
 

@@ -32,11 +32,18 @@ Checks, each one's figures under ``checks.<name>`` with an ``ok`` flag (referenc
   the second of two runs from the same weights (the first pays CUDA's lazy set-up).
 - ``train_step_bfloat16``: the same step on the checked device in bfloat16 (``actor_train.dtype``):
   loss and gradient norm finite, weights changed.
+- ``vllm_reload_in_place``: where vLLM is installed for the checked device, an in-process engine
+  (bfloat16) of a random 2-layer Llama with a tied output embedding generates greedily from token
+  ids, then loads other weights in place as rollstream's in-process backend does: its logprobs
+  match float32 forward passes of the weights it should hold, before and after. Skipped, the
+  reason under ``skipped``, without vLLM (a bare CUDA image) or with a vLLM of another device.
+  ``make test`` runs it on vLLM's CPU build (``--device cpu``).
 
-Prints one JSON object (also written to ``--out``): ``ok``, ``device``, ``device_name``, versions,
-``stand_ins``, ``rollstream_modules`` (what was imported), ``heavy_modules_loaded`` (any of
-pydantic, fastavro, kafka, faust, typer, vllm that is loaded), ``sizes``, ``checks``, ``seconds``.
-Exit status: 0 every check passed, 1 a check failed, 2 no CUDA (unless ``--device cpu``, which runs
+Prints one JSON object (also written to ``--out``): ``ok`` (every check not skipped passed),
+``skipped``, ``device``, ``device_name``, versions, ``stand_ins``, ``rollstream_modules`` (what
+was imported), ``heavy_modules_loaded`` (any of pydantic, fastavro, kafka, faust, typer, vllm that
+is loaded; vllm when its check ran), ``sizes``, ``checks``, ``seconds``.
+Exit status: 0 every check not skipped passed, 1 a check failed, 2 no CUDA (unless ``--device cpu``, which runs
 the same checks with the CPU on both sides: a self-test of the script for machines without a GPU).
 
     python3 benchmarks/gpu_check.py --out runs/gpu-check.json      # or: make gpu-check
@@ -51,9 +58,11 @@ import importlib
 import importlib.util
 import json
 import math
+import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 import types
@@ -196,7 +205,9 @@ def _run_check(checks: dict, name: str, fn) -> None:
     except Exception as exc:  # noqa: BLE001  (one broken check must not hide the others' figures)
         checks[name] = _failure(exc)
     # progress on stderr: a run cut short still shows how far it got
-    print(f"gpu_check: {name}: {'ok' if checks[name]['ok'] else 'FAILED'}", file=sys.stderr, flush=True)
+    check = checks[name]
+    state = f"skipped: {check['skipped']}" if "skipped" in check else "ok" if check["ok"] else "FAILED"
+    print(f"gpu_check: {name}: {state}", file=sys.stderr, flush=True)
 
 
 def _failure(exc: Exception) -> dict:
@@ -400,6 +411,90 @@ def check_step_bfloat16(mods, model, batch, device, micro, config_check) -> dict
     return {"ok": _step_ok(r), **_step_figures(r), "tokens_trained": int(r["final"].sum())}
 
 
+# ---- vLLM on the device ----------------------------------------------------------------------
+
+VLLM_VOCAB = 512
+VLLM_PROMPT = [5, 17, 42, 8, 99, 3, 250, 64]
+
+
+def vllm_model(folder: Path, seed: int):
+    """A 2-layer Llama with a tied output embedding, random weights (float32) and a word-level
+    tokenizer of its vocabulary, saved to ``folder`` for vLLM to load: nothing is downloaded.
+    Returns the transformers model."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    config = LlamaConfig(vocab_size=VLLM_VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         tie_word_embeddings=True, bos_token_id=0, eos_token_id=1)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).eval()
+    model.save_pretrained(folder, safe_serialization=True)
+    words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VLLM_VOCAB)}, unk_token="w2"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=words, bos_token="w0", eos_token="w1", unk_token="w2").save_pretrained(folder)
+    return model
+
+
+def _teacher_forced(model, prompt: list[int], response: list[int], device) -> list[float]:
+    ids = torch.tensor([prompt + response], device=device)
+    with torch.inference_mode():
+        logits = model.to(device)(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+    picked = logits.log_softmax(-1).gather(-1, torch.tensor(response, device=device)[:, None])
+    return picked.squeeze(-1).cpu().tolist()
+
+
+def check_vllm(device, workdir: Path, seed: int) -> dict:
+    """vLLM in this process on ``device`` (bfloat16): greedy generation from token ids with
+    per-token logprobs, then new weights loaded into the same engine in place, as rollstream's
+    in-process backend does it (``collective_rpc("reload_weights")``, the worker extension's
+    ``refresh_output_embedding``, ``reset_prefix_cache``). ok: each time, the engine's logprobs
+    are within 0.1 nats of a float32 forward pass of the weights it should hold (bfloat16 on a
+    random 2-layer model stays far inside; the other weights' are far outside), and the reload
+    changed its answer. Skipped, with the reason, without vLLM or with a vLLM built for another
+    device."""
+    if importlib.util.find_spec("vllm") is None:
+        return {"skipped": "vLLM is not installed in this Python (pip install vllm; on a CPU: make vllm-env)"}
+    from vllm.platforms import current_platform
+
+    if current_platform.device_type != device.type:
+        return {"skipped": f"this vLLM is built for {current_platform.device_type!r}, the check is on {device.type!r}"}
+    from vllm import LLM, SamplingParams
+
+    first, second = vllm_model(workdir / "v0", seed), vllm_model(workdir / "v1", seed + 1)
+    # its workers import rollstream's worker extension from this checkout
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    extra = {"gpu_memory_utilization": 0.2} if device.type == "cuda" else {}
+    t0 = time.perf_counter()
+    llm = LLM(model=str(workdir / "v0"), dtype="bfloat16", max_model_len=256, enforce_eager=True, seed=seed,
+              worker_extension_cls="rollstream.workers.vllm_extension.WeightSyncExtension", **extra)
+    start_s = time.perf_counter() - t0
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, logprobs=0, ignore_eos=True)
+
+    def probe() -> tuple[list[int], list[float]]:
+        [out] = llm.generate([{"prompt_token_ids": VLLM_PROMPT}], sampling_params=greedy, use_tqdm=False)
+        ids = list(out.outputs[0].token_ids)
+        return ids, [float(step[t].logprob) for t, step in zip(ids, out.outputs[0].logprobs)]
+
+    def off(model, ids: list[int], logprobs: list[float]) -> float:
+        return max(abs(a - b) for a, b in zip(logprobs, _teacher_forced(model, VLLM_PROMPT, ids, device)))
+
+    before = probe()
+    t0 = time.perf_counter()
+    llm.collective_rpc("reload_weights", kwargs={"weights_path": str(workdir / "v1")})
+    llm.collective_rpc("refresh_output_embedding")
+    llm.reset_prefix_cache()
+    reload_ms = (time.perf_counter() - t0) * 1000
+    after = probe()
+    figures = {"engine_start_s": round(start_s, 1), "reload_ms": round(reload_ms, 1),
+               "before_off_its_weights": off(first, *before), "after_off_new_weights": off(second, *after),
+               "after_off_old_weights": off(first, *after), "answer_changed": after != before}
+    ok = (figures["before_off_its_weights"] < 0.1 and figures["after_off_new_weights"] < 0.1
+          and figures["after_off_old_weights"] > 0.1 and figures["answer_changed"])
+    return {"ok": ok, **figures}
+
+
 # ---- main ------------------------------------------------------------------------------------
 
 
@@ -495,9 +590,12 @@ def main(argv=None) -> int:
     except Exception as exc:  # noqa: BLE001  (building the model or batch failed: both steps fail)
         checks.setdefault("train_step_float32", _failure(exc))
         checks.setdefault("train_step_bfloat16", _failure(exc))
+    with tempfile.TemporaryDirectory(prefix="gpu-check-vllm-") as tmp:
+        _run_check(checks, "vllm_reload_in_place", lambda: check_vllm(device, Path(tmp), args.seed))
     result["checks"] = checks
     result["heavy_modules_loaded"] = [m for m in HEAVY if sys.modules.get(m) is not None]
-    result["ok"] = all(c["ok"] for c in checks.values())
+    result["skipped"] = {name: c["skipped"] for name, c in checks.items() if "skipped" in c}
+    result["ok"] = all(c["ok"] for c in checks.values() if "skipped" not in c)
     result["seconds"] = round(time.perf_counter() - started, 2)
     emit(result, args.out)
     return 0 if result["ok"] else 1

@@ -4,6 +4,11 @@ consume a batch -> decode (undecodable -> dead-letter) -> handler -> produce out
 flush -> commit. Offsets are committed only after every output of the batch is acknowledged, so
 a killed worker re-processes (never loses) its last batch; downstream recognises redelivered
 events by their deterministic identity.
+
+A handler that can work on several batches at once (``PipelinedHandler``: generation by
+inference servers) is handed each batch as it is polled, while earlier ones are still in flight;
+their outputs are produced and their offsets committed in poll order, so the committed offset
+never passes a batch whose outputs are not acknowledged.
 """
 
 from __future__ import annotations
@@ -12,9 +17,12 @@ import logging
 import signal
 import threading
 import time
-from typing import Callable, Iterable, Sequence
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Protocol, Sequence
 
 from kafka.errors import CommitFailedError
+from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from rollstream.kafka.clients import assigned_consumer, make_producer
 from rollstream.kafka.cluster import Bootstrap
@@ -27,6 +35,44 @@ from rollstream.schemas import encode
 log = logging.getLogger(__name__)
 
 BatchHandler = Callable[[Sequence[Input]], Iterable[Output | Send]]
+# while batches are in flight, how long a poll waits for more input before finished ones are produced
+PIPELINE_POLL_MS = 20
+
+
+class InFlight(Protocol):
+    """One batch a PipelinedHandler is working on."""
+
+    def done(self) -> bool: ...
+
+    def wait(self, timeout_s: float) -> None:
+        """Return when done or after ``timeout_s``."""
+
+    def outputs(self) -> Iterable[Output | Send]:
+        """The batch's outputs, built in the calling thread; raises what the work raised."""
+
+
+class PipelinedHandler(Protocol):
+    """A handler that takes a new batch while earlier ones are in flight."""
+
+    pipelined: bool  # False: called synchronously, as a BatchHandler
+
+    def __call__(self, inputs: Sequence[Input]) -> Iterable[Output | Send]: ...
+
+    def submit(self, inputs: Sequence[Input]) -> InFlight: ...
+
+    def room(self) -> bool:
+        """Whether another batch may start now (the in-flight work is bounded)."""
+
+
+@dataclass
+class _Batch:
+    """A polled batch: what it produced so far, and the offsets to commit once it is produced."""
+
+    inputs: list[Input]
+    outputs: list[Output | Send]
+    offsets: dict[TopicPartition, int]
+    work: InFlight | None = None
+    failed: list[Output] = field(default_factory=list)
 
 
 class PartitionWorker:
@@ -127,28 +173,40 @@ class EventWorker(PartitionWorker):
             return Input(schema, record, msg.topic, msg.partition, msg.offset, msg.key, msg.value), None
         return None, dead_letter(self.topics, msg, *problem, self.worker)
 
-    def process(self, messages: Sequence) -> list[Output | Send]:
-        """Decode and handle one batch of raw messages; returns every output to produce."""
+    def _decoded(self, messages: Sequence) -> tuple[list[Input], list[Output]]:
+        """The batch's inputs, and the dead letters of what could not be decoded or is not wanted."""
         inputs: list[Input] = []
-        outputs: list[Output] = []
+        dead: list[Output] = []
         for msg in messages:
             inp, dl = self._decode(msg)
             if dl is not None:
-                outputs.append(dl)
+                dead.append(dl)
             else:
                 inputs.append(inp)
         if inputs:
             process_metrics().events.labels(self.stage).inc(len(inputs))
-            try:
-                outputs.extend(self.handler(inputs))
-            except Exception as exc:  # one bad batch never kills the worker
-                log.exception("handler failed on %s[%d]@%d", inputs[0].topic, inputs[0].partition, inputs[0].offset)
-                outputs.extend(
-                    dead_letter(self.topics, i, "handler_error", f"{type(exc).__name__}: {exc}", self.worker)
-                    for i in inputs
-                )
+        return inputs, dead
+
+    def _handler_failed(self, inputs: Sequence[Input], exc: Exception) -> list[Output]:
+        """One bad batch never kills the worker: its inputs are dead-lettered ``handler_error``."""
+        log.error("handler failed on %s[%d]@%d", inputs[0].topic, inputs[0].partition, inputs[0].offset,
+                  exc_info=exc)
+        return [dead_letter(self.topics, i, "handler_error", f"{type(exc).__name__}: {exc}", self.worker)
+                for i in inputs]
+
+    def _count(self, inputs: Sequence[Input], outputs: Sequence[Output | Send]) -> None:
         self.processed += len(inputs)
         self.dead_lettered += sum(1 for o in outputs if o.topic == self.topics.dead_letter)
+
+    def process(self, messages: Sequence) -> list[Output | Send]:
+        """Decode and handle one batch of raw messages; returns every output to produce."""
+        inputs, outputs = self._decoded(messages)
+        if inputs:
+            try:
+                outputs.extend(self.handler(inputs))
+            except Exception as exc:
+                outputs.extend(self._handler_failed(inputs, exc))
+        self._count(inputs, outputs)
         return outputs
 
     def produce(self, outputs: Iterable[Output | Send]) -> None:
@@ -159,6 +217,9 @@ class EventWorker(PartitionWorker):
 
     def run(self, max_idle_s: float | None = None) -> None:
         """Loop until stop() (or SIGTERM), or until ``max_idle_s`` pass with no input."""
+        if getattr(self.handler, "pipelined", False):
+            self._run_pipelined(max_idle_s)
+            return
         idle_since = time.monotonic()
         try:
             while not self.stop_event.is_set():
@@ -174,11 +235,62 @@ class EventWorker(PartitionWorker):
         finally:
             self.close()
 
-    def commit(self) -> None:
-        """Commit what was polled, only after every output is acknowledged. A refused commit is
-        not fatal: the batch is redelivered after a restart and downstream ignores the duplicates
-        by their identity."""
+    def _run_pipelined(self, max_idle_s: float | None) -> None:
+        """``run`` for a PipelinedHandler: poll and submit while it has room; produce and commit
+        finished batches in poll order. Batches still in flight at a stop are not committed:
+        they are redelivered after a restart."""
+        pending: deque[_Batch] = deque()
+        idle_since = time.monotonic()
         try:
-            self.consumer.commit()
+            while not self.stop_event.is_set():
+                while pending and (pending[0].work is None or pending[0].work.done()):
+                    self._finish(pending.popleft())
+                if pending and not self.handler.room():
+                    pending[0].work.wait(self.poll_timeout_ms / 1000)
+                    continue
+                polled = self.consumer.poll(timeout_ms=PIPELINE_POLL_MS if pending else self.poll_timeout_ms,
+                                            max_records=self.max_batch)
+                messages = [m for batch in polled.values() for m in batch]
+                if messages:
+                    idle_since = time.monotonic()
+                    pending.append(self._submit(messages))
+                elif not pending and max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
+                    break
+        finally:
+            self.close()
+
+    def _submit(self, messages: Sequence) -> _Batch:
+        inputs, dead = self._decoded(messages)
+        offsets: dict[TopicPartition, int] = {}
+        for msg in messages:
+            tp = TopicPartition(msg.topic, msg.partition)
+            offsets[tp] = max(offsets.get(tp, 0), msg.offset + 1)
+        batch = _Batch(inputs, dead, offsets)
+        if inputs:
+            try:
+                batch.work = self.handler.submit(inputs)
+            except Exception as exc:
+                batch.outputs.extend(self._handler_failed(inputs, exc))
+        return batch
+
+    def _finish(self, batch: _Batch) -> None:
+        if batch.work is not None:
+            try:
+                batch.outputs.extend(batch.work.outputs())
+            except Exception as exc:
+                batch.outputs.extend(self._handler_failed(batch.inputs, exc))
+        self._count(batch.inputs, batch.outputs)
+        self.produce(batch.outputs)
+        self.commit(batch.offsets)
+
+    def commit(self, offsets: dict[TopicPartition, int] | None = None) -> None:
+        """Commit ``offsets`` (next offset per partition; None: what was polled), only after
+        every output is acknowledged. A refused commit is not fatal: the batch is redelivered
+        after a restart and downstream ignores the duplicates by their identity."""
+        try:
+            if offsets is None:
+                self.consumer.commit()
+            else:
+                self.consumer.commit({tp: OffsetAndMetadata(offset, "", -1) for tp, offset in offsets.items()})
         except CommitFailedError as exc:
             log.warning("offset commit refused (%s); the batch may be redelivered", exc)

@@ -7,9 +7,12 @@ engine's (rollstream.workers.engines: transformers or vLLM behind ``GenerationBa
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from dataclasses import replace
-from typing import Any, Iterable, Mapping, Sequence
+from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from rollstream.filtering.admission import eval_version_of
 from rollstream.kafka.cluster import Bootstrap
@@ -45,7 +48,10 @@ class GenerationWorker:
     """EventWorker handler: GenerationRequest inputs -> one encoded Response (a ``Send``) per
     sample.
 
-    All requests of one poll go to the backend in a single ``generate`` call. A request whose
+    All requests of one poll go to the backend in a single ``generate`` call. With a backend
+    that takes requests without waiting (``pipelined``: inference servers), the worker hands it
+    each poll as it comes (``submit``) while earlier ones are in flight, up to twice the servers'
+    capacity, so the servers batch continuously instead of draining between polls. A request whose
     prompt cannot be tokenised yields error Responses (never an exception), so downstream
     groups still complete. ``generation_ms`` is the wall time of that batched backend call.
     With a ``policy`` follower, the newest published policy version is loaded before each call,
@@ -82,31 +88,66 @@ class GenerationWorker:
         self.too_large = 0  # samples replaced by a too_large error Response
         self.held = 0  # polls that kept the weights for a validation round of the loaded version
         self._updates_seen = 0  # the backend's in-place weight updates already in the metrics
+        self._in_flight = 0  # sequences submitted and not finished (pipelined backends)
+        self._lock = threading.Lock()
         self.tokenizer = tokenizer or getattr(backend, "tokenizer", None) or load_tokenizer()
 
+    @property
+    def pipelined(self) -> bool:
+        """Whether the backend takes requests without waiting (``submit``: an inference-server
+        backend): the worker then polls on while earlier requests are in flight."""
+        return hasattr(self.backend, "submit")
+
     def __call__(self, inputs: Sequence[Input]) -> list[Send | Output]:
+        job = self._prepare(inputs)
+        t0 = time.perf_counter()
+        samples = self.backend.generate(*job.arguments()) if job.live else []
+        return self._outputs(job, samples, (time.perf_counter() - t0) * 1000.0)
+
+    def submit(self, inputs: Sequence[Input]) -> "_InFlight":
+        """Start generating ``inputs`` and return at once (``pipelined`` backends only); the
+        worker builds the Responses when it is done (``rollstream.kafka.worker.InFlight``)."""
+        job = self._prepare(inputs)
+        future: Future = self.backend.submit(*job.arguments()) if job.live else _done([])
+        with self._lock:
+            self._in_flight += job.sequences
+        in_flight = _InFlight(future, lambda samples, ms: self._outputs(job, samples, ms))
+        future.add_done_callback(lambda _: self._landed(job.sequences))
+        return in_flight
+
+    def room(self) -> bool:
+        """Whether another poll may start: the sequences submitted and not finished stay below
+        twice what the servers take at once (``capacity``), so the next requests are already
+        queued when a server frees a slot, and the topic is not drained into memory."""
+        return self._in_flight < 2 * self.backend.capacity
+
+    def _landed(self, sequences: int) -> None:
+        with self._lock:
+            self._in_flight -= sequences
+
+    def _prepare(self, inputs: Sequence[Input]) -> "_Job":
+        """Load the newest policy version (``_refresh``) and tokenise each request's prompt."""
         records = [inp.record for inp in inputs]
         if self.policy is not None:
             self._refresh(records)
-        prompt_ids: list[list[int] | None] = []
-        errors: list[str | None] = []
+        job = _Job(records, [], [], [], [])
         for rec in records:
             try:
                 # a chat prompt's messages (system turn included) as given, else the text as one user turn
-                prompt_ids.append(chat_prompt_ids(self.tokenizer, rec.get("messages") or rec["prompt"]))
-                errors.append(None)
+                job.prompt_ids.append(chat_prompt_ids(self.tokenizer, rec.get("messages") or rec["prompt"]))
+                job.errors.append(None)
             except Exception as exc:
-                prompt_ids.append(None)
-                errors.append(f"tokenize: {type(exc).__name__}: {exc}"[:2000])
-        live = [k for k, ids in enumerate(prompt_ids) if ids is not None and records[k]["num_return_sequences"] > 0]
-        t0 = time.perf_counter()
-        samples_live = self.backend.generate(
-            [prompt_ids[k] for k in live],
-            [int(records[k]["num_return_sequences"]) for k in live],
-            [replace(self.params, seed=int(records[k]["seed"])) for k in live],
-        ) if live else []
-        gen_ms = (time.perf_counter() - t0) * 1000.0
-        by_req = dict(zip(live, samples_live))
+                job.prompt_ids.append(None)
+                job.errors.append(f"tokenize: {type(exc).__name__}: {exc}"[:2000])
+        job.live = [k for k, ids in enumerate(job.prompt_ids) if ids is not None and records[k]["num_return_sequences"] > 0]
+        job.params = [replace(self.params, seed=int(records[k]["seed"])) for k in job.live]
+        return job
+
+    def _outputs(self, job: "_Job", samples_live: Sequence[list[Sample]], gen_ms: float) -> list[Send | Output]:
+        """One encoded Response per sample of every request of ``job``; error Responses for a
+        request that could not be tokenised. ``gen_ms``: the engine's wall time for the batch."""
+        records = job.records
+        by_req = dict(zip(job.live, samples_live))
         version = int(self.backend.policy_version)
         created = now_ms()
         outputs: list[Send | Output] = []
@@ -114,7 +155,7 @@ class GenerationWorker:
             if k in by_req:
                 samples = by_req[k]
             else:
-                samples = error_samples(max(int(rec["num_return_sequences"]), 0), errors[k] or "")
+                samples = error_samples(max(int(rec["num_return_sequences"]), 0), job.errors[k] or "")
             for i, s in enumerate(samples):
                 versions = list(s.versions) or [version]
                 record = {
@@ -126,7 +167,7 @@ class GenerationWorker:
                     "messages": list(rec.get("messages") or []),
                     "round": int(rec["round"]),
                     "sample_index": int(rec.get("sample_offset", 0)) + i,
-                    "prompt_token_ids": prompt_ids[k] or [],
+                    "prompt_token_ids": job.prompt_ids[k] or [],
                     "response_token_ids": s.token_ids,
                     "infer_logprobs": s.logprobs,
                     "response_text": s.text,
@@ -174,6 +215,53 @@ class GenerationWorker:
             log.warning("Response of %s/%d is above kafka.max_message_bytes %d: sent as an error response",
                         record["prompt_id"], record["sample_index"], self.max_message_bytes)
         return outputs
+
+
+@dataclass
+class _Job:
+    """One poll's requests, tokenised: ``live`` indexes the ones the engine generates."""
+
+    records: list[Mapping]
+    prompt_ids: list[list[int] | None]
+    errors: list[str | None]
+    live: list[int]
+    params: list[SamplingParams]
+
+    @property
+    def sequences(self) -> int:
+        return sum(int(self.records[k]["num_return_sequences"]) for k in self.live)
+
+    def arguments(self) -> tuple[list[list[int]], list[int], list[SamplingParams]]:
+        """``GenerationBackend.generate``'s arguments for the live requests."""
+        return ([self.prompt_ids[k] for k in self.live], [int(self.records[k]["num_return_sequences"]) for k in self.live],
+                self.params)
+
+
+class _InFlight:
+    """A submitted poll (``rollstream.kafka.worker.InFlight``): its samples' future, and how
+    its Responses are built once they are in."""
+
+    def __init__(self, future: Future, build: Callable[[list, float], list]) -> None:
+        self.future, self.build = future, build
+        self.started = time.perf_counter()
+        self.finished: float | None = None
+        future.add_done_callback(lambda _: setattr(self, "finished", time.perf_counter()))
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def wait(self, timeout_s: float) -> None:
+        futures_wait([self.future], timeout=timeout_s)
+
+    def outputs(self) -> list:
+        samples = self.future.result()
+        return self.build(samples, ((self.finished or time.perf_counter()) - self.started) * 1000.0)
+
+
+def _done(value: Any) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
 
 
 def error_response(record: Mapping, error: str) -> dict:

@@ -5,9 +5,9 @@ ids, one raw log-probability per token and a finish reason out. New policy weigh
 into the live servers in place (vLLM's dev endpoints ``/pause``, ``/collective_rpc
 reload_weights``, ``/update_weight_version``, ``/resume``), never by restarting them.
 
-``ServerBackend`` is a ``GenerationBackend``: the generation worker hands it a poll's requests
-and it keeps them all in flight at once across its servers, so each server batches
-continuously. It runs its own asyncio loop in a thread; the worker's calls block on it.
+``ServerBackend`` is a ``GenerationBackend``: the generation worker hands it each poll's requests
+(``submit``, without waiting for the previous poll's) and it keeps them in flight across its
+servers, so each server batches continuously. It runs its own asyncio loop in a thread.
 
 Routing: a request goes to the server with the fewest sequences in flight among those in
 rotation with room (``max_inflight`` sequences each); when none has room it waits. A server that
@@ -25,6 +25,7 @@ import logging
 import math
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
@@ -237,8 +238,20 @@ class ServerBackend:
         """See GenerationBackend.generate. All requests are in flight together; each sample's
         ``versions`` lists the policy versions that produced it (two when a weight update fell
         inside its request)."""
+        return self.submit(prompt_token_ids, n, params).result()
+
+    def submit(self, prompt_token_ids: list[list[int]], n: list[int],
+               params: list[SamplingParams]) -> Future:
+        """``generate`` without waiting: a ``concurrent.futures.Future`` of its result. Calls
+        may overlap (the generation worker submits each poll while earlier ones are in flight);
+        the servers see one stream of requests. Raises ValueError for mismatched arguments."""
         _check_args(prompt_token_ids, n, params)
-        return self._call(self._generate_all(prompt_token_ids, n, params))
+        return asyncio.run_coroutine_threadsafe(self._generate_all(prompt_token_ids, n, params), self._loop)
+
+    @property
+    def capacity(self) -> int:
+        """Sequences the servers take at once: ``max_inflight`` per server."""
+        return self.max_inflight * len(self.servers)
 
     async def _generate_all(self, prompts, n, params) -> list[list[Sample]]:
         if not self.model:  # asked again until a server answers

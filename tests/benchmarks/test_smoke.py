@@ -116,3 +116,21 @@ def test_learning(tmp_path):
         assert [v["policy_version"] for v in run["validation"]] == [0, 1], name
         assert run["responses_generated"] == 2, name
         assert {"seconds_to_val_0_9", "responses_to_val_0_9", "wall_seconds"} <= set(run)
+
+
+@pytest.mark.vllm
+def test_engine(kafka_broker, vllm_server, tmp_path):
+    r = run_benchmark("engine", tmp_path, "--server", vllm_server.url, "--bootstrap", kafka_broker, timeout=900)
+    assert (r["prompts"], r["n"], r["max_new_tokens"], r["pipeline_max_batch"]) == (4, 2, 8, 2)
+    assert r["bare_tokens"] > 0 and r["pipeline_tokens"] > 0 and r["pipeline_error_responses"] == 0
+    assert r["pipeline_over_bare"] > 0 and r["transformers_prompts"] == 1 and r["transformers_tokens_per_s"] > 0
+    for way in ("bare", "pipeline"):
+        assert {f"{way}_server_busy_fraction", f"{way}_server_running_mean"} <= set(r), way
+    for size in ("weights_135m", "weights_large"):
+        assert r[size]["logprobs_changed_each_time"] is True, size
+        assert len(r[size]["weight_update_ms"]) == 1 and r[size]["checkpoint_mb"] > 0, size
+    assert r["weights_135m"]["parameters_m"] > 100 > r["weights_large"]["parameters_m"]  # --smoke: a tiny "large"
+    assert r["correction_filters"] and set(r["mismatch"]) == {"vllm", "transformers"}
+    for engine, m in r["mismatch"].items():
+        assert 1 <= m["rows"] <= 2 and m["tokens"] > 0 and 0 <= m["drop_fraction"] <= 1, engine
+        assert set(m["drop_by_filter"]) == {"0:token", "1:geometric"}, engine

@@ -16,7 +16,7 @@ from rollstream.trainer.corrections import parse_correction_config
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
 CHECKS = {"correction_token", "correction_segment", "correction_geometric", "correction_sequence",
-          "correction_helpers", "train_step_float32", "train_step_bfloat16"}
+          "correction_helpers", "train_step_float32", "train_step_bfloat16", "vllm_reload_in_place"}
 # What a bare CUDA machine lacks (the image the GPU check runs on has torch and transformers only).
 MISSING = ("pydantic", "pydantic_core", "fastavro", "kafka", "faust", "typer", "vllm", "lz4")
 
@@ -39,7 +39,10 @@ def test_self_test_passes_without_rollstreams_other_dependencies(tmp_path):
     assert json.loads(proc.stdout) == result
     assert result["ok"] is True and result["device"] == "cpu" and result["sizes"]["mask"] == [4, 256]
     assert set(result["checks"]) == CHECKS
-    assert all(check["ok"] is True for check in result["checks"].values())
+    assert result["skipped"] == {"vllm_reload_in_place": "vLLM is not installed in this Python "
+                                                         "(pip install vllm; on a CPU: make vllm-env)"}
+    assert all(check["ok"] is True for name, check in result["checks"].items() if name not in result["skipped"])
+    assert "gpu_check: vllm_reload_in_place: skipped: vLLM is not installed" in proc.stderr
     checks = result["checks"]
     for agg in ("token", "segment", "geometric", "sequence"):  # CPU against CPU: bit for bit
         c = checks[f"correction_{agg}"]
@@ -79,3 +82,16 @@ def test_without_cuda_it_says_so_and_exits_2(capsys):
     assert code == 2 and result["ok"] is False and "checks" not in result
     assert result["error"].startswith("CUDA is not available")
     assert "gpu_check: CUDA is not available" in captured.err
+
+
+@pytest.mark.integration
+@pytest.mark.vllm
+def test_its_vllm_section_loads_new_weights_into_the_same_engine(vllm_gpu_check):
+    """Run by the vLLM environment's Python (its CPU build): the section a CUDA machine with vLLM runs."""
+    result = vllm_gpu_check
+    assert result["ok"] is True and result["skipped"] == {}
+    check = result["checks"]["vllm_reload_in_place"]
+    assert check["ok"] is True and check["answer_changed"] is True
+    # bfloat16 engine against float32 forward passes of a random 2-layer model
+    assert check["before_off_its_weights"] < 0.1 and check["after_off_new_weights"] < 0.1
+    assert check["after_off_old_weights"] > 0.1 and check["reload_ms"] > 0
