@@ -25,7 +25,7 @@ Figures (JSON to ``--out``; nothing is asserted):
 
     .venv/bin/python benchmarks/engine.py --out runs/bench/engine.json   # ~30 min on 2 cores
 ``--server URL`` uses a running server of the bundled model instead of starting one. In
-``--smoke`` the larger model is tiny and its server starts while the first one is measured.
+``--smoke`` the larger model is tiny and built, not served.
 """
 
 from __future__ import annotations
@@ -307,6 +307,16 @@ def build_large_model(folder: Path, dims: dict) -> Path:
     return folder
 
 
+def parameters_m(model_dir: Path) -> float:
+    """The model's parameters in millions, from its config (tied embeddings counted once)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    return round(sum(p.numel() for p in model.parameters()) / 1e6, 1)
+
+
 def weight_updates(url: str, model_dir: Path, versions: int, workdir: Path) -> dict:
     """``versions`` in-place loads of perturbed copies of ``model_dir`` into the server at
     ``url``: pause to resume in ms, and whether a greedy probe's logprobs changed each time."""
@@ -317,7 +327,6 @@ def weight_updates(url: str, model_dir: Path, versions: int, workdir: Path) -> d
     from rollstream.workers.servers import ServerBackend
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    params = sum(p.numel() for p in model.parameters())
     backend = ServerBackend([url], initial_weights=str(model_dir))
     probe = [[1, 504, 3458, 314, 3997, 28]]
     greedy = [SamplingParams(temperature=0.0, max_new_tokens=4)]
@@ -339,7 +348,7 @@ def weight_updates(url: str, model_dir: Path, versions: int, workdir: Path) -> d
         ms = [round(u.ms, 1) for u in backend.weight_updates if u.version > 0]
     finally:
         backend.close()
-    return {"parameters_m": round(params / 1e6, 1), "checkpoint_mb": round(checkpoint_mb, 1), "weight_update_ms": ms,
+    return {"parameters_m": parameters_m(model_dir), "checkpoint_mb": round(checkpoint_mb, 1), "weight_update_ms": ms,
             "weight_update_ms_median": round(statistics.median(ms), 1), "logprobs_changed_each_time": all(changed)}
 
 
@@ -393,33 +402,28 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="rollstream-bench-engine-") as tmp:
         workdir = Path(tmp)
         large_dir = build_large_model(workdir / "large", SMOKE_LARGE if args.smoke else LARGE)
-        early = local_server(large_dir, workdir / "large-server.log") if args.smoke else None
-        if early is not None:
-            early.launch()  # overlaps the rest; its figures are not the point in --smoke
-        try:
-            with serving(base, workdir / "server.log", args.server, result) as url:
-                result["vllm_version"] = httpx.get(f"{url}/version").json().get("version")
-                at_initial_weights(url, base)
-                figures, vllm_rows = bare(url, prompt_ids, args.n, params)
-                result.update(figures)
-                with kafka_bootstrap(args.bootstrap, workdir, result) as bootstrap:
-                    result.update(pipeline(bootstrap, url, prompts, args.n, args.max_new_tokens, args.max_batch,
-                                           workdir))
-                result["pipeline_over_bare"] = round(result["pipeline_tokens_per_s"] / result["bare_tokens_per_s"], 3)
-                result["weights_135m"] = weight_updates(url, base, args.versions, workdir)
-            k = args.transformers_prompts
-            figures, transformers_rows = transformers_backend(prompt_ids[:k], args.n, params[:k])
+        with serving(base, workdir / "server.log", args.server, result) as url:
+            result["vllm_version"] = httpx.get(f"{url}/version").json().get("version")
+            at_initial_weights(url, base)
+            figures, vllm_rows = bare(url, prompt_ids, args.n, params)
             result.update(figures)
-            # the RLVR vLLM demo's filters, on the same k prompts and the initial weights both ways
-            correction = yaml.safe_load(DEMO.read_text())["train_infer_correction"]
-            result["correction_filters"] = correction["filters"]
-            result["mismatch"] = {"vllm": correction_drops(prompt_ids[:k], vllm_rows[:k], correction),
-                                  "transformers": correction_drops(prompt_ids[:k], transformers_rows, correction)}
-            with serving(large_dir, workdir / "large-server.log", early.wait_ready(900) if early else None) as url:
+            with kafka_bootstrap(args.bootstrap, workdir, result) as bootstrap:
+                result.update(pipeline(bootstrap, url, prompts, args.n, args.max_new_tokens, args.max_batch, workdir))
+            result["pipeline_over_bare"] = round(result["pipeline_tokens_per_s"] / result["bare_tokens_per_s"], 3)
+            result["weights_135m"] = weight_updates(url, base, args.versions, workdir)
+        k = args.transformers_prompts
+        figures, transformers_rows = transformers_backend(prompt_ids[:k], args.n, params[:k])
+        result.update(figures)
+        # the RLVR vLLM demo's filters, on the same k prompts and the initial weights both ways
+        correction = yaml.safe_load(DEMO.read_text())["train_infer_correction"]
+        result["correction_filters"] = correction["filters"]
+        result["mismatch"] = {"vllm": correction_drops(prompt_ids[:k], vllm_rows[:k], correction),
+                              "transformers": correction_drops(prompt_ids[:k], transformers_rows, correction)}
+        if args.smoke:  # built, not served: a second server would add minutes to the test suite
+            result["weights_large"] = {"parameters_m": parameters_m(large_dir), "weight_update_ms": None}
+        else:
+            with serving(large_dir, workdir / "large-server.log") as url:
                 result["weights_large"] = weight_updates(url, large_dir, args.versions, workdir)
-        finally:
-            if early is not None:
-                early.stop(timeout_s=10)
     result["weight_update_ms"] = {"135m": result["weights_135m"]["weight_update_ms"],
                                   "large": result["weights_large"]["weight_update_ms"]}
     write_result(result, args.out)

@@ -1,11 +1,13 @@
-"""Shared fixtures: one real Kafka broker per test session, isolated topics per test, and one
-real vLLM server per test session for the tests that generate with it."""
+"""Shared fixtures: one real Kafka broker per test session, isolated topics per test, real vLLM
+servers for the tests that generate with them, and the work that starts in the background."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Callable
@@ -38,61 +40,99 @@ def kafka_broker(tmp_path_factory) -> str:
         broker.stop()
 
 
+# ---- work started in the background ------------------------------------------------------------
+#
+# Some tests wait minutes on work no test needs to watch: vLLM engines starting (a minute or two on
+# 2 cores each: the API server, engine core and worker are three processes that each import torch
+# and vLLM), and the benchmarks' --smoke runs. That work starts before the session's first test,
+# in the background: the vLLM servers at once (idle, they use ~0% CPU), and the rest one job at a
+# time (two vLLM engines starting at once only slow each other and the tests). The tests that read
+# its results run last, so the rest of the suite runs meanwhile.
+
+
+def _reads_background(item) -> bool:
+    return item.get_closest_marker("vllm") is not None or "benchmark_smoke" in item.fixturenames
+
+
 def pytest_collection_modifyitems(items) -> None:
-    """Tests marked ``vllm`` run last (in their order): what they need starts in the background at
-    the session's first test (`_vllm_started_early`), so every other test runs while it starts."""
-    items.sort(key=lambda item: item.get_closest_marker("vllm") is not None)
+    """The tests that read background work (marked ``vllm``, or using ``benchmark_smoke``) run
+    last, in their order."""
+    items.sort(key=_reads_background)
 
 
-class _InOrder(threading.Thread):
-    """Commands of the vLLM environment run one after another in the background, each one's
-    output to a file: vLLM engines take a minute or more to start, and two starting at once only
-    slow each other and the tests."""
+class _Jobs(threading.Thread):
+    """Commands run one after another in a thread, each one's output to ``<name>.log``."""
 
-    def __init__(self, commands: dict[str, list[str]], folder: Path, env: dict) -> None:
-        super().__init__(name="vllm-jobs", daemon=True)
-        self.commands, self.folder, self.env = commands, folder, env
-        self.codes: dict[str, int] = {}
-        self.done = {name: threading.Event() for name in commands}
+    def __init__(self, folder: Path) -> None:
+        super().__init__(name="background-jobs", daemon=True)
+        self.folder = folder
+        self.commands: dict[str, tuple[list[str], dict, float]] = {}
+        self.codes: dict[str, int | str] = {}
+        self.done: dict[str, threading.Event] = {}
         self.proc: subprocess.Popen | None = None
         self.stopped = False
 
+    def add(self, name: str, command: list[str], env: dict, timeout_s: float) -> None:
+        self.commands[name] = (command, env, timeout_s)
+        self.done[name] = threading.Event()
+
     def run(self) -> None:
-        for name, command in self.commands.items():
+        for name, (command, env, timeout_s) in self.commands.items():
             if not self.stopped:
-                with open(self.folder / f"{name}.log", "wb") as out:
-                    self.proc = subprocess.Popen(command, env=self.env, stdout=out, stderr=subprocess.STDOUT)
-                    self.codes[name] = self.proc.wait()
+                self.codes[name] = self._run(name, command, env, timeout_s)
             self.done[name].set()
 
-    def output(self, name: str, timeout_s: float) -> str:
+    def _run(self, name: str, command: list[str], env: dict, timeout_s: float) -> int | str:
+        with open(self.folder / f"{name}.log", "wb") as out:
+            self.proc = subprocess.Popen(command, env=env, cwd=PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+            try:
+                return self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                # SIGINT first: a benchmark's finally blocks stop the workers and brokers it started
+                self.proc.send_signal(signal.SIGINT)
+                try:
+                    self.proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                    self.proc.wait()
+                return f"still running after {timeout_s:.0f} s"
+
+    def output(self, name: str) -> str:
         """``name``'s output once it exited 0; fails the test otherwise."""
-        if not self.done[name].wait(timeout_s):
-            pytest.fail(f"{name} still running after {timeout_s:.0f} s")
+        self.done[name].wait()
         output = (self.folder / f"{name}.log").read_text(errors="replace")
-        assert self.codes.get(name) == 0, output[-3000:]
+        assert self.codes.get(name) == 0, f"{name}: {self.codes.get(name)}\n{output[-4000:]}"
         return output
 
     def stop(self) -> None:
         self.stopped = True
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
+            os.killpg(self.proc.pid, signal.SIGKILL)
         self.join(timeout=30)
 
 
-class _VLLMStarts:
-    """What `_vllm_started_early` launched: the session's server, the in-process jobs, or why
-    neither could start (no vLLM environment)."""
+class _Background:
+    """What `_background` started: the vLLM servers by fixture name, the jobs, and why the vLLM
+    work could not start (no vLLM environment)."""
 
-    def __init__(self) -> None:
-        self.server: LocalInferenceServer | None = None
-        self.jobs: _InOrder | None = None
-        self.folder: Path | None = None
-        self.error: ConfigError | None = None
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.servers: dict[str, LocalInferenceServer] = {}
+        self.jobs = _Jobs(folder)
+        self.vllm_error: ConfigError | None = None
+
+    def vllm(self) -> "_Background":
+        if self.vllm_error is not None:
+            raise self.vllm_error
+        return self
 
 
-# the in-process vLLM jobs, by the fixture that returns their result
-_JOBS = {
+# vLLM servers by fixture: vllm_server starts with the session, vllm_spare_server with the first
+# test that uses vllm_server (it is needed only after that one)
+_SERVERS = ("vllm_server", "vllm_spare_server")
+# jobs under the vLLM environment's Python, by the fixture that returns their result
+_VLLM_JOBS = {
     "vllm_inprocess_probe": lambda folder: [str(PROJECT_ROOT / "tests" / "workers" / "vllm_inprocess_probe.py"),
                                             str(folder / "v1")],
     "vllm_gpu_check": lambda folder: [str(PROJECT_ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--tiny",
@@ -100,70 +140,101 @@ _JOBS = {
 }
 
 
+def _smoke_job(marker) -> str:
+    return "smoke-" + "-".join(a.strip("-{}") for a in marker.args)
+
+
 @pytest.fixture(scope="session", autouse=True)
-def _vllm_started_early(request, tmp_path_factory) -> _VLLMStarts:
-    """vLLM takes one to two minutes to start on 2 cores (its API server, engine core and worker
-    are three processes that each import torch and vLLM) and then idles at ~0% CPU. When a selected
-    test needs the session's server or an in-process vLLM job, they are launched here, before the
-    session's first test, so their start-up overlaps the tests that run before them."""
-    needed = {name for item in request.session.items for name in item.fixturenames}
-    starts = _VLLMStarts()
-    if needed & {"vllm_server", *_JOBS}:
+def _background(request, tmp_path_factory) -> _Background:
+    """Starts, before the session's first test, the background work its selected tests need."""
+    items = request.session.items
+    needed = {name for item in items for name in item.fixturenames}
+    smokes = {_smoke_job(m): m for item in items if "benchmark_smoke" in item.fixturenames
+              for m in [item.get_closest_marker("benchmark_smoke")]}
+    bg = _Background(tmp_path_factory.mktemp("background"))
+    python = None
+    if needed & {*_SERVERS, *_VLLM_JOBS}:
         try:
             python = vllm_python()
         except ConfigError as e:
-            starts.error = e
-            needed = set()
-    if "vllm_server" in needed:
-        starts.server = LocalInferenceServer(model_folder(None), tmp_path_factory.mktemp("vllm") / "server.log",
-                                             python=python, dtype="bfloat16", max_model_len=1024)
-        starts.server.launch()
-    jobs = [name for name in _JOBS if name in needed]
-    if jobs:
-        starts.folder = tmp_path_factory.mktemp("vllm-jobs")
-        env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONWARNINGS": "ignore"}
-        starts.jobs = _InOrder({name: [python, *_JOBS[name](starts.folder)] for name in jobs}, starts.folder, env)
-        starts.jobs.start()
+            bg.vllm_error = e
+    if python and "vllm_server" in needed:
+        bg.servers["vllm_server"] = _local_server(python, tmp_path_factory)
+        bg.servers["vllm_server"].launch()
+    if python and "vllm_spare_server" in needed:
+        bg.servers["vllm_spare_server"] = _local_server(python, tmp_path_factory)
+    # in the order their tests read them (they run last, in file order)
+    if smokes:
+        bootstrap = request.getfixturevalue("kafka_broker")
+        for name, marker in smokes.items():
+            args = [a.format(kafka_broker=bootstrap) for a in marker.args[1:]]
+            script = PROJECT_ROOT / "benchmarks" / f"{marker.args[0]}.py"
+            bg.jobs.add(name, [sys.executable, str(script), "--smoke", "--out", str(bg.folder / f"{name}.json"), *args],
+                        dict(os.environ), timeout_s=marker.kwargs.get("timeout", 600))
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONWARNINGS": "ignore"}
+    for name, command in _VLLM_JOBS.items():
+        if python and name in needed:
+            bg.jobs.add(name, [python, *command(bg.folder)], env, timeout_s=900)
+    bg.jobs.start()
     try:
-        yield starts
+        yield bg
     finally:
-        if starts.server is not None:
-            starts.server.stop(timeout_s=5)
-        if starts.jobs is not None:
-            starts.jobs.stop()
+        bg.jobs.stop()
+        for server in bg.servers.values():
+            server.stop(timeout_s=5)
 
 
-def _started(starts: _VLLMStarts):
-    if starts.error is not None:
-        raise starts.error
-    return starts
+def _local_server(python: str, tmp_path_factory) -> LocalInferenceServer:
+    return LocalInferenceServer(model_folder(None), tmp_path_factory.mktemp("vllm") / "server.log", python=python,
+                                dtype="bfloat16", max_model_len=1024)
 
 
 @pytest.fixture(scope="session")
-def vllm_server(_vllm_started_early) -> LocalInferenceServer:
+def vllm_server(_background) -> LocalInferenceServer:
     """A vLLM server (the .venv-vllm interpreter, `make vllm-env`) serving the bundled model in
     bfloat16, as `rollstream run` starts one; its log is in the session's temporary folder."""
-    server = _started(_vllm_started_early).server
-    server.wait_ready(timeout_s=600)  # 1-2 min on 2 cores from the session's start
+    servers = _background.vllm().servers
+    servers["vllm_server"].wait_ready(timeout_s=600)  # 1-2 min on 2 cores from the session's start
+    if "vllm_spare_server" in servers:
+        servers["vllm_spare_server"].launch()
+    return servers["vllm_server"]
+
+
+@pytest.fixture(scope="session")
+def vllm_spare_server(_background, vllm_server) -> LocalInferenceServer:
+    """A second server like ``vllm_server``, for a test that kills one mid-run (it stays dead)."""
+    server = _background.servers["vllm_spare_server"]
+    server.wait_ready(timeout_s=600)
     return server
 
 
 @pytest.fixture(scope="session")
-def vllm_inprocess_probe(_vllm_started_early) -> dict:
+def vllm_inprocess_probe(_background) -> dict:
     """What tests/workers/vllm_inprocess_probe.py printed (its RESULT line, as a dict): the
     in-process VLLMBackend's greedy probe before and after loading perturbed weights in place."""
-    output = _started(_vllm_started_early).jobs.output("vllm_inprocess_probe", timeout_s=900)
+    output = _background.vllm().jobs.output("vllm_inprocess_probe")
     [line] = [line for line in output.splitlines() if line.startswith("RESULT ")]
     return json.loads(line.removeprefix("RESULT "))
 
 
 @pytest.fixture(scope="session")
-def vllm_gpu_check(_vllm_started_early) -> dict:
+def vllm_gpu_check(_background) -> dict:
     """benchmarks/gpu_check.py's self-test (``--device cpu --tiny``) run by the vLLM environment's
     Python, so its vLLM section runs too: the JSON it wrote."""
-    starts = _started(_vllm_started_early)
-    starts.jobs.output("vllm_gpu_check", timeout_s=900)
-    return json.loads((starts.folder / "gpu-check.json").read_text())
+    _background.vllm().jobs.output("vllm_gpu_check")
+    return json.loads((_background.folder / "gpu-check.json").read_text())
+
+
+@pytest.fixture
+def benchmark_smoke(request, _background) -> dict:
+    """The JSON of the test's ``@pytest.mark.benchmark_smoke(name, *args, timeout=s)`` run:
+    ``benchmarks/<name>.py --smoke --out ... *args`` (``{kafka_broker}`` in an argument is the
+    session's broker), run in the background; its ``smoke`` flag checked."""
+    name = _smoke_job(request.node.get_closest_marker("benchmark_smoke"))
+    _background.jobs.output(name)
+    result = json.loads((_background.folder / f"{name}.json").read_text())
+    assert result["smoke"] is True
+    return result
 
 
 SASL_USER, SASL_PASSWORD = "alice", "alice-secret"

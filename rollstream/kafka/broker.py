@@ -294,6 +294,11 @@ class EmbeddedBroker:
             _kill_group(self._proc.pid, signal.SIGKILL)
             self._proc.wait(10)
 
+    def terminate(self) -> None:
+        """SIGTERM the JVM's process group without waiting (``stop`` waits)."""
+        if self._proc is not None and self._proc.poll() is None:
+            _kill_group(self._proc.pid, signal.SIGTERM)
+
     def stop(self, timeout: float = 20) -> None:
         """SIGTERM the JVM's process group, wait up to ``timeout`` s, then SIGKILL it."""
         with _LIVE_LOCK:
@@ -302,7 +307,7 @@ class EmbeddedBroker:
         if proc is None:
             return
         if proc.poll() is None:
-            _kill_group(proc.pid, signal.SIGTERM)
+            self.terminate()
             try:
                 proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -376,6 +381,10 @@ class EmbeddedCluster:
         return self.bootstrap
 
     def stop(self, timeout: float = 20) -> None:
+        """Stop every node; all are told at once, since a node whose quorum has already left
+        would wait out ``timeout`` before it exits."""
+        for node in self.nodes:
+            node.terminate()
         for node in self.nodes:
             node.stop(timeout)
 

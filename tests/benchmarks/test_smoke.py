@@ -1,7 +1,9 @@
 """Every benchmark under benchmarks/ at its smallest size (``--smoke``): the real broker, real
 stages and the real model on a tiny workload, its JSON written and its keys checked, so a
 benchmark that breaks fails the suite. The figures themselves are never asserted (they are
-`make bench`'s); correctness flags the scripts compute are."""
+`make bench`'s); correctness flags the scripts compute are. The runs start in the background at
+the session's start (the ``benchmark_smoke`` fixture, tests/conftest.py); these tests read them
+at the end."""
 
 from __future__ import annotations
 
@@ -42,8 +44,9 @@ def run_benchmark(name: str, tmp_path: Path, *args: str, timeout: float = 600) -
     return result
 
 
-def test_filter_stage(kafka_broker, tmp_path):
-    r = run_benchmark("filter_stage", tmp_path, "--bootstrap", kafka_broker)
+@pytest.mark.benchmark_smoke("filter_stage", "--bootstrap", "{kafka_broker}")
+def test_filter_stage(benchmark_smoke):
+    r = benchmark_smoke
     assert (r["responses"], r["prompts"], r["broker"]) == (16, 4, "external")
     assert (r["expected_accepted"], r["expected_rejected"]) == (2, 2)
     assert (r["inprocess_accepted"], r["inprocess_rejected"]) == (2, 2)
@@ -53,8 +56,9 @@ def test_filter_stage(kafka_broker, tmp_path):
     assert "kafka_responses_per_s" in r  # None when every outcome came in one poll (no span to time)
 
 
-def test_agentic(kafka_broker, tmp_path):
-    r = run_benchmark("agentic", tmp_path, "--bootstrap", kafka_broker)
+@pytest.mark.benchmark_smoke("agentic", "--bootstrap", "{kafka_broker}")
+def test_agentic(benchmark_smoke):
+    r = benchmark_smoke
     assert r["groups"] == 2 and r["correct"] is True and r["kafka_correct"] is True
     assert r["env_player_correct"] is True
     assert (r["kafka_accepted"], r["kafka_late"], r["kafka_error"]) == (4, 4, None)
@@ -65,30 +69,34 @@ def test_agentic(kafka_broker, tmp_path):
     assert {"env_player_same_tokens", "env_player_speedup"} <= set(r)
 
 
-def test_corrections(tmp_path):
-    r = run_benchmark("corrections", tmp_path)
+@pytest.mark.benchmark_smoke("corrections")
+def test_corrections(benchmark_smoke):
+    r = benchmark_smoke
     assert (r["batch"], r["tokens_per_row"]) == (4, 64)
     assert set(r["cpu"]) == set(r["loop_reference"]) == {"token", "segment", "geometric", "sequence"}
     assert r["agree"] is True
     assert all(v["tokens_per_s"] > 0 for v in r["cpu"].values())
 
 
-def test_cpu_sharing(tmp_path):
-    r = run_benchmark("cpu_sharing", tmp_path)
+@pytest.mark.benchmark_smoke("cpu_sharing")
+def test_cpu_sharing(benchmark_smoke):
+    r = benchmark_smoke
     [(name, variant)] = r["variants"].items()
     assert (name, variant["omp_wait_policy"]) == ("shared_passive", "PASSIVE")
     assert variant["step_seconds_median"] > 0 and variant["generator_calls_per_s"] >= 0
 
 
-def test_generation_batch(tmp_path):
-    r = run_benchmark("generation_batch", tmp_path)
+@pytest.mark.benchmark_smoke("generation_batch")
+def test_generation_batch(benchmark_smoke):
+    r = benchmark_smoke
     assert (r["rows"], r["max_new_tokens"]) == (4, 2)
     assert set(r["by_max_num_seqs"]) == {"1", "4"}
     assert all(v["seconds_median"] > 0 for v in r["by_max_num_seqs"].values())
 
 
-def test_real_sizes(tmp_path):
-    r = run_benchmark("real_sizes", tmp_path)
+@pytest.mark.benchmark_smoke("real_sizes")
+def test_real_sizes(benchmark_smoke):
+    r = benchmark_smoke
     [case] = r["cases"]
     assert (case["group_size"], case["response_tokens"], case["prompts"]) == (2, 64, 2)
     assert case["completed"] is True and (case["groups_accepted"], case["groups_rejected"]) == (1, 1)
@@ -98,16 +106,18 @@ def test_real_sizes(tmp_path):
     assert r["aggregator_import_rss_mb"] > 0
 
 
-def test_real_sizes_rss(tmp_path):
+@pytest.mark.benchmark_smoke("real_sizes", "--rss-responses", "16,32")
+def test_real_sizes_rss(benchmark_smoke):
     """The RSS-flatness mode: the aggregator's RSS after each count of small responses."""
-    r = run_benchmark("real_sizes", tmp_path, "--rss-responses", "16,32")
+    r = benchmark_smoke
     assert r["rss_group_size"] == 8 and set(r["rss_mb_after"]) == {"16", "32"}
     assert all(mb > 0 for mb in r["rss_mb_after"].values())
     assert "cases" not in r
 
 
-def test_learning(tmp_path):
-    r = run_benchmark("learning", tmp_path, timeout=900)
+@pytest.mark.benchmark_smoke("learning", timeout=900)
+def test_learning(benchmark_smoke):
+    r = benchmark_smoke
     assert (r["max_steps"], r["seeds"]) == (1, [1])
     assert set(r["variants"]) == {"no_filter", "trl_grpo"}
     for name, variant in r["variants"].items():
@@ -126,10 +136,10 @@ def test_engine(kafka_broker, vllm_server, tmp_path):
     assert r["pipeline_over_bare"] > 0 and r["transformers_prompts"] == 1 and r["transformers_tokens_per_s"] > 0
     for way in ("bare", "pipeline"):
         assert {f"{way}_server_busy_fraction", f"{way}_server_running_mean"} <= set(r), way
-    for size in ("weights_135m", "weights_large"):
-        assert r[size]["logprobs_changed_each_time"] is True, size
-        assert len(r[size]["weight_update_ms"]) == 1 and r[size]["checkpoint_mb"] > 0, size
-    assert r["weights_135m"]["parameters_m"] > 100 > r["weights_large"]["parameters_m"]  # --smoke: a tiny "large"
+    assert r["weights_135m"]["logprobs_changed_each_time"] is True
+    assert len(r["weights_135m"]["weight_update_ms"]) == 1 and r["weights_135m"]["checkpoint_mb"] > 0
+    assert r["weights_135m"]["parameters_m"] > 100 > r["weights_large"]["parameters_m"] > 0  # --smoke: tiny, not served
+    assert r["weight_update_ms"] == {"135m": r["weights_135m"]["weight_update_ms"], "large": None}
     assert r["correction_filters"] and set(r["mismatch"]) == {"vllm", "transformers"}
     for engine, m in r["mismatch"].items():
         assert 1 <= m["rows"] <= 2 and m["tokens"] > 0 and 0 <= m["drop_fraction"] <= 1, engine
