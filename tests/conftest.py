@@ -45,9 +45,9 @@ def kafka_broker(tmp_path_factory) -> str:
 # Some tests wait minutes on work no test needs to watch: vLLM engines starting (a minute or two on
 # 2 cores each: the API server, engine core and worker are three processes that each import torch
 # and vLLM), and the benchmarks' --smoke runs. That work starts before the session's first test,
-# in the background: the vLLM servers at once (idle, they use ~0% CPU), and the rest one job at a
-# time (two vLLM engines starting at once only slow each other and the tests). The tests that read
-# its results run last, so the rest of the suite runs meanwhile.
+# in the background: the session's vLLM server at once (idle, it uses ~0% CPU), the rest one job at
+# a time (two vLLM engines starting at once only slow each other and the tests), the spare server
+# last. The tests that read its results run last, so the rest of the suite runs meanwhile.
 
 
 def _reads_background(item) -> bool:
@@ -66,7 +66,7 @@ class _Jobs(threading.Thread):
     def __init__(self, folder: Path) -> None:
         super().__init__(name="background-jobs", daemon=True)
         self.folder = folder
-        self.commands: dict[str, tuple[list[str], dict, float]] = {}
+        self.commands: dict[str, tuple[list[str] | Callable[[], object], dict, float]] = {}
         self.codes: dict[str, int | str] = {}
         self.done: dict[str, threading.Event] = {}
         self.proc: subprocess.Popen | None = None
@@ -76,11 +76,23 @@ class _Jobs(threading.Thread):
         self.commands[name] = (command, env, timeout_s)
         self.done[name] = threading.Event()
 
+    def call(self, name: str, fn: Callable[[], object]) -> None:
+        """Run ``fn`` in its turn; its exception, if any, is what ``output(name)`` fails with."""
+        self.commands[name] = (fn, {}, 0.0)
+        self.done[name] = threading.Event()
+
     def run(self) -> None:
         for name, (command, env, timeout_s) in self.commands.items():
             if not self.stopped:
-                self.codes[name] = self._run(name, command, env, timeout_s)
+                self.codes[name] = self._call(command) if callable(command) else self._run(name, command, env, timeout_s)
             self.done[name].set()
+
+    def _call(self, fn: Callable[[], object]) -> int | str:
+        try:
+            fn()
+            return 0
+        except Exception as exc:  # reported by output() to the test that needs it
+            return f"{type(exc).__name__}: {exc}"
 
     def _run(self, name: str, command: list[str], env: dict, timeout_s: float) -> int | str:
         with open(self.folder / f"{name}.log", "wb") as out:
@@ -99,9 +111,10 @@ class _Jobs(threading.Thread):
                 return f"still running after {timeout_s:.0f} s"
 
     def output(self, name: str) -> str:
-        """``name``'s output once it exited 0; fails the test otherwise."""
+        """``name``'s output once it exited 0 (a call: once it returned); fails the test otherwise."""
         self.done[name].wait()
-        output = (self.folder / f"{name}.log").read_text(errors="replace")
+        log = self.folder / f"{name}.log"
+        output = log.read_text(errors="replace") if log.exists() else ""
         assert self.codes.get(name) == 0, f"{name}: {self.codes.get(name)}\n{output[-4000:]}"
         return output
 
@@ -128,8 +141,8 @@ class _Background:
         return self
 
 
-# vLLM servers by fixture: vllm_server starts with the session, vllm_spare_server with the first
-# test that uses vllm_server (it is needed only after that one)
+# vLLM servers by fixture: vllm_server starts with the session, vllm_spare_server after the other
+# background jobs
 _SERVERS = ("vllm_server", "vllm_spare_server")
 # jobs under the vLLM environment's Python, by the fixture that returns their result
 _VLLM_JOBS = {
@@ -161,8 +174,6 @@ def _background(request, tmp_path_factory) -> _Background:
     if python and "vllm_server" in needed:
         bg.servers["vllm_server"] = _local_server(python, tmp_path_factory)
         bg.servers["vllm_server"].launch()
-    if python and "vllm_spare_server" in needed:
-        bg.servers["vllm_spare_server"] = _local_server(python, tmp_path_factory)
     # in the order their tests read them (they run last, in file order)
     if smokes:
         bootstrap = request.getfixturevalue("kafka_broker")
@@ -175,6 +186,9 @@ def _background(request, tmp_path_factory) -> _Background:
     for name, command in _VLLM_JOBS.items():
         if python and name in needed:
             bg.jobs.add(name, [python, *command(bg.folder)], env, timeout_s=900)
+    if python and "vllm_spare_server" in needed:  # last: it is needed only at the end
+        spare = bg.servers["vllm_spare_server"] = _local_server(python, tmp_path_factory)
+        bg.jobs.call("vllm_spare_server", lambda: spare.start(timeout_s=600))
     bg.jobs.start()
     try:
         yield bg
@@ -193,19 +207,17 @@ def _local_server(python: str, tmp_path_factory) -> LocalInferenceServer:
 def vllm_server(_background) -> LocalInferenceServer:
     """A vLLM server (the .venv-vllm interpreter, `make vllm-env`) serving the bundled model in
     bfloat16, as `rollstream run` starts one; its log is in the session's temporary folder."""
-    servers = _background.vllm().servers
-    servers["vllm_server"].wait_ready(timeout_s=600)  # 1-2 min on 2 cores from the session's start
-    if "vllm_spare_server" in servers:
-        servers["vllm_spare_server"].launch()
-    return servers["vllm_server"]
+    server = _background.vllm().servers["vllm_server"]
+    server.wait_ready(timeout_s=600)  # 1-2 min on 2 cores from the session's start
+    return server
 
 
 @pytest.fixture(scope="session")
-def vllm_spare_server(_background, vllm_server) -> LocalInferenceServer:
-    """A second server like ``vllm_server``, for a test that kills one mid-run (it stays dead)."""
-    server = _background.servers["vllm_spare_server"]
-    server.wait_ready(timeout_s=600)
-    return server
+def vllm_spare_server(_background) -> LocalInferenceServer:
+    """A second server like ``vllm_server``, for a test that kills one mid-run (it stays dead);
+    started by the background jobs after the others."""
+    _background.vllm().jobs.output("vllm_spare_server")
+    return _background.servers["vllm_spare_server"]
 
 
 @pytest.fixture(scope="session")
