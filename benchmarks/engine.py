@@ -257,16 +257,13 @@ def correction_drops(model, prompt_ids: list[list[int]], rows: list, correction:
     import torch
 
     from rollstream.trainer.corrections import compute_train_infer_correction, filter_metric_keys
+    from rollstream.trainer.logprobs import sequence_log_probs
 
     old, infer = [], []
-    with torch.inference_mode():
-        for ids, row in zip(prompt_ids, rows):
-            for sample in row:
-                if not sample.token_ids:
-                    continue
-                logits = model(input_ids=torch.tensor([ids + sample.token_ids])).logits[0, len(ids) - 1:-1]
-                picked = logits.float().log_softmax(-1).gather(-1, torch.tensor(sample.token_ids)[:, None])
-                old.append(picked.squeeze(-1).tolist())
+    for ids, row in zip(prompt_ids, rows):
+        for sample in row:
+            if sample.token_ids:
+                old.append(sequence_log_probs(model, ids, sample.token_ids))
                 infer.append(list(sample.logprobs))
     width = max(len(r) for r in old)
 

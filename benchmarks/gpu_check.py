@@ -437,15 +437,7 @@ def vllm_model(folder: Path, seed: int):
     return model
 
 
-def _teacher_forced(model, prompt: list[int], response: list[int], device) -> list[float]:
-    ids = torch.tensor([prompt + response], device=device)
-    with torch.inference_mode():
-        logits = model.to(device)(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
-    picked = logits.log_softmax(-1).gather(-1, torch.tensor(response, device=device)[:, None])
-    return picked.squeeze(-1).cpu().tolist()
-
-
-def check_vllm(device, workdir: Path, seed: int) -> dict:
+def check_vllm(mods, device, workdir: Path, seed: int) -> dict:
     """vLLM in this process on ``device`` (bfloat16): greedy generation from token ids with
     per-token logprobs, then new weights loaded into the same engine in place, as rollstream's
     in-process backend does it (``collective_rpc("reload_weights")``, the worker extension's
@@ -478,7 +470,8 @@ def check_vllm(device, workdir: Path, seed: int) -> dict:
         return ids, [float(step[t].logprob) for t, step in zip(ids, out.outputs[0].logprobs)]
 
     def off(model, ids: list[int], logprobs: list[float]) -> float:
-        return max(abs(a - b) for a, b in zip(logprobs, _teacher_forced(model, VLLM_PROMPT, ids, device)))
+        expected = mods["logprobs"].sequence_log_probs(model.to(device), VLLM_PROMPT, ids)
+        return max(abs(a - b) for a, b in zip(logprobs, expected))
 
     before = probe()
     t0 = time.perf_counter()
@@ -591,7 +584,7 @@ def main(argv=None) -> int:
         checks.setdefault("train_step_float32", _failure(exc))
         checks.setdefault("train_step_bfloat16", _failure(exc))
     with tempfile.TemporaryDirectory(prefix="gpu-check-vllm-") as tmp:
-        _run_check(checks, "vllm_reload_in_place", lambda: check_vllm(device, Path(tmp), args.seed))
+        _run_check(checks, "vllm_reload_in_place", lambda: check_vllm(mods, device, Path(tmp), args.seed))
     result["checks"] = checks
     result["heavy_modules_loaded"] = [m for m in HEAVY if sys.modules.get(m) is not None]
     result["skipped"] = {name: c["skipped"] for name, c in checks.items() if "skipped" in c}

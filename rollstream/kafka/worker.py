@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol, Sequence
 
 from kafka.errors import CommitFailedError
@@ -72,7 +72,6 @@ class _Batch:
     outputs: list[Output | Send]
     offsets: dict[TopicPartition, int]
     work: InFlight | None = None
-    failed: list[Output] = field(default_factory=list)
 
 
 class PartitionWorker:

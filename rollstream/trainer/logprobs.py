@@ -15,6 +15,21 @@ from torch import Tensor
 from rollstream.trainer.batch import RolloutBatch
 
 
+def sequence_log_probs(model: torch.nn.Module, prompt: list[int], response: list[int]) -> list[float]:
+    """log p(response[t] | prompt, response[:t]) under ``model``, one unpadded forward pass on the
+    model's device, log-softmax in float32: the trainer's logprob of each sampled token of one
+    sample, to hold an inference engine's logprobs against. Returns ``len(response)`` floats
+    (nats). Raises ValueError for an empty prompt or response."""
+    if not prompt or not response:
+        raise ValueError("sequence_log_probs needs a non-empty prompt and response")
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(prompt) + list(response)], device=device)
+    with torch.inference_mode():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+    picked = logits.log_softmax(-1).gather(-1, torch.tensor(list(response), device=device)[:, None])
+    return picked.squeeze(-1).cpu().tolist()
+
+
 def response_log_probs(model: torch.nn.Module, batch: RolloutBatch, micro_batch_size: int = 8,
                        grad: bool = False) -> Tensor:
     """log p(response_ids[b, t] | everything before it) under ``model``.

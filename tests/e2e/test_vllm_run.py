@@ -21,7 +21,8 @@ from rollstream.kafka.topics import Topics
 from rollstream.policy.model import load_model
 from rollstream.tools.audit import run_audit
 from rollstream.tools.readback import read_values
-from tests.workers.teacher_forcing import PROBE, teacher_forced
+from rollstream.trainer.logprobs import sequence_log_probs
+from tests.workers.teacher_forcing import PROBE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.vllm]
 
@@ -100,6 +101,6 @@ def test_a_run_loads_every_policy_version_into_the_servers_in_place(kafka_broker
     assert httpx.get(f"{vllm_server.url}/weight_info").json()["weight_version"] == "2"
     trained = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "v000002", dtype=torch.float32)
     initial = load_model(dtype=torch.float32, device="cpu")[1]
-    now = max(abs(a - b) for a, b in zip(server_logprobs, teacher_forced(trained, PROBE, ids)))
-    before = max(abs(a - b) for a, b in zip(server_logprobs, teacher_forced(initial, PROBE, ids)))
+    now = max(abs(a - b) for a, b in zip(server_logprobs, sequence_log_probs(trained, PROBE, ids)))
+    before = max(abs(a - b) for a, b in zip(server_logprobs, sequence_log_probs(initial, PROBE, ids)))
     assert now < 0.3 and before > now, (now, before)

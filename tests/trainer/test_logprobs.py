@@ -11,7 +11,7 @@ import torch
 
 from rollstream.policy.model import chat_prompt_ids
 from rollstream.trainer.batch import build_batch
-from rollstream.trainer.logprobs import response_log_probs
+from rollstream.trainer.logprobs import response_log_probs, sequence_log_probs
 from rollstream.workers.engines import SamplingParams, TransformersBackend
 from rollstream.workers.episodes import EpisodePlayer
 
@@ -44,6 +44,16 @@ def test_rlvr_rows_match_the_engine_logprobs(backend):
     assert valid.sum() > 10
     assert (old[valid] - batch.infer_logprobs[valid]).abs().max().item() < TOL
     assert torch.all(old[~valid] == 0)  # padding stays 0, never -inf or NaN
+
+
+def test_one_sample_unpadded_matches_the_engine_and_bad_input_is_refused(backend):
+    prompt = chat_prompt_ids(backend.tokenizer, "What is 2 + 3?")
+    [[sample]] = backend.generate([prompt], [1], [SamplingParams(temperature=1.0, max_new_tokens=12, seed=3)])
+    got = sequence_log_probs(backend.model, prompt, sample.token_ids)
+    assert len(got) == len(sample.token_ids)
+    assert max(abs(a - b) for a, b in zip(got, sample.logprobs)) < TOL
+    with pytest.raises(ValueError, match="non-empty"):
+        sequence_log_probs(backend.model, prompt, [])
 
 
 def test_padding_does_not_change_a_rows_logprobs(backend):

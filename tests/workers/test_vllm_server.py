@@ -14,7 +14,8 @@ import torch
 from rollstream.policy.model import load_model, model_folder
 from rollstream.workers.engines import SamplingParams
 from rollstream.workers.servers import ServerBackend
-from tests.workers.teacher_forcing import PROBE, teacher_forced
+from rollstream.trainer.logprobs import sequence_log_probs
+from tests.workers.teacher_forcing import PROBE
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
@@ -47,7 +48,7 @@ def test_samples_carry_token_ids_and_logprobs_the_trainer_recomputes(backend, tr
             assert 0 < len(sample.token_ids) == len(sample.logprobs) <= 24
             assert sample.versions == (0,)
             assert all(lp <= 0.0 for lp in sample.logprobs)
-            diffs += [abs(a - b) for a, b in zip(sample.logprobs, teacher_forced(trainer_model, prompt, sample.token_ids))]
+            diffs += [abs(a - b) for a, b in zip(sample.logprobs, sequence_log_probs(trainer_model, prompt, sample.token_ids))]
     diffs.sort()
     # The server computes in bfloat16 (8 mantissa bits: relative error ~0.4% per op, over 30
     # layers); the trainer in float32. Measured on SmolLM2-135M: median |diff| ~0.02 nats,
@@ -71,8 +72,8 @@ def test_weights_are_loaded_in_place_and_the_server_then_answers_with_them(backe
     [update] = [u for u in backend.weight_updates if u.version == 1]
     assert update.mode == "keep" and update.ms > 0
     assert after.versions == (1,)
-    expected = teacher_forced(perturbed, PROBE, after.token_ids)
-    old = teacher_forced(trainer_model, PROBE, after.token_ids)
+    expected = sequence_log_probs(perturbed, PROBE, after.token_ids)
+    old = sequence_log_probs(trainer_model, PROBE, after.token_ids)
     # the server now agrees with the perturbed weights (bf16 tolerance) and not with the old ones
     assert max(abs(a - b) for a, b in zip(after.logprobs, expected)) < 0.3
     assert max(abs(a - b) for a, b in zip(after.logprobs, old)) > 0.3 or after.token_ids != before.token_ids

@@ -9,7 +9,8 @@ from transformers import AutoModelForCausalLM
 
 from rollstream.policy.model import model_folder
 from rollstream.workers.engines import SamplingParams, VLLMBackend
-from tests.workers.teacher_forcing import PROBE, teacher_forced
+from rollstream.trainer.logprobs import sequence_log_probs
+from tests.workers.teacher_forcing import PROBE
 
 def main(out_dir: str) -> None:
     backend = VLLMBackend(dtype="bfloat16", max_model_len=512, enforce_eager=True,
@@ -25,7 +26,7 @@ def main(out_dir: str) -> None:
     model.save_pretrained(out_dir)
     backend.load_weights(out_dir, 1)
     after = backend.generate([PROBE], [1], greedy)[0][0]
-    expected = teacher_forced(model, PROBE, after.token_ids)
+    expected = sequence_log_probs(model, PROBE, after.token_ids)
     print("RESULT " + json.dumps({"same_engine": id(backend.llm) == engine, "version": backend.policy_version,
                       "before": [before.token_ids, before.logprobs], "after": [after.token_ids, after.logprobs],
                       "expected": expected}))
