@@ -23,6 +23,7 @@ from rollstream.kafka.cluster import Cluster
 from rollstream.kafka.topics import TOPICS, Topics
 from rollstream.policy.model import model_folder
 from rollstream.workers.local_server import PROJECT_ROOT, LocalInferenceServer, vllm_python
+from tests.processes import run_script, tail
 
 
 @pytest.fixture(scope="session")
@@ -61,62 +62,55 @@ def pytest_collection_modifyitems(items) -> None:
 
 
 class _Jobs(threading.Thread):
-    """Commands run one after another in a thread, each one's output to ``<name>.log``."""
+    """Jobs (callables) run one after another in a thread; what each raised is kept for the test
+    that reads it."""
 
     def __init__(self, folder: Path) -> None:
         super().__init__(name="background-jobs", daemon=True)
         self.folder = folder
-        self.commands: dict[str, tuple[list[str] | Callable[[], object], dict, float]] = {}
-        self.codes: dict[str, int | str] = {}
+        self.jobs: dict[str, Callable[[], object]] = {}
+        self.errors: dict[str, str | None] = {}
         self.done: dict[str, threading.Event] = {}
         self.proc: subprocess.Popen | None = None
         self.stopped = False
 
-    def add(self, name: str, command: list[str], env: dict, timeout_s: float) -> None:
-        self.commands[name] = (command, env, timeout_s)
+    def call(self, name: str, fn: Callable[[], object]) -> None:
+        self.jobs[name] = fn
         self.done[name] = threading.Event()
 
-    def call(self, name: str, fn: Callable[[], object]) -> None:
-        """Run ``fn`` in its turn; its exception, if any, is what ``output(name)`` fails with."""
-        self.commands[name] = (fn, {}, 0.0)
-        self.done[name] = threading.Event()
+    def script(self, name: str, command: list[str], env: dict, timeout_s: float) -> None:
+        """Run ``command`` in its turn, its output to ``<name>.log``; exit code 0 or it failed."""
+
+        def run() -> None:
+            code = run_script(command, self.log(name), timeout_s=timeout_s, env=env, started=self._track)
+            if code != 0:
+                raise RuntimeError(f"exit code {code}:\n{tail(self.log(name))}")
+
+        self.call(name, run)
+
+    def _track(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+
+    def log(self, name: str) -> Path:
+        return self.folder / f"{name}.log"
 
     def run(self) -> None:
-        for name, (command, env, timeout_s) in self.commands.items():
-            if not self.stopped:
-                self.codes[name] = self._call(command) if callable(command) else self._run(name, command, env, timeout_s)
+        for name, fn in self.jobs.items():
+            if self.stopped:
+                self.errors[name] = "the session ended first"
+            else:
+                try:
+                    fn()
+                    self.errors[name] = None
+                except Exception as exc:  # reported by output() to the test that needs it
+                    self.errors[name] = f"{type(exc).__name__}: {exc}"
             self.done[name].set()
 
-    def _call(self, fn: Callable[[], object]) -> int | str:
-        try:
-            fn()
-            return 0
-        except Exception as exc:  # reported by output() to the test that needs it
-            return f"{type(exc).__name__}: {exc}"
-
-    def _run(self, name: str, command: list[str], env: dict, timeout_s: float) -> int | str:
-        with open(self.folder / f"{name}.log", "wb") as out:
-            self.proc = subprocess.Popen(command, env=env, cwd=PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-            try:
-                return self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                # SIGINT first: a benchmark's finally blocks stop the workers and brokers it started
-                self.proc.send_signal(signal.SIGINT)
-                try:
-                    self.proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                    self.proc.wait()
-                return f"still running after {timeout_s:.0f} s"
-
     def output(self, name: str) -> str:
-        """``name``'s output once it exited 0 (a call: once it returned); fails the test otherwise."""
+        """``name``'s output (a script's log) once it succeeded; fails the test otherwise."""
         self.done[name].wait()
-        log = self.folder / f"{name}.log"
-        output = log.read_text(errors="replace") if log.exists() else ""
-        assert self.codes.get(name) == 0, f"{name}: {self.codes.get(name)}\n{output[-4000:]}"
-        return output
+        assert self.errors[name] is None, f"{name}: {self.errors[name]}"
+        return self.log(name).read_text(errors="replace") if self.log(name).exists() else ""
 
     def stop(self) -> None:
         self.stopped = True
@@ -180,12 +174,12 @@ def _background(request, tmp_path_factory) -> _Background:
         for name, marker in smokes.items():
             args = [a.format(kafka_broker=bootstrap) for a in marker.args[1:]]
             script = PROJECT_ROOT / "benchmarks" / f"{marker.args[0]}.py"
-            bg.jobs.add(name, [sys.executable, str(script), "--smoke", "--out", str(bg.folder / f"{name}.json"), *args],
+            bg.jobs.script(name, [sys.executable, str(script), "--smoke", "--out", str(bg.folder / f"{name}.json"), *args],
                         dict(os.environ), timeout_s=marker.kwargs.get("timeout", 600))
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONWARNINGS": "ignore"}
     for name, command in _VLLM_JOBS.items():
         if python and name in needed:
-            bg.jobs.add(name, [python, *command(bg.folder)], env, timeout_s=900)
+            bg.jobs.script(name, [python, *command(bg.folder)], env, timeout_s=900)
     if python and "vllm_spare_server" in needed:  # last: it is needed only at the end
         spare = bg.servers["vllm_spare_server"] = _local_server(python, tmp_path_factory)
         bg.jobs.call("vllm_spare_server", lambda: spare.start(timeout_s=600))

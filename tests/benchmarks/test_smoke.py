@@ -8,12 +8,12 @@ at the end."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.processes import run_script, tail
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,24 +21,14 @@ pytestmark = pytest.mark.integration
 
 
 def run_benchmark(name: str, tmp_path: Path, *args: str, timeout: float = 600) -> dict:
-    """Run ``benchmarks/<name>.py --smoke`` with ``args``; the JSON it wrote to ``--out``.
-
-    Past ``timeout`` the script gets SIGINT first: its ``finally`` blocks stop the workers and
-    the broker it started (each in a session of its own, out of reach of a plain kill)."""
-    out = tmp_path / f"{name}.json"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--smoke", "--out", str(out),
-                             *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """Run ``benchmarks/<name>.py --smoke`` with ``args``; the JSON it wrote to ``--out``."""
+    out, log = tmp_path / f"{name}.json", tmp_path / f"{name}.log"
     try:
-        _, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)
-        try:
-            _, stderr = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, stderr = proc.communicate()
-        pytest.fail(f"{name} --smoke still running after {timeout:.0f} s:\n{stderr[-4000:]}")
-    assert proc.returncode == 0, stderr[-4000:]
+        code = run_script([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--smoke", "--out", str(out), *args],
+                          log, timeout_s=timeout)
+    except TimeoutError as e:
+        pytest.fail(f"{name} --smoke {e}")
+    assert code == 0, tail(log)
     result = json.loads(out.read_text())
     assert result["smoke"] is True
     return result
