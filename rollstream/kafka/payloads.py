@@ -8,7 +8,7 @@ writes payloads and returns their references, for sources that publish rewarded 
 themselves (synthetic sources, benchmarks, users' own generators).
 
 A reference below its partition's log start offset (retention deleted the record) is expired:
-the caller rejects the group ``payload_expired`` (README, "Payloads and references").
+the caller rejects the group ``payload_expired`` (docs/semantics.md, "Payloads and references").
 """
 
 from __future__ import annotations

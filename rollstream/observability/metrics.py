@@ -16,7 +16,6 @@ from typing import Any, Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from rollstream.filtering.prompt_state import Decided, Replacement, ResponseAccepted, ResponseRejected
 from rollstream.runtime import now_ms, worker_id
 from rollstream.schemas import encode
 
@@ -144,26 +143,6 @@ class WorkerMetrics:
         self.version_reward_sum.labels(*labels).inc(sum(values))
         self.version_reward_count.labels(*labels).inc(len(values))
         self.version_correct.labels(*labels).inc(sum(1 for v in values if v > 0))
-
-    def prompt_effects(self, effects: Iterable, mode: str) -> None:
-        """The aggregator's per-prompt effects (rollstream.filtering.prompt_state)."""
-        for effect in effects:
-            if isinstance(effect, ResponseAccepted):
-                self.decision("response", True, "accepted")
-            elif isinstance(effect, ResponseRejected):
-                self.decision("response", False, effect.reason)
-            elif isinstance(effect, Replacement):
-                self.replacement_rounds.inc()
-            elif isinstance(effect, Decided):
-                self.version_rewards(mode, effect.policy_version, effect.rewards)
-                if mode == "val":
-                    self.validation.labels("original").inc()
-                    self.validation.labels("accepted" if effect.accepted else "rejected").inc()
-                    continue
-                self.decision("query", effect.accepted, effect.reason)
-                self.rewards("all", effect.rewards)
-                if effect.accepted:
-                    self.rewards("accepted", effect.rewards)
 
     # -- reading ----------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass, field
+from typing import Iterable
 
 from kafka.partitioner.default import murmur2
 
@@ -45,12 +46,36 @@ from rollstream.filtering.prompt_state import (
 )
 from rollstream.kafka.events import Send
 from rollstream.kafka.topics import Topics
+from rollstream.observability.metrics import WorkerMetrics
 from rollstream.runtime import now_ms
 from rollstream.schemas import REGISTRY, encode
 from rollstream.schemas.codec import HEADER_LEN
 from rollstream.streams.events import decided_group, derive_seed, prompt_outcome, replacement_request
 
 _U32 = struct.Struct("<I")
+
+
+def count_effects(metrics: WorkerMetrics, effects: Iterable, mode: str) -> None:
+    """Count one prompt's effects (rollstream.filtering.prompt_state) in ``metrics``: response and
+    query decisions by reason, replacement rounds, rewards of all vs accepted groups, and the
+    validation groups (``mode`` "val")."""
+    for effect in effects:
+        if isinstance(effect, ResponseAccepted):
+            metrics.decision("response", True, "accepted")
+        elif isinstance(effect, ResponseRejected):
+            metrics.decision("response", False, effect.reason)
+        elif isinstance(effect, Replacement):
+            metrics.replacement_rounds.inc()
+        elif isinstance(effect, Decided):
+            metrics.version_rewards(mode, effect.policy_version, effect.rewards)
+            if mode == "val":
+                metrics.validation.labels("original").inc()
+                metrics.validation.labels("accepted" if effect.accepted else "rejected").inc()
+                continue
+            metrics.decision("query", effect.accepted, effect.reason)
+            metrics.rewards("all", effect.rewards)
+            if effect.accepted:
+                metrics.rewards("accepted", effect.rewards)
 
 
 def pack_state(state: PromptState, responses: dict[str, bytes]) -> bytes:

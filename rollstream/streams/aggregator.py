@@ -34,7 +34,7 @@ from rollstream.kafka.topics import Topics
 from rollstream.observability.metrics import process_metrics
 from rollstream.policy.versions import STALENESS_VERSION_MAX_AGE_S, PolicyVersionWatcher
 from rollstream.kafka.events import decode_expected
-from rollstream.streams.aggregation import Aggregation, UnwrittenStateLost, prompt_partition
+from rollstream.streams.aggregation import Aggregation, count_effects, UnwrittenStateLost, prompt_partition
 from rollstream.streams.common import Emitter, make_app
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ def build_aggregator_app(config: RLVRConfig, bootstrap: Bootstrap, store: str = 
         except UnwrittenStateLost as exc:
             lost.append(exc)
             return
-        metrics.prompt_effects(applied.effects, record["response"].get("mode", "train"))
+        count_effects(metrics, applied.effects, record["response"].get("mode", "train"))
         for send in applied.sends:
             await emit.send_raw(send.topic, send.key, send.value)
         partition = event.message.partition
@@ -145,7 +145,7 @@ def build_aggregator_app(config: RLVRConfig, bootstrap: Bootstrap, store: str = 
                     aggregation.deadlines.pop(pid, None)
                     continue
                 applied = aggregation.tick(pid, table.get(key))
-                metrics.prompt_effects(applied.effects, applied.mode)
+                count_effects(metrics, applied.effects, applied.mode)
                 for send in applied.sends:
                     await emit.send_raw(send.topic, send.key, send.value, partition=send.partition)
                 for effect in applied.effects:

@@ -1,6 +1,6 @@
 """The run summary, derived from the durable events on a run's topics (never from in-process
-counters): what `rollstream run` prints and writes to ``summary.json``. Keys are listed in the
-README ("What the demo does", "Agentic trajectory groups").
+counters): what `rollstream run` prints and writes to ``summary.json``. Keys are listed in
+docs/demo.md and docs/agentic.md.
 
 Only decision-plane events are read: the payload topics (``responses``, ``trajectories``) carry
 every response's token arrays (16k-64k tokens each in real runs) and are never fetched. Response

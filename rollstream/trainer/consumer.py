@@ -6,7 +6,7 @@ and agentic ``TrajectoryGroup`` records may be mixed, and hands out batches of e
 ``rollstream.trainer.batch`` for how each becomes rows); the caller trains on a batch and then
 confirms it with ``commit(batch)``. Only then are the manifest line appended, the ``Batch`` event
 published and the offsets committed, in that order, so a restarted trainer neither trains a group
-twice nor skips one (README "Guarantees").
+twice nor skips one (docs/semantics.md, "Guarantees").
 
 One trainer per group id: it owns every partition of ``groups.accepted`` (manual assignment; the
 group id only stores committed offsets). Data-parallel training ranks share it through

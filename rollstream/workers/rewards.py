@@ -64,7 +64,7 @@ from rollstream.kafka.worker import EventWorker
 from rollstream.runtime import PAYLOAD_MAX_MESSAGE_BYTES
 from rollstream.schemas.records import FINISH_ERROR, payload_ref, response_summary
 from rollstream.workers import reward_pool
-from rollstream.workers.answers import last_boxed
+from rollstream.answers import last_boxed
 from rollstream.workers.reward_pool import Job, RewardPool, Scored
 
 log = logging.getLogger(__name__)

@@ -155,7 +155,7 @@ def test_replacements_are_bounded_then_exhausted():
     assert state.next_episode_id == 3  # 1 + 2 replacements, never a 4th episode
 
 
-def test_peer_scenario_5_refill_per_sample():
+def test_refill_per_sample():
     """G = 8, episode 3 of group 7: run 5 is lost; exactly one refill with the same seed, the
     group stays open, the refill lands and the group closes with 8 valid trajectories."""
     params = QueueParams(group_size=8, max_refills_per_group=2, episodes_target=4)
@@ -178,7 +178,7 @@ def test_peer_scenario_5_refill_per_sample():
 
 
 @pytest.mark.parametrize("min_valid, expected", [(None, (False, "refill_exhausted", 7)), (7, (True, "accepted", 7))])
-def test_peer_scenario_5_both_refills_fail(min_valid, expected):
+def test_both_refills_fail(min_valid, expected):
     params = QueueParams(group_size=8, max_refills_per_group=2, min_valid_group_size=min_valid)
     state, _ = start("train", 7, 500, params, 0)
     script = Script()

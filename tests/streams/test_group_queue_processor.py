@@ -88,7 +88,7 @@ def test_start_is_idempotent_and_requests_carry_the_env():
     assert requests[0]["max_actions_per_traj"] == 3
 
 
-def test_peer_scenario_5_one_lost_trajectory_is_refilled_not_the_group():
+def test_one_lost_trajectory_is_refilled_not_the_group():
     """G = 8, group 7: trajectory 5 ends ENV_LOST (env_failed), the others' rewards are
     [1,0,1,0,0,1,0]. Exactly one refill with the same seed; the lost run goes to the rejected
     topic as infra_abort and is never trained; the refill (reward 1) completes the group, which
@@ -118,7 +118,7 @@ def test_peer_scenario_5_one_lost_trajectory_is_refilled_not_the_group():
 
 
 @pytest.mark.parametrize("min_valid, outcome", [(None, "refill_exhausted"), (7, "accepted")])
-def test_peer_scenario_5_both_refills_fail(min_valid, outcome):
+def test_both_refills_fail(min_valid, outcome):
     refill = {"max_refills_per_group": 2, **({"min_valid_group_size": min_valid} if min_valid else {})}
     run = Run(group_size=8, group_filter_cls=STD_FILTER, refill=refill)
     run.start(7)

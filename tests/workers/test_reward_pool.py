@@ -13,6 +13,7 @@ from rollstream.filtering.prompt_state import DomainFilters, step
 from rollstream.kafka.events import Input
 from rollstream.kafka.topics import Topics
 from rollstream.observability.metrics import WorkerMetrics
+from rollstream.streams.aggregation import count_effects
 from rollstream.schemas import decode, encode
 from rollstream.tools.stats import figures, latest
 from rollstream.workers import reward_pool
@@ -193,7 +194,7 @@ def test_rejections_are_counted_by_reason():
                "response_level_reward": 1.0 if failure is None else math.nan, "scores": {},
                "meta": {} if failure is None else {"reward_failure": failure}}
         state, effects = step(state, rec, filters)
-        metrics.prompt_effects(effects, "train")
+        count_effects(metrics, effects, "train")
     view = figures(latest(metrics.snapshot(now_ms=5)))
     assert view["units"]["response"]["reasons"] == {"reward_timeout": 1.0, "reward_error": 1.0, "invalid_reward": 1.0}
     assert view["units"]["query"]["reasons"] == {"response_retries_exhausted": 1.0}

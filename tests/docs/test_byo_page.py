@@ -1,6 +1,7 @@
-"""Every config of the README's "Bring your own workload" section loads: its model, data files
-and reward module exist here as the section describes them (the reward module is the section's
-own Python block), so a renamed key or a stale example fails this test."""
+"""Every config of docs/byo.md ("Bring your own workload") and docs/inference.md (the servers'
+config) loads: its model, data files and reward module exist here as the pages describe them (the
+reward module is the byo page's own Python block), so a renamed key or a stale example fails this
+test."""
 
 from __future__ import annotations
 
@@ -18,13 +19,12 @@ import yaml
 from rollstream.config import parse_config
 from rollstream.policy.model import ensure_model_cache
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "docs" / "byo.md", ROOT / "docs" / "inference.md"]
 
 
 def section() -> str:
-    text = README.read_text()
-    start = text.index("## Bring your own workload")
-    return text[start:text.index("\n## ", start + 1)]
+    return "\n".join(page.read_text() for page in PAGES)
 
 
 def blocks(language: str) -> list[str]:
@@ -80,8 +80,8 @@ def test_the_reward_function_of_the_section_scores(user_files):
 
 
 def test_the_combined_example_loads_from_the_repository_root(monkeypatch):
-    monkeypatch.chdir(README.parent)  # its data path and reward module are relative to the root
-    config = parse_config(yaml.safe_load((README.parent / "examples/byo/rlvr_own.yaml").read_text()))
+    monkeypatch.chdir(ROOT)  # its data path and reward module are relative to the root
+    config = parse_config(yaml.safe_load((ROOT / "examples/byo/rlvr_own.yaml").read_text()))
     assert (config.num_epochs, config.adv_estimator, config.rewards["math"].reward_type) == (
         2, "rloo", "examples.byo.rewards:exact_match")
     assert (config.datasets[0].source, config.datasets[0].prompt_key) == ("examples/byo/qa.jsonl", "question")

@@ -7,6 +7,7 @@ from rollstream.config import parse_config
 from rollstream.filtering.admission import AdmissionLimits, AdmissionState, admit, can_admit, on_outcome
 from rollstream.filtering.prompt_state import Decided, step
 from rollstream.observability.metrics import WorkerMetrics
+from rollstream.streams.aggregation import count_effects
 from rollstream.tools.stats import figures, latest
 
 
@@ -31,12 +32,12 @@ def play(cfg, groups: dict[str, list[float]], mode: str, metrics: WorkerMetrics)
                       "response_level_reward": reward, "scores": {},
                       "payload": {"topic": "responses", "partition": 0, "offset": i, "size_bytes": 64}}
             state, effects = step(state, record, filters)
-            metrics.prompt_effects(effects, mode)
+            count_effects(metrics, effects, mode)
             out.update({pid: e for e in effects if isinstance(e, Decided)})
     return out
 
 
-def test_scenario_9_reward_all_and_accepted_are_both_reported():
+def test_reward_all_and_accepted_are_both_reported():
     groups = {**{f"right{i}": [1.0] * 4 for i in range(15)}, **{f"wrong{i}": [0.0] * 4 for i in range(5)},
               **{f"mixed{i}": [1.0, 1.0, 0.0, 0.0] for i in range(10)}}
     metrics = WorkerMetrics("agg")
@@ -47,7 +48,7 @@ def test_scenario_9_reward_all_and_accepted_are_both_reported():
     assert view["units"]["query"]["reasons"] == {"mean_too_high": 15.0, "mean_too_low": 5.0}
 
 
-def test_scenario_9_validation_is_identical_with_filters_on_and_off():
+def test_validation_is_identical_with_filters_on_and_off():
     val = {f"v{i}": [float(i % 2), 0.0, 1.0, float(i % 3 == 0)] for i in range(20)}
     on, off = WorkerMetrics("on"), WorkerMetrics("off")
     with_filters = play(config(MEAN_FILTER), val, "val", on)
@@ -57,7 +58,7 @@ def test_scenario_9_validation_is_identical_with_filters_on_and_off():
         "original": 20.0, "accepted": 20.0, "rejected": 0.0}
 
 
-def test_scenario_10a_the_budget_is_global_per_policy_version():
+def test_the_budget_is_global_per_policy_version():
     """max_staleness 0, batch 2, version 0: p0 and p1 (different partitions downstream) are both
     admitted by the single admission writer, the batch completes, and nothing is refused."""
     limits = AdmissionLimits(rollout_batch_size=2, max_running_prompts=8, max_prompts_per_batch=8, max_staleness=0)
@@ -71,7 +72,7 @@ def test_scenario_10a_the_budget_is_global_per_policy_version():
     assert state.step == 1 and [type(e).__name__ for e in effects] == ["StepComplete"]
 
 
-def test_scenario_10b_a_restart_at_version_50_rebuilds_a_budget_of_one_batch():
+def test_a_restart_at_version_50_rebuilds_a_budget_of_one_batch():
     limits = AdmissionLimits(rollout_batch_size=2, max_running_prompts=8, max_prompts_per_batch=8, max_staleness=0)
     state = AdmissionState.from_dict(AdmissionState(step=50).to_dict())  # restored, nothing in flight
     admitted = 0
@@ -81,7 +82,7 @@ def test_scenario_10b_a_restart_at_version_50_rebuilds_a_budget_of_one_batch():
     assert admitted == 2  # (0 + 1) x 2, not (0 + 50 + 1) x 2
 
 
-def test_scenario_9_pass_at_k_is_the_unbiased_estimator():
+def test_pass_at_k_is_the_unbiased_estimator():
     from rollstream.tools.stats import pass_at_k
     from rollstream.tools.learning import pass_at_ks as _pass_at_k
 

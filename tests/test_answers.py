@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollstream.workers.answers import last_boxed
+from rollstream.answers import last_boxed
 
 
 @pytest.mark.parametrize("text, answer", [
