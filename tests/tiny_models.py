@@ -1,7 +1,11 @@
-"""A user's own model for the tests: a tiny random-weights Qwen2 (not the bundled SmolLM2's Llama
-architecture), saved with ``save_pretrained`` next to the bundled SmolLM2 tokenizer (so it has a
-chat template), with eos ``<|endoftext|>`` (id 0, not SmolLM2's ``<|im_end|>``) and no pad token
-(so pad falls back to eos)."""
+"""Tiny random-weights models for the tests:
+
+* ``tiny_model``: a Llama in memory, for trainer tests that need a real model but not SmolLM2's
+  size (checkpoint round trips, resume protocols, data-parallel sums);
+* ``build_tiny_qwen2``: a user's own model on disk, a Qwen2 (not the bundled SmolLM2's Llama
+  architecture) saved with ``save_pretrained`` next to the bundled SmolLM2 tokenizer (so it has a
+  chat template), with eos ``<|endoftext|>`` (id 0, not SmolLM2's ``<|im_end|>``) and no pad token
+  (so pad falls back to eos)."""
 
 from __future__ import annotations
 
@@ -9,13 +13,22 @@ import math
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from rollstream.policy.model import ensure_model_cache
 
 TINY_EOS = "<|endoftext|>"
 TINY_EOS_ID = 0
 TINY_HIDDEN = 32
+
+
+def tiny_model(seed: int = 0, vocab: int = 64, hidden: int = 16) -> LlamaForCausalLM:
+    """A one-layer Llama of ``vocab`` tokens and width ``hidden``, tied embeddings, seeded, in eval
+    mode (no dropout)."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True)
+    return LlamaForCausalLM(config).eval()
 
 
 def build_tiny_qwen2(folder: Path, weights: str = "safetensors", eos_prob: float = 0.5) -> Path:

@@ -20,7 +20,7 @@ from rollstream.trainer.checkpoint import CheckpointStore
 from rollstream.trainer.corrections import TrainInferCorrectionConfig
 from rollstream.trainer.distributed import process_group_from_env
 from rollstream.trainer.policy import PolicyTrainer, TrainSettings
-from tests.trainer.tiny_model import tiny_model
+from tests.tiny_models import tiny_model
 
 GROUPS_PER_BATCH = 3
 SETTINGS = TrainSettings(lr=1e-2, micro_batch_size=2, max_grad_norm=None)

@@ -19,7 +19,7 @@ from rollstream.trainer.corrections import TrainInferCorrectionConfig
 from rollstream.trainer.policy import PolicyTrainer
 
 from ..trainer import records
-from ..trainer.tiny_model import tiny_model
+from tests.tiny_models import tiny_model
 from .dp_trainer_rank import SETTINGS
 from .test_trainer_consumer import produce
 

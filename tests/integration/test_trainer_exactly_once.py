@@ -20,7 +20,7 @@ from rollstream.trainer.consumer import BatchBuilder
 from rollstream.trainer.corrections import TrainInferCorrectionConfig
 from rollstream.trainer.policy import PolicyTrainer, TrainSettings
 
-from ..trainer.tiny_model import tiny_model
+from tests.tiny_models import tiny_model
 from .harness import wait_for, write_config
 from .test_trainer_consumer import RESPONSES, produce
 

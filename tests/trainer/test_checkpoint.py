@@ -16,7 +16,7 @@ from rollstream.trainer.corrections import TrainInferCorrectionConfig
 from rollstream.trainer.policy import PolicyTrainer, TrainSettings
 
 from . import records
-from .tiny_model import tiny_model
+from tests.tiny_models import tiny_model
 
 
 def group(key: str, offset: int, version: int = 0) -> dict:

@@ -12,7 +12,7 @@ from rollstream.trainer.distributed import Ranks, group_shard, shard_batch, shar
 from rollstream.trainer.policy import PolicyTrainer, TrainSettings
 
 from . import records
-from .tiny_model import tiny_model
+from tests.tiny_models import tiny_model
 
 SETTINGS = TrainSettings(lr=1e-2, micro_batch_size=2, max_grad_norm=None)
 

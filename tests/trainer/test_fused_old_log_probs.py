@@ -15,7 +15,7 @@ from rollstream.trainer.corrections import TrainInferCorrectionConfig
 from rollstream.trainer.policy import PolicyTrainer, TrainSettings
 
 from . import records
-from .tiny_model import tiny_model
+from tests.tiny_models import tiny_model
 
 SETTINGS = TrainSettings(lr=1e-2, micro_batch_size=2, max_grad_norm=None)
 FIGURES = ("loss", "grad_norm", "pg_clipfrac", "final_mask_mean", "tokens_valid", "tokens_kept", "reward_mean")

@@ -13,7 +13,7 @@ from rollstream.config import parse_config
 from rollstream.config.models import resolve_model_path
 from rollstream.exceptions import ConfigError
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "rlvr_math.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "rlvr_math.yaml"
 
 
 def example(**overrides) -> dict:

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from rollstream.app.cli import app
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "rlvr_math.yaml")  # rewards domains: arithmetic, gsm8k
 runner = CliRunner()
 

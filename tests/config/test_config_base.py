@@ -10,7 +10,7 @@ import pytest
 from rollstream.config import AgenticConfig, PipelineConfig, RLVRConfig, load_config, parse_config
 from rollstream.exceptions import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHARED = ["name", "seed", "pretrain", "kafka", "rollout_batch_size", "max_steps", "max_staleness", "min_fill_ratio",
           "time_limit_s", "batch_timeout_s", "max_stage_restarts", "stage_restart_backoff_s", "adv_estimator", "actor_infer", "actor_train",
           "train_infer_correction"]

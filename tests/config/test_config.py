@@ -10,7 +10,7 @@ import pytest
 from rollstream.config import load_config, parse_config
 from rollstream.exceptions import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def base(**overrides):

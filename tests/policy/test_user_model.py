@@ -29,7 +29,7 @@ from rollstream.trainer.policy import PolicyTrainer
 from rollstream.workers.engines import SamplingParams, TransformersBackend
 from tests.tiny_models import TINY_EOS, TINY_EOS_ID, build_tiny_qwen2
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "rlvr_math.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "rlvr_math.yaml"
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from rollstream.app.stages import Stage, run_stage
 from rollstream.config import load_config
 from rollstream.exceptions import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "rlvr_math.yaml")
 runner = CliRunner()
 

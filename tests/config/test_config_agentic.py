@@ -16,7 +16,7 @@ from rollstream.kafka.topics import Topics
 from rollstream.workers.env_worker import run_env_worker
 from rollstream.workers.envs import ENVS, resolve_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "agentic_frozenlake.yaml"
 UNREACHABLE = "127.0.0.1:1"  # nothing listens here: a test that reaches Kafka would hang or fail
 
