@@ -173,7 +173,7 @@ def pipeline(bootstrap: str, url: str, prompts: list[dict], n: int, max_new_toke
     from rollstream.kafka.clients import make_producer
     from rollstream.kafka.topics import Topics
     from rollstream.schemas import decode, encode
-    from rollstream.streams.events import generation_request
+    from rollstream.streams.records import generation_request
 
     topics = Topics(f"bench-{uuid.uuid4().hex[:8]}.")
     create_topics(bootstrap, topics.all(4))

@@ -50,7 +50,7 @@ from rollstream.kafka.payloads import PayloadWriter  # noqa: E402
 from rollstream.kafka.topics import Topics  # noqa: E402
 from rollstream.schemas import encode  # noqa: E402
 from rollstream.schemas.records import response_summary  # noqa: E402
-from rollstream.trainer.consumer import BatchBuilder  # noqa: E402
+from rollstream.trainer.batch_builder import BatchBuilder  # noqa: E402
 
 DOMAIN = "bench"
 PARTITIONS = 4

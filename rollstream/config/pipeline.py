@@ -8,7 +8,7 @@ from pydantic import Field, field_validator
 
 from rollstream.config.base import ActorInferConfig, ActorTrainConfig, FrozenModel, KafkaConfig
 from rollstream.config.corrections import TrainInferCorrectionConfig
-from rollstream.config.models import check_model_path
+from rollstream.config.model_paths import check_model_path
 from rollstream.filtering.decision import config_hash
 
 
@@ -60,7 +60,7 @@ class PipelineConfig(FrozenModel):
     @field_validator("pretrain")
     @classmethod
     def _pretrain_exists(cls, value: str | None) -> str | None:
-        # Checked on the files (rollstream.config.models): a missing or incomplete folder is a
+        # Checked on the files (rollstream.config.model_paths): a missing or incomplete folder is a
         # config error naming `pretrain`, before any process starts; never a silent fallback.
         return check_model_path(value)
 

@@ -30,7 +30,7 @@ import jinja2
 import tokenizers
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from rollstream.config.models import default_cache_dir, is_built_model_cache
+from rollstream.config.model_paths import default_cache_dir, is_built_model_cache
 
 Prompt = str | Sequence[Mapping[str, str]]
 PromptIds = Callable[[Prompt], list[int]]

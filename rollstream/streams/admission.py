@@ -50,7 +50,7 @@ from rollstream.policy.versions import PolicyVersionWatcher
 from rollstream.runtime import now_ms
 from rollstream.schemas.records import batch_event
 from rollstream.streams.common import Emitter, make_app, raw_topic
-from rollstream.streams.events import derive_seed, generation_request, group_record
+from rollstream.streams.records import derive_seed, generation_request, group_record
 
 log = logging.getLogger(__name__)
 

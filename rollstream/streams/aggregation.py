@@ -50,7 +50,7 @@ from rollstream.observability.metrics import WorkerMetrics
 from rollstream.runtime import now_ms
 from rollstream.schemas import REGISTRY, encode
 from rollstream.schemas.codec import HEADER_LEN
-from rollstream.streams.events import decided_group, derive_seed, prompt_outcome, replacement_request
+from rollstream.streams.records import decided_group, derive_seed, prompt_outcome, replacement_request
 
 _U32 = struct.Struct("<I")
 

@@ -1,7 +1,7 @@
 """Data-parallel training ranks under ``torch.distributed``: who consumes, who gets which rows, and
 how a step's gradients and figures are summed over the ranks.
 
-Rank 0 alone reads Kafka and commits (``rollstream.trainer.api.RolloutStream``); each batch is cut
+Rank 0 alone reads Kafka and commits (``rollstream.trainer.rollout_stream.RolloutStream``); each batch is cut
 into one shard per rank by whole groups (``shard_ranges``: contiguous, sizes differing by at most
 one, so a group's responses never straddle two ranks) and scattered. A rank whose shard is empty
 (fewer groups than ranks) still takes part in every collective: it contributes zero gradients and

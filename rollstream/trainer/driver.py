@@ -3,7 +3,7 @@ batches -> (old_log_probs, correction masks, GRPO step, checkpoint) -> commit ->
 until ``max_steps`` batches exist in total, or a verdict, a deadline or a stop ends the run.
 
 rollstream's own GRPO trainer is one client of the public own-trainer API
-(``rollstream.trainer.api.RolloutStream``): the same batches, verdict handling
+(``rollstream.trainer.rollout_stream.RolloutStream``): the same batches, verdict handling
 (rollstream.trainer.loop: underfilled -> partial batch or ``batch_underfilled`` per
 ``min_fill_ratio``; ``end_of_data`` -> a final partial batch marked ``end_of_data`` or none, then
 outcome ``end_of_data`` at once), commits and policy versions as a user's own loop.
@@ -23,7 +23,7 @@ from typing import Callable
 from rollstream.config import Config
 from rollstream.kafka.cluster import Bootstrap
 from rollstream.policy.model import resolve_device
-from rollstream.trainer.api import RolloutStream
+from rollstream.trainer.rollout_stream import RolloutStream
 from rollstream.trainer.checkpoint import CheckpointStore
 from rollstream.trainer.distributed import process_group_from_env
 from rollstream.trainer.loop import LoopResult, build_batches

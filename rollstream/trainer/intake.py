@@ -1,6 +1,6 @@
 """What the trainer lets into its buffer and into a batch, as pure checks: a trainable group, a
 redelivered key, a group grown too stale to train, the payloads a group names and their decoded
-records. ``rollstream.trainer.consumer.BatchBuilder`` acts on them."""
+records. ``rollstream.trainer.batch_builder.BatchBuilder`` acts on them."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 (batches committed in total, a restarted trainer's earlier ones included) or the loop must end;
 the caller trains each batch and confirms it with ``BatchLoop.commit`` before asking for the next.
 It serves ``rollstream run``, ``rollstream worker trainer`` (both through
-``rollstream.trainer.api.RolloutStream``, like a user's own loop) and ``build_batches`` (the same
+``rollstream.trainer.rollout_stream.RolloutStream``, like a user's own loop) and ``build_batches`` (the same
 loop with a ``train`` callback).
 
 Verdicts (rollstream.trainer.verdicts) end a step short of a full batch; ``verdict_action``
@@ -28,7 +28,7 @@ from typing import Callable, Iterator
 
 from rollstream.observability.metrics import process_metrics
 from rollstream.trainer.batch import RolloutBatch
-from rollstream.trainer.consumer import BatchBuilder
+from rollstream.trainer.batch_builder import BatchBuilder
 from rollstream.trainer.verdicts import AgenticBatchEvents, BatchEvents, verdict_action
 
 POLL_S = 1.0

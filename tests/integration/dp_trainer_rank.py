@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from rollstream.trainer.api import RolloutStream
+from rollstream.trainer.rollout_stream import RolloutStream
 from rollstream.trainer.checkpoint import CheckpointStore
 from rollstream.trainer.corrections import TrainInferCorrectionConfig
 from rollstream.trainer.distributed import process_group_from_env

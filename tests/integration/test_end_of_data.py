@@ -19,7 +19,7 @@ from rollstream.kafka.topics import Topics
 from rollstream.schemas import encode
 from rollstream.schemas.records import PROMPTS_END_KEY, batch_event, prompts_end
 from rollstream.tools.readback import read_values
-from rollstream.trainer.consumer import BatchBuilder
+from rollstream.trainer.batch_builder import BatchBuilder
 from rollstream.trainer.loop import build_batches
 from rollstream.trainer.verdicts import BatchEvents, verdict_action
 

@@ -27,7 +27,7 @@ from rollstream.observability.metrics import process_metrics
 from rollstream.schemas import decode, encode
 from rollstream.schemas.packed import packed_array
 from rollstream.schemas.records import is_payload_ref, payload_ref
-from rollstream.trainer.consumer import BatchBuilder
+from rollstream.trainer.batch_builder import BatchBuilder
 
 from ..trainer import records
 from .test_trainer_consumer import read_all

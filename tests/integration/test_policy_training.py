@@ -17,7 +17,7 @@ from rollstream.schemas import encode
 from rollstream.schemas.records import payload_ref, response_summary
 from rollstream.tools.readback import read_topic, read_values
 from rollstream.trainer.checkpoint import CheckpointStore
-from rollstream.trainer.consumer import BatchBuilder
+from rollstream.trainer.batch_builder import BatchBuilder
 from rollstream.trainer.corrections import parse_correction_config
 from rollstream.trainer.policy import PolicyTrainer, TrainSettings
 from rollstream.trainer.publisher import PolicyPublisher

@@ -17,7 +17,7 @@ from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import Topics
 from rollstream.schemas import decode, encode
 from rollstream.schemas.records import is_payload_ref
-from rollstream.trainer.consumer import BatchBuilder
+from rollstream.trainer.batch_builder import BatchBuilder
 
 from ..trainer import records
 from ..trainer.records import group_schema_of, write_payloads

@@ -16,7 +16,7 @@ import torch
 
 from rollstream.tools.readback import read_values
 from rollstream.trainer.checkpoint import CheckpointStore
-from rollstream.trainer.consumer import BatchBuilder
+from rollstream.trainer.batch_builder import BatchBuilder
 from rollstream.trainer.corrections import TrainInferCorrectionConfig
 from rollstream.trainer.policy import PolicyTrainer, TrainSettings
 

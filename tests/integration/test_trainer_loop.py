@@ -7,7 +7,7 @@ import pytest
 from rollstream.kafka.clients import make_producer
 from rollstream.schemas import encode
 from rollstream.schemas.records import batch_event
-from rollstream.trainer.consumer import BatchBuilder
+from rollstream.trainer.batch_builder import BatchBuilder
 from rollstream.trainer.driver import build_batches
 from rollstream.trainer.verdicts import BatchEvents, underfill_action
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rollstream.config import parse_config
 from rollstream.schemas import decode, encode
 from rollstream.streams.aggregation import Aggregation, prompt_partition
-from rollstream.streams.events import derive_seed, generation_request
+from rollstream.streams.records import derive_seed, generation_request
 from tests.integration.harness import response
 
 PARTITIONS = 4

@@ -1,5 +1,5 @@
 """`pretrain` / `model_args.model_name_or_path`: checked on the files when the config loads
-(rollstream.config.models), a local folder or a hub id in a local Hugging Face cache layout."""
+(rollstream.config.model_paths), a local folder or a hub id in a local Hugging Face cache layout."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from rollstream.config import parse_config
-from rollstream.config.models import resolve_model_path
+from rollstream.config.model_paths import resolve_model_path
 from rollstream.exceptions import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "rlvr_math.yaml"

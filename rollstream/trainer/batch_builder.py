@@ -10,7 +10,7 @@ twice nor skips one (docs/semantics.md, "Guarantees").
 
 One trainer per group id: it owns every partition of ``groups.accepted`` (manual assignment; the
 group id only stores committed offsets). Data-parallel training ranks share it through
-``rollstream.trainer.api.RolloutStream``: rank 0 holds the one builder and scatters each batch.
+``rollstream.trainer.rollout_stream.RolloutStream``: rank 0 holds the one builder and scatters each batch.
 
 Each concern has its home: offsets in ``rollstream.kafka.offsets.OffsetTracker``, the fsynced
 manifest in ``rollstream.trainer.manifest``, the ``Batch`` record in

@@ -83,7 +83,7 @@ from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.topics import DEFAULT_PREFIX, Topics
 from rollstream.runtime import PAYLOAD_MAX_MESSAGE_BYTES
 from rollstream.trainer.batch import RolloutBatch
-from rollstream.trainer.consumer import BatchBuilder
+from rollstream.trainer.batch_builder import BatchBuilder
 from rollstream.trainer.distributed import Ranks, shard_batch
 from rollstream.trainer.logprobs import response_log_probs
 from rollstream.trainer.loop import BatchLoop, LoopResult
