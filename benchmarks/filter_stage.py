@@ -43,7 +43,7 @@ from rollstream.config import parse_config
 from rollstream.kafka.topics import Topics
 from rollstream.schemas import decode, encode
 from rollstream.schemas.records import payload_ref, response_summary
-from rollstream.streams.aggregation import Aggregation
+from rollstream.streams.aggregator_processor import AggregatorProcessor
 
 DOMAIN = "bench"
 PARTITIONS = 4
@@ -165,11 +165,11 @@ def bench_avro(tokens: int, iterations: int, repeats: int = 3) -> dict:
 
 def run_core(events: list[tuple[bytes, bytes]], config, timings: dict | None = None,
              batch: int = 100) -> tuple[int, int]:
-    """What the aggregator agent does, minus Kafka (the same Aggregation): events in batches of
+    """What the aggregator agent does, minus Kafka (the same AggregatorProcessor): events in batches of
     ``batch``, each applied in order, then each changed prompt's table value packed and written
     once per batch. Returns (accepted, rejected). With ``timings`` (a dict), decode, apply and
     pack (table value) times are accumulated."""
-    aggregation = Aggregation(config)
+    aggregation = AggregatorProcessor(config)
     table: dict[bytes, bytes] = {}
     accepted = rejected = 0
     clock = time.perf_counter

@@ -18,6 +18,7 @@ from rollstream.kafka import names
 from rollstream.kafka.admin import create_changelog_topics
 from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.clients import make_producer
+from rollstream.kafka.context import StageContext
 from rollstream.kafka.topics import Topics
 from rollstream.observability.metrics import process_metrics
 from rollstream.runtime import worker_id
@@ -120,18 +121,19 @@ def run_stage(stage: Stage, config: Config, bootstrap: Bootstrap, max_idle_s: fl
         kind = "agentic" if isinstance(config, AgenticConfig) else "RLVR"
         raise ConfigError(f"stage {stage.value!r} is not part of the {kind} pipeline: "
                           f"{[s.value for s in pipeline_stages(config)] + ['trainer']}")
-    topics = Topics(config.kafka.topic_prefix)
+    context = StageContext.of(config.kafka, bootstrap, stage.value, instance, instances)
     if stage is Stage.trainer and int(os.environ.get("RANK", "0")) > 0:
         metrics_port = 0  # under torchrun the ranks share a host: rank 0 serves /metrics
-    metrics = start_metrics(stage.value, bootstrap, topics, metrics_port)
+    metrics = start_metrics(stage.value, bootstrap, context.topics, metrics_port)
     try:
-        _run(stage, config, bootstrap, topics, max_idle_s, instance, instances, concurrency)
+        _run(stage, config, context, max_idle_s, concurrency)
     finally:
         metrics.close()
 
 
-def _run(stage: Stage, config: Config, bootstrap: Bootstrap, topics: Topics, max_idle_s: float | None,
-         instance: int, instances: int, concurrency: int | None = None) -> None:
+def _run(stage: Stage, config: Config, context: StageContext, max_idle_s: float | None,
+         concurrency: int | None = None) -> None:
+    bootstrap, topics, instance, instances = context.bootstrap, context.topics, context.instance, context.instances
     # Each stage process imports only its own stage module and what that pulls in (model code,
     # environments, reward libraries): ~3 CPU-s for a stage that holds no model (no torch, no
     # transformers), ~20 for one that does, on 2 cores.
@@ -151,19 +153,15 @@ def _run(stage: Stage, config: Config, bootstrap: Bootstrap, topics: Topics, max
 
         args = config.actor_infer.generating_args
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens)
-        run_generation_worker(bootstrap, topics, params, backend=config.actor_infer.backend,
+        run_generation_worker(context, params, backend=config.actor_infer.backend,
                               group_id=names.consumer_group(topics, "generation"), max_batch=config.actor_infer.max_batch,
-                              max_idle_s=max_idle_s, instance=instance, instances=instances,
-                              backend_kwargs=backend_kwargs(config, instance, instances),
-                              max_message_bytes=config.kafka.max_message_bytes,
-                              compression_type=config.kafka.compression_type, domains=config.rewards)
+                              max_idle_s=max_idle_s, backend_kwargs=backend_kwargs(config, instance, instances),
+                              domains=config.rewards)
     elif stage is Stage.reward:
         from rollstream.workers.rewards import RewardSpec, run_reward_worker
 
         specs = {d: RewardSpec(r.reward_type, r.reward_timeout_s, r.reward_batched) for d, r in config.rewards.items()}
-        run_reward_worker(bootstrap, topics, specs,
-                          group_id=names.consumer_group(topics, "reward"), max_idle_s=max_idle_s,
-                          instance=instance, instances=instances, max_message_bytes=config.kafka.max_message_bytes,
+        run_reward_worker(context, specs, group_id=names.consumer_group(topics, "reward"), max_idle_s=max_idle_s,
                           concurrency=concurrency or config.reward_concurrency)
     elif stage is Stage.group_queue:
         from rollstream.streams.group_queue import build_group_queue_app
@@ -172,8 +170,8 @@ def _run(stage: Stage, config: Config, bootstrap: Bootstrap, topics: Topics, max
     elif stage is Stage.env:
         from rollstream.workers.env_worker import run_env_worker
 
-        run_env_worker(bootstrap, topics, config, group_id=names.consumer_group(topics, "env"), max_idle_s=max_idle_s,
-                       instance=instance, instances=instances, backend_kwargs=backend_kwargs(config, instance, instances))
+        run_env_worker(context, config, group_id=names.consumer_group(topics, "env"), max_idle_s=max_idle_s,
+                       backend_kwargs=backend_kwargs(config, instance, instances))
     elif stage is Stage.trainer:
         from rollstream.trainer.driver import run_trainer
 

@@ -18,6 +18,7 @@ from rollstream.config.pipeline import PipelineConfig
 from rollstream.config.reward_functions import is_builtin, load_reward_function
 from rollstream.config.sources import file_prompts, is_bundled
 from rollstream.exceptions import ConfigError
+from rollstream.filtering.admission import AdmissionLimits
 from rollstream.filtering.history import HistoryLimits
 from rollstream.filtering.prompt_state import REWARD_METRIC, DomainFilters
 from rollstream.filtering.query_filters import check_query_filter_args, resolve_query_filter
@@ -201,6 +202,14 @@ class RLVRConfig(PipelineConfig):
         if self.history_filter.enable and self.num_epochs < 2:
             raise ValueError("history_filter.enable needs num_epochs >= 2 (it acts on the epochs after the first)")
         return self
+
+    def admission_limits(self) -> AdmissionLimits:
+        """The admission's limits (rollstream.filtering.admission): credits, budget, epochs."""
+        return AdmissionLimits(
+            rollout_batch_size=self.rollout_batch_size, max_running_prompts=self.max_running_prompts,
+            max_prompts_per_batch=self.max_prompts_per_batch,
+            max_additional_running_prompts=self.max_additional_running_prompts, max_steps=self.max_steps,
+            max_staleness=self.max_staleness, num_epochs=self.num_epochs, seed=self.seed, eval_steps=self.eval_steps)
 
     def history_limits(self) -> HistoryLimits | None:
         """The history filter's limits (rollstream.filtering.history), or None when it is off."""

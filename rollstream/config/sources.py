@@ -38,6 +38,7 @@ value must then be a ``rewards`` key.) The same keys are flags of ``rollstream p
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -190,12 +191,25 @@ def _ground_truth(value: Any, where: str, key: str) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
-def row_prompt(row: Any, where: str, index: int, stem: str, *, prompt_key: str | None = None,
-               messages_key: str | None = None, ground_truth_key: str | None = None, domain: str | None = None,
-               domain_key: str | None = None, id_key: str | None = None,
-               prompt_template: str | None = None) -> dict:
-    """The Prompt fields of one row (see the module doc); ``index``: the row's index, ``stem``:
-    the source's name without suffix (the default id). Raises PromptSourceError naming ``where``."""
+@dataclass(frozen=True)
+class RowKeys:
+    """How a file's rows map to Prompt fields (a dataset's keys; see ``file_prompts``)."""
+
+    prompt_key: str | None = None
+    messages_key: str | None = None
+    ground_truth_key: str | None = None
+    domain: str | None = None
+    domain_key: str | None = None
+    id_key: str | None = None
+    prompt_template: str | None = None
+
+
+def row_prompt(row: Any, where: str, index: int, stem: str, keys: RowKeys) -> dict:
+    """The Prompt fields of one row (see the module doc) mapped by ``keys``; ``index``: the row's
+    index, ``stem``: the source's name without suffix (the default id). Raises PromptSourceError
+    naming ``where``."""
+    prompt_key, messages_key, ground_truth_key = keys.prompt_key, keys.messages_key, keys.ground_truth_key
+    domain, domain_key, id_key, prompt_template = keys.domain, keys.domain_key, keys.id_key, keys.prompt_template
     if not isinstance(row, Mapping):
         raise PromptSourceError(f"{where}: a row must be an object, got a {type(row).__name__}")
     if messages_key is not None:
@@ -243,6 +257,7 @@ def file_prompts(source: str, *, prompt_key: str | None = None, messages_key: st
                                     "by the model's chat template as given")
         apply_template(prompt_template, "")
     keys = [k for k in (prompt_key, messages_key, ground_truth_key, domain_key, id_key) if k is not None]
+    row_keys = RowKeys(prompt_key, messages_key, ground_truth_key, domain, domain_key, id_key, prompt_template)
     stem = Path(source.rstrip("/")).name
     stem = stem.rsplit(".", 1)[0] if Path(source).suffix in FILE_FORMATS else stem
     out: list[dict] = []
@@ -252,9 +267,7 @@ def file_prompts(source: str, *, prompt_key: str | None = None, messages_key: st
         rows += 1
         if num_samples is not None and index >= num_samples:
             continue  # counted, not published: num_samples above the row count is an error
-        prompt = row_prompt(row, where, index, stem, prompt_key=prompt_key, messages_key=messages_key,
-                            ground_truth_key=ground_truth_key, domain=domain, domain_key=domain_key, id_key=id_key,
-                            prompt_template=prompt_template)
+        prompt = row_prompt(row, where, index, stem, row_keys)
         seen = first_row.setdefault(prompt["prompt_id"], where)
         if seen != where:
             raise PromptSourceError(f"{where}: prompt id {prompt['prompt_id']!r} again (first at {seen}); ids must "

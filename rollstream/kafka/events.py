@@ -1,9 +1,11 @@
 """What a stage reads and writes: a decoded ``Input``, an ``Output`` record to encode, an already
-encoded ``Send``; decoding an expected event; the one dead-letter event builder; a payload that
-must fit ``kafka.max_message_bytes`` (``fit``)."""
+encoded ``Send``; decoding an expected event; the one dead-letter event builder; the size guard
+every producer applies (``guard_size``) and a payload that must fit ``kafka.max_message_bytes``
+(``fit``)."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
@@ -12,6 +14,8 @@ from rollstream.kafka.topics import Topics
 from rollstream.runtime import now_ms
 from rollstream.schemas import decode, encode
 from rollstream.schemas.validation import check_event
+
+log = logging.getLogger(__name__)
 
 TOO_LARGE = "too_large"
 """Dead-letter reason of an event above ``kafka.max_message_bytes``, and the prefix of the
@@ -100,6 +104,18 @@ def too_large(topics: Topics, topic: str, key: str, schema: str, size: int, limi
             "worker": worker, "created_ms": now_ms(),
         },
     )
+
+
+def guard_size(topics: Topics, send: Send, schema: str, limit: int, worker: str) -> tuple[Send, bool]:
+    """The size guard every producer applies: ``send`` (an encoded ``schema`` event, or "event")
+    when its value is at most ``limit`` bytes (``kafka.max_message_bytes``), else its ``too_large``
+    dead letter, encoded; and whether it was replaced. No worker dies of a size."""
+    if len(send.value) <= limit:
+        return send, False
+    log.warning("%s for %s is %d bytes, above max_message_bytes %d: dead-lettered too_large",
+                schema, send.topic, len(send.value), limit)
+    dl = too_large(topics, send.topic, send.key, schema, len(send.value), limit, worker)
+    return Send(dl.topic, dl.key, encode(dl.record, dl.schema)), True
 
 
 def fit(topics: Topics, topic: str, key: str, schema: str, record: dict, limit: int, worker: str,

@@ -25,11 +25,9 @@ from kafka.errors import CommitFailedError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from rollstream.kafka.clients import assigned_consumer, make_producer
-from rollstream.kafka.cluster import Bootstrap
-from rollstream.kafka.events import Input, Output, Send, dead_letter, decode_expected, too_large
-from rollstream.kafka.topics import Topics
+from rollstream.kafka.context import StageContext
+from rollstream.kafka.events import Input, Output, Send, dead_letter, decode_expected, guard_size
 from rollstream.observability.metrics import process_metrics
-from rollstream.runtime import PAYLOAD_MAX_MESSAGE_BYTES, worker_id
 from rollstream.schemas import encode
 
 log = logging.getLogger(__name__)
@@ -78,32 +76,30 @@ class PartitionWorker:
     """What every plain worker shares: a consumer owning its partitions of ``input_topic``, a
     producer, a stop flag, and a clean close.
 
-    Partitions are assigned statically: instance ``i`` of ``n`` owns the partitions ``p`` with
-    ``p % n == i`` (scale out by starting instances 0..n-1). The group id only stores committed
-    offsets. kafka-python 3.0's group membership proved unreliable here: a leader that rejoins
-    right after its first assignment could stall in the second rebalance for good, assigned
-    nothing, and then die on a refused commit.
-
-    Raises:
-        ValueError: ``instance`` outside [0, ``instances``).
+    Partitions are assigned statically: instance ``i`` of ``n`` (``context.instance``,
+    ``context.instances``) owns the partitions ``p`` with ``p % n == i`` (scale out by starting
+    instances 0..n-1). The group id only stores committed offsets. kafka-python 3.0's group
+    membership proved unreliable here: a leader that rejoins right after its first assignment
+    could stall in the second rebalance for good, assigned nothing, and then die on a refused
+    commit. ``compress``: the producer writes payloads (``context.compression_type``); decision
+    events go uncompressed.
     """
 
-    def __init__(self, *, bootstrap: Bootstrap, topics: Topics, input_topic: str, group_id: str, stage: str,
-                 max_poll_records: int, poll_timeout_ms: int = 200, instance: int = 0, instances: int = 1,
-                 max_message_bytes: int = PAYLOAD_MAX_MESSAGE_BYTES, compression_type: str = "none") -> None:
-        if not 0 <= instance < instances:
-            raise ValueError(f"instance must be in [0, {instances}), got {instance}")
-        self.topics = topics
+    def __init__(self, context: StageContext, *, input_topic: str, group_id: str, max_poll_records: int,
+                 poll_timeout_ms: int = 200, compress: bool = False) -> None:
+        self.context = context
+        self.topics = context.topics
         self.input_topic = input_topic
-        self.stage = stage
-        self.worker = worker_id(stage)
+        self.stage = context.stage
+        self.worker = context.worker
         self.poll_timeout_ms = poll_timeout_ms
         self.stop_event = threading.Event()
         self.consumer, self.partitions = assigned_consumer(
-            bootstrap, group_id, input_topic, self.worker, max_poll_records, instance, instances)
-        self.max_message_bytes = max_message_bytes
-        self.producer = make_producer(bootstrap, client_id=self.worker, max_request_size=max_message_bytes,
-                                      compression_type=compression_type)
+            context.bootstrap, group_id, input_topic, self.worker, max_poll_records, context.instance,
+            context.instances)
+        self.max_message_bytes = context.max_message_bytes
+        self.producer = make_producer(context.bootstrap, client_id=self.worker, max_request_size=self.max_message_bytes,
+                                      compression_type=context.compression_type if compress else "none")
         self.too_large = 0  # outputs dead-lettered for their size
 
     def stop(self, *_: object) -> None:
@@ -121,15 +117,11 @@ class PartitionWorker:
         event above ``max_message_bytes`` is replaced by its ``too_large`` dead letter: no worker
         dies of a size."""
         for out in outputs:
-            value = out.value if isinstance(out, Send) else encode(out.record, out.schema)
-            if len(value) > self.max_message_bytes:
-                schema = "event" if isinstance(out, Send) else out.schema
-                log.warning("%s for %s is %d bytes, above max_message_bytes %d: dead-lettered too_large",
-                            schema, out.topic, len(value), self.max_message_bytes)
-                dl = too_large(self.topics, out.topic, out.key, schema, len(value), self.max_message_bytes, self.worker)
-                self.too_large += 1
-                out, value = dl, encode(dl.record, dl.schema)
-            self.producer.send(out.topic, key=out.key.encode(), value=value)
+            send = out if isinstance(out, Send) else Send(out.topic, out.key, encode(out.record, out.schema))
+            send, replaced = guard_size(self.topics, send, "event" if isinstance(out, Send) else out.schema,
+                                        self.max_message_bytes, self.worker)
+            self.too_large += replaced
+            self.producer.send(send.topic, key=send.key.encode(), value=send.value)
 
     def close(self) -> None:
         try:
@@ -148,14 +140,11 @@ class EventWorker(PartitionWorker):
     ``handler_error`` (bytes kept), and the worker goes on.
     """
 
-    def __init__(self, *, bootstrap: Bootstrap, topics: Topics, input_topic: str, group_id: str, expected_schema: str,
-                 handler: BatchHandler, stage: str, max_batch: int = 16, poll_timeout_ms: int = 200,
-                 instance: int = 0, instances: int = 1, max_message_bytes: int = PAYLOAD_MAX_MESSAGE_BYTES,
-                 compression_type: str = "none", domains: Iterable[str] | None = None) -> None:
-        super().__init__(bootstrap=bootstrap, topics=topics, input_topic=input_topic, group_id=group_id, stage=stage,
-                         max_poll_records=max_batch, poll_timeout_ms=poll_timeout_ms, instance=instance,
-                         instances=instances, max_message_bytes=max_message_bytes,
-                         compression_type=compression_type)
+    def __init__(self, context: StageContext, *, input_topic: str, group_id: str, expected_schema: str,
+                 handler: BatchHandler, max_batch: int = 16, poll_timeout_ms: int = 200, compress: bool = False,
+                 domains: Iterable[str] | None = None) -> None:
+        super().__init__(context, input_topic=input_topic, group_id=group_id, max_poll_records=max_batch,
+                         poll_timeout_ms=poll_timeout_ms, compress=compress)
         self.expected_schema = expected_schema
         self.domains = None if domains is None else frozenset(domains)
         self.handler = handler

@@ -14,7 +14,7 @@ from faust.tables.recovery import Recovery
 from rollstream.config.base import KafkaConfig
 from rollstream.kafka.admin import replication_factor
 from rollstream.kafka.cluster import Bootstrap, Cluster, as_cluster
-from rollstream.kafka.events import dead_letter, decode_expected, too_large
+from rollstream.kafka.events import Send, dead_letter, decode_expected, guard_size
 from rollstream.runtime import worker_id
 from rollstream.schemas import encode
 
@@ -31,12 +31,13 @@ def faust_credentials(cluster: Cluster) -> faust.types.auth.CredentialsT | None:
     return None
 
 
-def make_app(app_id: str, bootstrap: Bootstrap, partitions: int, kafka: KafkaConfig,
-             store: str = "memory://") -> faust.App:
+def make_app(app_id: str, bootstrap: Bootstrap, partitions: int, kafka: KafkaConfig, store: str = "memory://",
+             producer_linger_s: float = 0.01, producer_max_batch_bytes: int = 16384) -> faust.App:
     """A stage's faust app on ``bootstrap`` (a Cluster: its security too), its topics
     replicated as ``kafka.replication_factor`` says (faust's own internal topics included) and
     its tables with ``kafka.table_standby_replicas`` standbys; clients sized by
-    ``kafka.max_message_bytes``."""
+    ``kafka.max_message_bytes``; its producer batches for ``producer_linger_s`` seconds and up to
+    ``producer_max_batch_bytes`` bytes per partition."""
     cluster = as_cluster(bootstrap)
     # faust wants a data dir even for memory tables; keep it out of the working directory
     datadir = Path(tempfile.gettempdir()) / "rollstream-faust" / f"{app_id}-{os.getpid()}"
@@ -65,7 +66,8 @@ def make_app(app_id: str, bootstrap: Bootstrap, partitions: int, kafka: KafkaCon
         consumer_max_fetch_size=kafka.max_message_bytes,
         # every event writes a table value and one or more events: batching them for 10 ms cut
         # the group queue's CPU per trajectory by a third (benchmarks/agentic.py)
-        producer_linger=0.01,
+        producer_linger=producer_linger_s,
+        producer_max_batch_size=producer_max_batch_bytes,
     )
 
 
@@ -119,6 +121,39 @@ class StageTableManager(TableManager):
         return self._recovery
 
 
+def active_partitions(app: faust.App, topic: str) -> set[int]:
+    """The partitions of ``topic`` this worker owns now (actives, not standbys)."""
+    return {tp.partition for tp in app.assignor.assigned_actives() if tp.topic == topic}
+
+
+def write_outside_event(table: faust.types.TableT, partition: int, key: bytes, value: bytes | None) -> None:
+    """``table[key] = value`` (None: delete it) for a key of source partition ``partition`` (the
+    changelog is co-partitioned), from a timer or after a batch: outside the event that changed it,
+    where faust's ``table[key] = ...`` cannot tell the partition."""
+    if value is None:
+        table.send_changelog(partition, key, None, value_serializer="raw")
+        table.data.pop(key, None)
+    else:
+        table.send_changelog(partition, key, value)
+        table.data[key] = value
+
+
+def table_items(table: faust.types.TableT) -> list[tuple[bytes, bytes]]:
+    """A snapshot of the values ``table`` holds in this worker (every partition it was assigned)."""
+    return list(table.data.items())
+
+
+def table_has(table: faust.types.TableT, key: bytes) -> bool:
+    """Whether this worker's copy of ``table`` holds ``key`` (without faust's default value)."""
+    return key in table.data
+
+
+def tables_recovered(app: faust.App) -> bool:
+    """Whether ``app``'s tables are restored from their changelogs (a task that reads a table
+    outside an event waits for this: a half-restored state would repeat work)."""
+    return app.tables.recovery.completed.is_set()
+
+
 def raw_topic(app: faust.App, name: str, partitions: int | None = None) -> faust.TopicT:
     return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
                      value_serializer="raw", partitions=partitions)
@@ -144,12 +179,10 @@ class Emitter:
         await self.send_raw(topic, key, encode(record, schema))
 
     async def send_raw(self, topic: str, key: str, value: bytes, partition: int | None = None) -> None:
-        if len(value) > self.max_message_bytes:  # never let a size kill the agent
-            log.warning("event for %s is %d bytes, above max_message_bytes %d: dead-lettered too_large",
-                        topic, len(value), self.max_message_bytes)
-            out = too_large(self.topics, topic, key, "event", len(value), self.max_message_bytes, self.worker)
-            self.dead_lettered += 1
-            topic, key, value, partition = out.topic, out.key, encode(out.record, out.schema), None
+        send, replaced = guard_size(self.topics, Send(topic, key, value, partition), "event", self.max_message_bytes,
+                                    self.worker)
+        self.dead_lettered += replaced
+        topic, key, value, partition = send.topic, send.key, send.value, send.partition
         # force=True: publish now instead of at commit time; faust flushes the producer before
         # it commits the source offsets, so delivery still precedes the commit.
         await self._topic(topic).send(key=key.encode(), value=value, partition=partition, force=True)

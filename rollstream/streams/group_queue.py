@@ -23,7 +23,7 @@ from rollstream.kafka.topics import Topics
 from rollstream.policy.versions import STALENESS_VERSION_MAX_AGE_S, PolicyVersionWatcher
 from rollstream.runtime import now_ms
 from rollstream.schemas import encode
-from rollstream.streams.common import Emitter, make_app, raw_topic
+from rollstream.streams.common import Emitter, active_partitions, make_app, raw_topic
 from rollstream.streams.group_queue_processor import GroupQueueProcessor
 
 log = logging.getLogger(__name__)
@@ -65,8 +65,7 @@ def build_group_queue_app(config: AgenticConfig, bootstrap: Bootstrap, store: st
     @app.timer(interval=tick_interval_s)
     async def tick() -> None:
         tick_value = encode({"command": "tick", "created_ms": now_ms()}, "GroupCommand")
-        for tp in app.assignor.assigned_actives():
-            if tp.topic == topics.episodes_control:
-                await control.send(key=b"tick", value=tick_value, partition=tp.partition)
+        for partition in active_partitions(app, topics.episodes_control):
+            await control.send(key=b"tick", value=tick_value, partition=partition)
 
     return app

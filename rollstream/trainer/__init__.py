@@ -29,14 +29,14 @@ from rollstream.trainer.batch import (
     grpo_advantages,
 )
 
-__all__ = ["ADV_ESTIMATORS", "RolloutBatch", "RolloutStream", "StreamBatch", "build_batch", "check_group",
-           "check_payloads", "group_advantages", "grpo_advantages"]
+__all__ = ["ADV_ESTIMATORS", "RolloutBatch", "RolloutStream", "StreamBatch", "StreamSettings", "build_batch",
+           "check_group", "check_payloads", "group_advantages", "grpo_advantages"]
 
 
 def __getattr__(name: str):
     # The stream needs Kafka clients; importing them only when asked keeps ``rollstream.trainer.batch``
     # and the other pure modules free of them.
-    if name in ("RolloutStream", "StreamBatch"):
+    if name in ("RolloutStream", "StreamBatch", "StreamSettings"):
         from rollstream.trainer import rollout_stream
 
         return getattr(rollout_stream, name)

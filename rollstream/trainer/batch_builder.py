@@ -117,24 +117,24 @@ class BatchBuilder:
         manifest_path: JSON-lines file; one line per committed batch. Read at start to restore
             the step counter and the seen group keys (see ``rollstream.trainer.manifest``).
         pad_token_id: padding token for ``build_batch``.
-        start_step: first step number; default: last manifest step + 1, or 0.
-        max_poll_records: records fetched per poll.
-        dedup_window: how many group keys are remembered for duplicate detection.
         max_staleness: policy versions a group may lag the version that trains it (= the step:
             version v is the policy after v batches). A buffered group beyond the bound is
             never trained: it goes to ``groups.rejected`` with reason ``stale`` and its values,
             and counts in ``stale_groups``. None: unbounded.
         max_message_bytes: the largest payload event (``kafka.max_message_bytes``), the fetch
             size of the ``PayloadFetcher``.
-        payload_fetch_timeout_s: how long one batch's payload fetch may take before
-            ``PayloadFetchTimeout`` (a broker that stopped answering) is raised out of
-            ``next_batch`` / ``take_partial``; nothing is committed then.
         adv_estimator: the advantage estimator of the batches (``ADV_ESTIMATORS``, see
             ``rollstream.trainer.batch.group_advantages``).
 
     Raises:
         ValueError: ``rollout_batch_size`` < 1, or an unknown ``adv_estimator``.
     """
+
+    max_poll_records = 500  # records fetched per poll
+    dedup_window = DEDUP_WINDOW  # group keys remembered for duplicate detection
+    # how long one batch's payload fetch may take before ``PayloadFetchTimeout`` (a broker that
+    # stopped answering) is raised out of ``next_batch`` / ``take_partial``; nothing is committed then
+    payload_fetch_timeout_s = 60.0
 
     def __init__(
         self,
@@ -145,12 +145,8 @@ class BatchBuilder:
         manifest_path: Path | None = None,
         pad_token_id: int = 0,
         *,
-        start_step: int | None = None,
-        max_poll_records: int = 500,
-        dedup_window: int = DEDUP_WINDOW,
         max_staleness: int | None = None,
         max_message_bytes: int = PAYLOAD_MAX_MESSAGE_BYTES,
-        payload_fetch_timeout_s: float = 60.0,
         adv_estimator: str = "grpo",
     ) -> None:
         if rollout_batch_size < 1:
@@ -163,10 +159,7 @@ class BatchBuilder:
         self.rollout_batch_size = rollout_batch_size
         self.pad_token_id = pad_token_id
         self.manifest_path = Path(manifest_path) if manifest_path is not None else None
-        self.max_poll_records = max_poll_records
-        self.dedup_window = dedup_window
         self.max_staleness = max_staleness
-        self.payload_fetch_timeout_s = payload_fetch_timeout_s
         self.worker = worker_id("trainer")
 
         self.consumed = 0  # records read, whatever became of them
@@ -177,7 +170,7 @@ class BatchBuilder:
         self.invalid_payload_groups = 0  # groups dead-lettered for a payload that cannot be trained
         self.payload_fetch_seconds = 0.0  # wall time spent in PayloadFetcher.fetch
 
-        self._seen = RecentKeys(dedup_window)
+        self._seen = RecentKeys(self.dedup_window)
         self._buffer: list[_Pending] = []  # valid groups not yet in a batch, in consumption order
         self._outstanding: dict[int, _Outstanding] = {}  # step -> batch awaiting commit
         self._offsets = OffsetTracker()  # pending: groups buffered or in an outstanding batch
@@ -190,15 +183,12 @@ class BatchBuilder:
         self.committed_groups = restored.committed_groups  # groups in committed batches, the manifest's included
         last_entry = restored.last
         self.last_entry: dict | None = last_entry  # the manifest entry of the newest committed step
-        if start_step is not None:
-            self.step = start_step
-        else:
-            self.step = 0 if last_entry is None else last_entry["step"] + 1
+        self.step = 0 if last_entry is None else last_entry["step"] + 1  # the next step to build
 
         # One trainer owns every partition: manual assignment, no group membership; the group id
         # only stores committed offsets. (kafka-python 3.0 could drop a member out of its group
         # for good after a missed heartbeat, spinning in poll.)
-        self.consumer, _ = assigned_consumer(bootstrap, group_id, self.topic, self.worker, max_poll_records)
+        self.consumer, _ = assigned_consumer(bootstrap, group_id, self.topic, self.worker, self.max_poll_records)
         self.producer = make_producer(bootstrap, client_id=self.worker)
         self.fetcher = PayloadFetcher(bootstrap, max_message_bytes, client_id=f"{self.worker}-payloads")
         if last_entry is not None:  # a crash may have come between its manifest line and its event

@@ -26,7 +26,7 @@ from rollstream.policy.model import resolve_device
 from rollstream.trainer.rollout_stream import RolloutStream
 from rollstream.trainer.checkpoint import CheckpointStore
 from rollstream.trainer.distributed import process_group_from_env
-from rollstream.trainer.loop import LoopResult, build_batches
+from rollstream.trainer.loop import LoopControl, LoopResult, build_batches
 from rollstream.trainer.policy import PolicyTrainer
 
 __all__ = ["LoopResult", "build_batches", "policy_trainer", "run_trainer"]
@@ -56,9 +56,8 @@ def run_trainer(config: Config, bootstrap: Bootstrap, run_dir: Path, *, deadline
         trainer = policy_trainer(config, run_dir / "checkpoints")
         resume = None if trainer is None or trainer.resumed is None else {**trainer.resumed,
                                                                           "checkpoint": trainer.checkpoint}
-        with RolloutStream.from_config(config, bootstrap, run_dir, resume=resume,
-                                       deadline=deadline, check=check, should_stop=should_stop,
-                                       on_progress=on_progress) as stream:
+        control = LoopControl(deadline=deadline, check=check, should_stop=should_stop, on_progress=on_progress)
+        with RolloutStream.from_config(config, bootstrap, run_dir, resume=resume, control=control) as stream:
             for batch in stream:
                 report = None if trainer is None else trainer.train(
                     batch.rollout, group_keys=batch.group_keys, policy_versions=batch.policy_versions)

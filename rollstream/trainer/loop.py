@@ -61,6 +61,35 @@ def record_batch_metrics(entry: dict) -> None:
         metrics.rejections.labels("token", "train_infer_correction").inc(masked)
 
 
+def _no_check() -> None:
+    return None
+
+
+def _never() -> bool:
+    return False
+
+
+def _no_progress(result: "LoopResult", buffered: int) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class LoopControl:
+    """How a batch loop is watched and ended from outside.
+
+    Attributes:
+        deadline: ``time.monotonic()`` value after which it ends ``timed_out``; None: none.
+        check: called before each poll; raises when a stage died.
+        should_stop: polled before each batch; True ends the loop ``stopped``.
+        on_progress: ``(result, buffered_groups)`` after every poll.
+    """
+
+    deadline: float | None = None
+    check: Callable[[], None] = _no_check
+    should_stop: Callable[[], bool] = _never
+    on_progress: Callable[["LoopResult", int], None] = _no_progress
+
+
 class BatchLoop:
     """The batches of one run from ``builder``, ended by ``events``' verdicts (module doc).
 
@@ -69,29 +98,24 @@ class BatchLoop:
         events: the verdict reader (``BatchEvents``, or ``AgenticBatchEvents``).
         max_steps: batches in total, then the loop ends ``complete``.
         min_fill_ratio: the pipeline's; see ``verdict_action``.
-        deadline: ``time.monotonic()`` value after which it ends ``timed_out``; None: none.
+        control: the deadline, stage check, stop flag and progress callback (``LoopControl``).
         batch_timeout_s: seconds without any new accepted group, batch or verdict after which it
             ends ``timed_out`` (a stalled pipeline: e.g. every generation worker gone); None: none.
-        check: called before each poll; raises when a stage died.
-        should_stop: polled before each batch; True ends the loop ``stopped``.
-        on_progress: ``(result, buffered_groups)`` after every poll.
         publish: ``publish(entry)`` after each commit (PolicyPublisher.publish_batch).
     """
 
     def __init__(self, builder: BatchBuilder, events: BatchEvents | AgenticBatchEvents, *, max_steps: int,
-                 min_fill_ratio: float, deadline: float | None = None, check: Callable[[], None] = lambda: None,
-                 should_stop: Callable[[], bool] = lambda: False,
-                 on_progress: Callable[[LoopResult, int], None] = lambda result, buffered: None,
+                 min_fill_ratio: float, control: LoopControl = LoopControl(),
                  publish: Callable[[dict], object] = lambda entry: None, batch_timeout_s: float | None = None) -> None:
         self.builder = builder
         self.batch_timeout_s = batch_timeout_s
         self.events = events
         self.max_steps = max_steps
         self.min_fill_ratio = min_fill_ratio
-        self.deadline = deadline
-        self.check = check
-        self.should_stop = should_stop
-        self.on_progress = on_progress
+        self.deadline = control.deadline
+        self.check = control.check
+        self.should_stop = control.should_stop
+        self.on_progress = control.on_progress
         self.publish = publish
         self.result = LoopResult()
 
@@ -160,9 +184,7 @@ class BatchLoop:
 
 
 def build_batches(builder: BatchBuilder, events: BatchEvents | AgenticBatchEvents, *, max_steps: int,
-                  min_fill_ratio: float, deadline: float | None = None, check: Callable[[], None] = lambda: None,
-                  on_progress: Callable[[LoopResult, int], None] = lambda result, buffered: None,
-                  should_stop: Callable[[], bool] = lambda: False,
+                  min_fill_ratio: float, control: LoopControl = LoopControl(),
                   train: Callable[[RolloutBatch], dict] | None = None,
                   publish: Callable[[dict], object] = lambda entry: None,
                   batch_timeout_s: float | None = None) -> LoopResult:
@@ -170,9 +192,8 @@ def build_batches(builder: BatchBuilder, events: BatchEvents | AgenticBatchEvent
     runs before each batch is committed, and its report joins the manifest entry, so a batch
     counts as done only once it was trained (and checkpointed); ``publish(entry)`` then announces
     the policy version the batch made. Returns the loop's result."""
-    loop = BatchLoop(builder, events, max_steps=max_steps, min_fill_ratio=min_fill_ratio, deadline=deadline,
-                     check=check, should_stop=should_stop, on_progress=on_progress, publish=publish,
-                     batch_timeout_s=batch_timeout_s)
+    loop = BatchLoop(builder, events, max_steps=max_steps, min_fill_ratio=min_fill_ratio, control=control,
+                     publish=publish, batch_timeout_s=batch_timeout_s)
     for batch, end_of_data in loop.batches():
         loop.commit(batch, train(batch) if train is not None else None, end_of_data)
     return loop.result

@@ -73,7 +73,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Mapping
 
 import torch
 from torch import Tensor
@@ -86,7 +86,7 @@ from rollstream.trainer.batch import RolloutBatch
 from rollstream.trainer.batch_builder import BatchBuilder
 from rollstream.trainer.distributed import Ranks, shard_batch
 from rollstream.trainer.logprobs import response_log_probs
-from rollstream.trainer.loop import BatchLoop, LoopResult
+from rollstream.trainer.loop import BatchLoop, LoopControl, LoopResult
 from rollstream.trainer.publisher import PolicyPublisher
 from rollstream.trainer.verdicts import AgenticBatchEvents, BatchEvents
 
@@ -208,13 +208,12 @@ class StreamBatch:
         return self._stream._commit(self, checkpoint, report)
 
 
-class RolloutStream:
-    """The accepted groups of a rollstream run as training batches (module doc: the contract).
+@dataclass(frozen=True)
+class StreamSettings:
+    """What a RolloutStream builds its batches by (``StreamSettings.of(config)``: a pipeline
+    config's).
 
-    Args:
-        bootstrap: Kafka bootstrap servers (rank 0 connects).
-        run_dir: where the manifest lives (``batches.jsonl``); a restarted stream with the same
-            ``run_dir`` and group id resumes after the last committed batch.
+    Attributes:
         groups_per_batch: groups (prompts) per batch.
         max_steps: batches in total, then the iteration stops (outcome ``complete``).
         topic_prefix: the run's topic prefix (``kafka.topic_prefix``).
@@ -225,29 +224,60 @@ class RolloutStream:
         group_id: the consumer group holding the committed offsets; default the run's trainer
             group (``<prefix>trainer``), so do not run rollstream's own trainer beside it.
         max_message_bytes: the largest payload event (``kafka.max_message_bytes``).
+        batch_timeout_s: see rollstream.trainer.loop.BatchLoop.
+    """
+
+    groups_per_batch: int
+    max_steps: int
+    topic_prefix: str = DEFAULT_PREFIX
+    min_fill_ratio: float = 1.0
+    adv_estimator: str = "grpo"
+    max_staleness: int | None = None
+    pad_token_id: int = 0
+    group_id: str | None = None
+    max_message_bytes: int = PAYLOAD_MAX_MESSAGE_BYTES
+    batch_timeout_s: float | None = None
+
+    @classmethod
+    def of(cls, config, **overrides) -> "StreamSettings":
+        """The settings of a pipeline config (RLVR or agentic), ``overrides`` by field name."""
+        return cls(**{"groups_per_batch": config.groups_per_batch, "max_steps": config.max_steps,
+                      "topic_prefix": config.kafka.topic_prefix, "min_fill_ratio": config.min_fill_ratio,
+                      "adv_estimator": config.adv_estimator, "max_staleness": config.max_staleness,
+                      "max_message_bytes": config.kafka.max_message_bytes,
+                      "batch_timeout_s": config.batch_timeout_s, **overrides})
+
+
+class RolloutStream:
+    """The accepted groups of a rollstream run as training batches (module doc: the contract).
+
+    Args:
+        bootstrap: Kafka bootstrap servers (rank 0 connects).
+        run_dir: where the manifest lives (``batches.jsonl``); a restarted stream with the same
+            ``run_dir`` and group id resumes after the last committed batch.
+        settings: a ``StreamSettings``, or its fields as keywords (``groups_per_batch=8,
+            max_steps=100, adv_estimator="rloo"``).
         resume: the ``trainer_state`` saved with your newest checkpoint plus ``"checkpoint"``:
             its folder (or a PolicyTrainer's ``resumed`` state and ``checkpoint``); see the
             module doc.
-        deadline, check, should_stop, on_progress, batch_timeout_s: see
-            rollstream.trainer.loop.BatchLoop.
+        control: deadline, stage check, stop flag and progress callback
+            (rollstream.trainer.loop.LoopControl).
         ranks: the training ranks; default ``Ranks.current()`` (the default process group).
         agentic: an AgenticConfig when its groups are trajectory groups (set by ``from_config``):
             its verdict comes from the group queues.
 
     Raises:
         ValueError: ``groups_per_batch`` < 1 or an unknown ``adv_estimator``.
+        TypeError: a keyword that is not a ``StreamSettings`` field.
     """
 
-    def __init__(self, bootstrap: Bootstrap, run_dir: str | os.PathLike, *, groups_per_batch: int, max_steps: int,
-                 topic_prefix: str = DEFAULT_PREFIX, min_fill_ratio: float = 1.0, adv_estimator: str = "grpo",
-                 max_staleness: int | None = None, pad_token_id: int = 0, group_id: str | None = None,
-                 max_message_bytes: int = PAYLOAD_MAX_MESSAGE_BYTES, resume: Mapping | None = None,
-                 deadline: float | None = None, check: Callable[[], None] = lambda: None,
-                 should_stop: Callable[[], bool] = lambda: False,
-                 on_progress: Callable[[LoopResult, int], None] = lambda result, buffered: None,
-                 ranks: Ranks | None = None, agentic=None, batch_timeout_s: float | None = None) -> None:
+    def __init__(self, bootstrap: Bootstrap, run_dir: str | os.PathLike, settings: StreamSettings | None = None, *,
+                 resume: Mapping | None = None, control: LoopControl = LoopControl(), ranks: Ranks | None = None,
+                 agentic=None, **fields) -> None:
+        settings = replace(settings, **fields) if settings is not None else StreamSettings(**fields)
+        self.settings = settings
         self.ranks = ranks or Ranks.current()
-        self.groups_per_batch = groups_per_batch
+        self.groups_per_batch = settings.groups_per_batch
         self.result = LoopResult()
         self._current: StreamBatch | None = None
         self._whole: RolloutBatch | None = None  # rank 0: the whole batch of ``_current``
@@ -256,10 +286,13 @@ class RolloutStream:
         self._builder = self._events = self._publisher = None
         if not self.ranks.is_main:
             return
-        topics = Topics(topic_prefix)
-        self._builder = BatchBuilder(bootstrap, topics, groups_per_batch, group_id=group_id or names.consumer_group(
-            topics, "trainer"), manifest_path=Path(run_dir) / "batches.jsonl", pad_token_id=pad_token_id,
-            max_staleness=max_staleness, max_message_bytes=max_message_bytes, adv_estimator=adv_estimator)
+        topics = Topics(settings.topic_prefix)
+        self._builder = BatchBuilder(
+            bootstrap, topics, settings.groups_per_batch,
+            group_id=settings.group_id or names.consumer_group(topics, "trainer"),
+            manifest_path=Path(run_dir) / "batches.jsonl", pad_token_id=settings.pad_token_id,
+            max_staleness=settings.max_staleness, max_message_bytes=settings.max_message_bytes,
+            adv_estimator=settings.adv_estimator)
         try:
             self._events = (AgenticBatchEvents(bootstrap, topics, agentic, self._builder) if agentic is not None
                             else BatchEvents(bootstrap, topics))
@@ -270,26 +303,21 @@ class RolloutStream:
         except BaseException:
             self.close()
             raise
-        self._loop = BatchLoop(self._builder, self._events, max_steps=max_steps, min_fill_ratio=min_fill_ratio,
-                               deadline=deadline, check=check, should_stop=should_stop, on_progress=on_progress,
-                               publish=self._publisher.publish_batch, batch_timeout_s=batch_timeout_s)
+        self._loop = BatchLoop(self._builder, self._events, max_steps=settings.max_steps,
+                               min_fill_ratio=settings.min_fill_ratio, control=control,
+                               publish=self._publisher.publish_batch, batch_timeout_s=settings.batch_timeout_s)
         self.result = self._loop.result
         self._batches = self._loop.batches()
 
     @classmethod
     def from_config(cls, config, bootstrap: Bootstrap, run_dir: str | os.PathLike, **kwargs) -> "RolloutStream":
-        """A stream for a pipeline config (RLVR or agentic): its groups per batch, ``max_steps``,
-        topic prefix, ``min_fill_ratio``, ``adv_estimator``, ``max_staleness``,
-        ``batch_timeout_s`` and ``kafka.max_message_bytes``; ``kwargs`` add or override
-        constructor arguments."""
+        """A stream for a pipeline config (RLVR or agentic): ``StreamSettings.of(config)``;
+        ``kwargs``: ``resume``, ``control``, ``ranks``, or settings fields that override the
+        config's."""
         from rollstream.config import AgenticConfig
 
-        settings = dict(groups_per_batch=config.groups_per_batch, max_steps=config.max_steps,
-                        topic_prefix=config.kafka.topic_prefix, min_fill_ratio=config.min_fill_ratio,
-                        adv_estimator=config.adv_estimator, max_staleness=config.max_staleness,
-                        max_message_bytes=config.kafka.max_message_bytes, batch_timeout_s=config.batch_timeout_s,
-                        agentic=config if isinstance(config, AgenticConfig) else None)
-        return cls(bootstrap, run_dir, **{**settings, **kwargs})
+        return cls(bootstrap, run_dir, StreamSettings.of(config),
+                   agentic=config if isinstance(config, AgenticConfig) else None, **kwargs)
 
     @property
     def step(self) -> int | None:

@@ -26,18 +26,16 @@ from kafka.errors import CommitFailedError
 
 from rollstream.exceptions import EncodeError
 from rollstream.kafka.clients import commit_offsets
-from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.events import Output, Send, SourceRecord, dead_letter, decode_expected, fit, too_large_error
 from rollstream.kafka.offsets import OffsetTracker
-from rollstream.kafka.topics import Topics
+from rollstream.kafka.context import StageContext
 from rollstream.kafka.worker import PartitionWorker
 from rollstream.observability.metrics import process_metrics
 from rollstream.policy.versions import PolicyFollower, PolicyVersionWatcher
-from rollstream.runtime import PAYLOAD_MAX_MESSAGE_BYTES
 from rollstream.schemas.records import STOP_ENV_FAILED
 from rollstream.workers.engines import GenerationBackend, make_backend
 from rollstream.workers.envs import TextEnv, make_env, resolve_env
-from rollstream.workers.episodes import DEFAULT_MAX_CONTEXT_TOKENS, EpisodePlayer, Finished, identity_of
+from rollstream.workers.episodes import EpisodePlayer, Finished, identity_of
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +65,35 @@ class _Source:
     value: bytes
 
 
+@dataclass(frozen=True)
+class EnvSampling:
+    """How an env worker samples: ``temperature`` and ``top_p`` of every turn, episodes played at
+    once, and the context budget of one episode in tokens (prompt and every turn). The defaults
+    are the config's (``EnvSampling.of(None)``)."""
+
+    temperature: float
+    top_p: float
+    max_concurrent_episodes: int
+    max_context_tokens: int
+
+    @classmethod
+    def of(cls, config: Any = None, **overrides: Any) -> "EnvSampling":
+        """From an AgenticConfig (``actor_infer.generating_args``, ``max_concurrent_episodes``,
+        ``max_context_tokens``; None: its defaults), with ``overrides`` by field name."""
+        from rollstream.config import AgenticConfig
+        from rollstream.config.base import GeneratingArgs
+
+        if config is None:
+            fields = AgenticConfig.model_fields
+            args = GeneratingArgs()
+            concurrent, context = fields["max_concurrent_episodes"].default, fields["max_context_tokens"].default
+        else:
+            args = config.actor_infer.generating_args
+            concurrent, context = config.max_concurrent_episodes, config.max_context_tokens
+        return cls(**{"temperature": args.temperature, "top_p": args.top_p, "max_concurrent_episodes": concurrent,
+                      "max_context_tokens": context, **overrides})
+
+
 class EnvWorker(PartitionWorker):
     """Consume ``episodes.requests``, play them with an EpisodePlayer, produce ``trajectories``.
 
@@ -80,35 +107,28 @@ class EnvWorker(PartitionWorker):
     published policy version between turns (PolicyFollower); a trajectory carries the oldest
     version that produced any of its tokens.
 
-    ``max_message_bytes`` (``kafka.max_message_bytes``) bounds one event; a trajectory above it
-    goes out as ``too_large_stub`` plus a ``too_large`` dead letter (``too_large`` counts them).
-    ``compression_type`` is the producer's (``kafka.compression_type``).
+    ``context.max_message_bytes`` (``kafka.max_message_bytes``) bounds one event; a trajectory
+    above it goes out as ``too_large_stub`` plus a ``too_large`` dead letter (``too_large`` counts
+    them). The producer compresses with ``context.compression_type`` (``kafka.compression_type``).
     """
 
     def __init__(
         self,
+        context: StageContext,
         *,
-        bootstrap: Bootstrap,
-        topics: Topics,
         backend: GenerationBackend,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        max_concurrent_episodes: int = 16,
-        max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
+        sampling: EnvSampling | None = None,
         group_id: str = "rollstream-env",
-        instance: int = 0,
-        instances: int = 1,
         poll_timeout_ms: int = 200,
         tokenizer: Any = None,
         env_factory: Callable[[str, dict], TextEnv] = make_env,
         follow_policy: bool = True,
-        max_message_bytes: int = PAYLOAD_MAX_MESSAGE_BYTES,
-        compression_type: str = "none",
     ) -> None:
-        super().__init__(bootstrap=bootstrap, topics=topics, input_topic=topics.episodes_requests, group_id=group_id,
-                         stage="env", max_poll_records=max_concurrent_episodes, poll_timeout_ms=poll_timeout_ms,
-                         instance=instance, instances=instances, max_message_bytes=max_message_bytes,
-                         compression_type=compression_type)
+        sampling = sampling or EnvSampling.of(None)
+        temperature, top_p = sampling.temperature, sampling.top_p
+        max_concurrent_episodes, max_context_tokens = sampling.max_concurrent_episodes, sampling.max_context_tokens
+        super().__init__(context, input_topic=context.topics.episodes_requests, group_id=group_id,
+                         max_poll_records=max_concurrent_episodes, poll_timeout_ms=poll_timeout_ms, compress=True)
         self.player = EpisodePlayer(
             backend, tokenizer=tokenizer, temperature=temperature, top_p=top_p,
             max_concurrent=max_concurrent_episodes, max_context_tokens=max_context_tokens,
@@ -119,7 +139,8 @@ class EnvWorker(PartitionWorker):
         self.duplicates_skipped = 0
         self.stop_reasons: Counter[str] = Counter()
         self.offsets = OffsetTracker()  # pending: requests whose trajectory is not out yet
-        self.policy = PolicyFollower(PolicyVersionWatcher(bootstrap, topics), backend) if follow_policy else None
+        self.policy = (PolicyFollower(PolicyVersionWatcher(context.bootstrap, context.topics), backend)
+                       if follow_policy else None)
 
     def _dead_letter(self, source: SourceRecord, reason: str, error: str) -> Output:
         self.dead_lettered += 1
@@ -230,45 +251,28 @@ class EnvWorker(PartitionWorker):
 
 
 def run_env_worker(
-    bootstrap: Bootstrap,
-    topics: Topics,
+    context: StageContext,
     config: Any = None,
     *,
     backend: GenerationBackend | str | None = None,
     backend_kwargs: dict[str, Any] | None = None,
-    temperature: float | None = None,
-    top_p: float | None = None,
-    max_concurrent_episodes: int | None = None,
-    max_context_tokens: int | None = None,
     group_id: str = "rollstream-env",
-    instance: int = 0,
-    instances: int = 1,
     max_idle_s: float | None = None,
 ) -> EnvWorker:
     """Run an env worker until SIGTERM/SIGINT or ``max_idle_s`` idle seconds; returns the
     finished EnvWorker (``emitted``, ``dead_lettered``, ``duplicates_skipped``,
     ``stop_reasons``).
 
-    ``config``: an AgenticConfig (or None). It supplies the defaults: temperature/top_p from
-    ``config.actor_infer.generating_args``, ``max_concurrent_episodes``, ``max_context_tokens``,
-    the backend name, ``max_num_seqs`` and ``device`` from ``config.actor_infer``, the model from
-    ``config.infer_model_path`` (None: the bundled one), ``max_message_bytes`` and
-    ``compression_type`` from ``config.kafka``; every ``custom_envs`` env_type is resolved up
-    front. Explicit keyword arguments override it. ``backend``: a GenerationBackend instance,
-    or a backend name built with ``make_backend(name, **backend_kwargs)``.
+    ``context`` (stage ``env``): the cluster, topics, this process's partitions, and the
+    Kafka settings. ``config``: an AgenticConfig (or None: the defaults). It supplies the sampling
+    (``EnvSampling.of``), the backend name, ``max_num_seqs`` and ``device`` from
+    ``config.actor_infer``, the model from ``config.infer_model_path`` (None: the bundled one);
+    every ``custom_envs`` env_type is resolved up front. ``backend``: a GenerationBackend
+    instance, or a backend name built with ``make_backend(name, **backend_kwargs)``.
     Raises ConfigError for an unknown env_type in ``config.custom_envs`` or an unknown backend.
     """
-    gen_args = getattr(getattr(config, "actor_infer", None), "generating_args", None)
     for env in getattr(config, "custom_envs", {}).values():
         resolve_env(env.env_type)  # fail at start-up, not on the first request
-    if temperature is None:
-        temperature = gen_args.temperature if gen_args is not None else 1.0
-    if top_p is None:
-        top_p = gen_args.top_p if gen_args is not None else 1.0
-    if max_concurrent_episodes is None:
-        max_concurrent_episodes = getattr(config, "max_concurrent_episodes", 16)
-    if max_context_tokens is None:
-        max_context_tokens = getattr(config, "max_context_tokens", DEFAULT_MAX_CONTEXT_TOKENS)
     if backend is None or isinstance(backend, str):
         actor = getattr(config, "actor_infer", None)
         name = backend or (actor.backend if actor is not None else "transformers")
@@ -280,14 +284,7 @@ def run_env_worker(
         if actor is not None and name == "transformers":
             kwargs.setdefault("device", actor.device)
         backend = make_backend(name, **kwargs)
-    kafka = getattr(config, "kafka", None)
-    worker = EnvWorker(
-        bootstrap=bootstrap, topics=topics, backend=backend, temperature=temperature, top_p=top_p,
-        max_concurrent_episodes=max_concurrent_episodes, max_context_tokens=max_context_tokens,
-        group_id=group_id, instance=instance, instances=instances,
-        max_message_bytes=kafka.max_message_bytes if kafka is not None else PAYLOAD_MAX_MESSAGE_BYTES,
-        compression_type=kafka.compression_type if kafka is not None else "none",
-    )
+    worker = EnvWorker(context, backend=backend, sampling=EnvSampling.of(config), group_id=group_id)
     worker.install_signal_handlers()
     worker.run(max_idle_s=max_idle_s)
     return worker

@@ -15,9 +15,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from rollstream.filtering.admission import eval_version_of
-from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.events import Input, Output, Send, fit, too_large_error
 from rollstream.kafka.topics import Topics
+from rollstream.kafka.context import StageContext
 from rollstream.kafka.worker import EventWorker
 from rollstream.observability.metrics import process_metrics
 from rollstream.policy.model import chat_prompt_ids, load_tokenizer
@@ -272,46 +272,31 @@ def error_response(record: Mapping, error: str) -> dict:
 
 
 def run_generation_worker(
-    bootstrap: Bootstrap,
-    topics: Topics,
+    context: StageContext,
     params: SamplingParams,
     backend: str | GenerationBackend = "transformers",
     group_id: str = "rollstream-generation",
     max_batch: int = 16,
     max_idle_s: float | None = None,
     backend_kwargs: dict[str, Any] | None = None,
-    instance: int = 0,
-    instances: int = 1,
-    max_message_bytes: int = PAYLOAD_MAX_MESSAGE_BYTES,
-    compression_type: str = "none",
     domains: Iterable[str] | None = None,
 ) -> EventWorker:
     """Consume ``generation.requests``, produce ``responses`` until stopped (SIGTERM/SIGINT)
     or idle for ``max_idle_s``. ``max_batch`` caps requests per poll (each may ask for many
-    samples); ``instance``/``instances`` select this process's partitions (see EventWorker).
-    ``max_message_bytes`` (``kafka.max_message_bytes``) bounds one Response (larger ones become
-    error Responses, see GenerationWorker); ``compression_type`` (``kafka.compression_type``)
-    compresses the payload producer's batches; ``domains``: the run's reward domains (a request
-    of another one is dead-lettered, never generated). The worker follows ``policy.versions`` (PolicyFollower). Returns the finished EventWorker
-    (its ``processed``/``dead_lettered`` counts). Raises ConfigError for an unknown backend name."""
+    samples); ``context`` (stage ``generation``) names the cluster, the topics, this process's
+    partitions (see EventWorker), ``max_message_bytes`` (larger Responses become error
+    Responses, see GenerationWorker) and the payload producer's ``compression_type``;
+    ``domains``: the run's reward domains (a request of another one is dead-lettered, never
+    generated). The worker follows ``policy.versions`` (PolicyFollower). Returns the finished
+    EventWorker (its ``processed``/``dead_lettered`` counts). Raises ConfigError for an unknown
+    backend name."""
     engine = make_backend(backend, **(backend_kwargs or {})) if isinstance(backend, str) else backend
-    policy = PolicyFollower(PolicyVersionWatcher(bootstrap, topics), engine)
-    handler = GenerationWorker(engine, params, topics, policy=policy, max_message_bytes=max_message_bytes)
-    worker = EventWorker(
-        bootstrap=bootstrap,
-        topics=topics,
-        input_topic=topics.generation_requests,
-        group_id=group_id,
-        expected_schema="GenerationRequest",
-        handler=handler,
-        stage="generation",
-        max_batch=max_batch,
-        instance=instance,
-        instances=instances,
-        max_message_bytes=max_message_bytes,
-        compression_type=compression_type,
-        domains=domains,
-    )
+    policy = PolicyFollower(PolicyVersionWatcher(context.bootstrap, context.topics), engine)
+    handler = GenerationWorker(engine, params, context.topics, policy=policy,
+                               max_message_bytes=context.max_message_bytes)
+    worker = EventWorker(context, input_topic=context.topics.generation_requests, group_id=group_id,
+                         expected_schema="GenerationRequest", handler=handler, max_batch=max_batch, compress=True,
+                         domains=domains)
     handler.worker = worker.worker
     worker.install_signal_handlers()
     try:

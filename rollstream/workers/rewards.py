@@ -57,11 +57,10 @@ from typing import Callable, Iterable, Mapping, Sequence
 from rollstream.config.reward_functions import info_keys, is_builtin, load_reward_function
 from rollstream.filtering.reasons import RejectReason
 from rollstream.filtering.response_filters import BLANK_TEXT, REWARD_FAILURE
-from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.events import Input, Output
 from rollstream.kafka.topics import Topics
+from rollstream.kafka.context import StageContext
 from rollstream.kafka.worker import EventWorker
-from rollstream.runtime import PAYLOAD_MAX_MESSAGE_BYTES
 from rollstream.schemas.records import FINISH_ERROR, payload_ref, response_summary
 from rollstream.workers import reward_pool
 from rollstream.answers import last_boxed
@@ -480,31 +479,26 @@ class RewardWorker:
 
 
 def run_reward_worker(
-    bootstrap: Bootstrap,
-    topics: Topics,
+    context: StageContext,
     domain_reward_fns: Mapping[str, str | RewardSpec],
     group_id: str = "rollstream-reward",
     max_batch: int = 64,
     max_idle_s: float | None = None,
-    instance: int = 0,
-    instances: int = 1,
-    max_message_bytes: int = PAYLOAD_MAX_MESSAGE_BYTES,
     concurrency: int = DEFAULT_REWARD_CONCURRENCY,
 ) -> EventWorker:
     """Consume ``responses``, produce ``responses.rewarded`` until SIGTERM/SIGINT or ``max_idle_s``
-    seconds without input; returns the (closed) worker for its counters. ``max_message_bytes``
-    (``kafka.max_message_bytes``): the largest event its producer sends (see EventWorker).
-    ``concurrency``: processes running user reward functions.
+    seconds without input; returns the (closed) worker for its counters. ``context`` (stage
+    ``reward``): the cluster, topics, this process's partitions and ``max_message_bytes`` (see
+    EventWorker). ``concurrency``: processes running user reward functions.
 
     ValueError for an unknown reward function name in ``domain_reward_fns``, ConfigError for an
     import path that does not resolve.
     """
-    handler = RewardWorker(topics, domain_reward_fns, concurrency)
+    handler = RewardWorker(context.topics, domain_reward_fns, concurrency)
     try:
         worker = EventWorker(
-            bootstrap=bootstrap, topics=topics, input_topic=topics.responses, group_id=group_id,
-            expected_schema="Response", handler=handler, stage="reward", max_batch=max_batch,
-            instance=instance, instances=instances, max_message_bytes=max_message_bytes,
+            context, input_topic=context.topics.responses, group_id=group_id, expected_schema="Response",
+            handler=handler, max_batch=max_batch,
             domains=domain_reward_fns,  # a response of another domain is dead-lettered where it enters
         )
         worker.install_signal_handlers()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rollstream.kafka.context import StageContext
 from rollstream.app.stages import Stage, run_stage
 from rollstream.config import AgenticConfig, EnvManagerConfig, RLVRConfig, load_config, parse_config
 from rollstream.exceptions import ConfigError
@@ -209,7 +210,7 @@ def test_unknown_env_type_is_refused_at_env_worker_start_not_by_the_config():
     assert all(name in str(info.value) for name in ENVS)
     # the worker resolves every custom_envs entry before it builds a model or touches Kafka
     with pytest.raises(ConfigError) as info:
-        run_env_worker(UNREACHABLE, Topics("never."), cfg)
+        run_env_worker(StageContext(UNREACHABLE, Topics("never."), "env"), cfg)
     assert str(info.value) == expected
     with pytest.raises(ConfigError) as info:
         run_stage(Stage.env, cfg, UNREACHABLE)

@@ -14,11 +14,12 @@ import pytest
 import torch
 from kafka import KafkaConsumer, TopicPartition
 
+from rollstream.kafka.context import StageContext
 from rollstream.kafka.clients import make_producer
 from rollstream.schemas import encode
 from rollstream.tools.readback import read_topic, read_values
 from rollstream.workers.engines import TransformersBackend
-from rollstream.workers.env_worker import EnvWorker
+from rollstream.workers.env_worker import EnvSampling, EnvWorker
 
 from ..workers.fault_envs import SlowEnv
 from .harness import wait_for
@@ -75,8 +76,8 @@ def test_requests_become_trajectories_and_offsets_are_committed(kafka_broker, to
         (b"5", encode(episode_request(1), "EpisodeRequest")),  # a duplicate while #1 plays
     ])
     group = f"{topics.prefix}env"
-    worker = EnvWorker(bootstrap=kafka_broker, topics=topics, backend=backend, max_concurrent_episodes=4,
-                       group_id=group, temperature=1.0, top_p=1.0)
+    worker = EnvWorker(StageContext(kafka_broker, topics, "env"), backend=backend,
+                       sampling=EnvSampling.of(None, max_concurrent_episodes=4), group_id=group)
     thread = start(worker, max_idle_s=3.0)
     thread.join(180)
     assert not thread.is_alive()
@@ -104,7 +105,7 @@ def test_requests_become_trajectories_and_offsets_are_committed(kafka_broker, to
     assert committed(kafka_broker, group, source) == 4
 
     # a second worker of the same group finds nothing left to do
-    again = EnvWorker(bootstrap=kafka_broker, topics=topics, backend=backend, group_id=group)
+    again = EnvWorker(StageContext(kafka_broker, topics, "env"), backend=backend, group_id=group)
     thread = start(again, max_idle_s=2.0)
     thread.join(60)
     assert (again.emitted, again.dead_lettered, again.duplicates_skipped) == (0, 0, 0)
@@ -122,7 +123,7 @@ def test_a_stopped_worker_leaves_unfinished_requests_for_the_next(kafka_broker, 
         (b"5", encode(episode_request(1), "EpisodeRequest")),
     ])
     group = f"{topics.prefix}env"
-    first = EnvWorker(bootstrap=kafka_broker, topics=topics, backend=backend, group_id=group)
+    first = EnvWorker(StageContext(kafka_broker, topics, "env"), backend=backend, group_id=group)
     thread = start(first)
     wait_for(lambda: first.emitted == 1, timeout=120, what="the fast trajectory")
     time.sleep(0.5)  # a few more loop turns: the stuck one must still hold the offset back
@@ -131,7 +132,7 @@ def test_a_stopped_worker_leaves_unfinished_requests_for_the_next(kafka_broker, 
     assert not thread.is_alive()  # the hanging reset thread did not block the shutdown
     assert committed(kafka_broker, group, source) == 0  # offset 0 is still unfinished
 
-    second = EnvWorker(bootstrap=kafka_broker, topics=topics, backend=backend, group_id=group)
+    second = EnvWorker(StageContext(kafka_broker, topics, "env"), backend=backend, group_id=group)
     thread = start(second, max_idle_s=3.0)
     thread.join(120)
     assert not thread.is_alive()
@@ -163,15 +164,16 @@ def test_run_env_worker_takes_its_settings_from_an_agentic_config(kafka_broker, 
 
     topics = topic_factory(["episodes.requests", "trajectories", "dead-letter"])
     with pytest.raises(ConfigError, match="unknown env_type 'gym:Nope-v0'"):
-        run_env_worker(kafka_broker, topics, agentic_config(topics, "gym:Nope-v0"), backend=backend)
+        run_env_worker(StageContext(kafka_broker, topics, "env"), agentic_config(topics, "gym:Nope-v0"), backend=backend)
     config = agentic_config(topics, "tests.workers.fault_envs:CountingEnv")
     env = config.custom_envs["count"]
     reqs = [episode_request(i, env_type=env.env_type, env_config=env.env_config,
                             max_tokens_per_step=env.max_tokens_per_step // 4) for i in (0, 1)]
     send(kafka_broker, topics.episodes_requests, [(b"5", encode(r, "EpisodeRequest")) for r in reqs])
     done: list = []
+    context = StageContext.of(config.kafka, kafka_broker, "env")  # as `rollstream worker env` builds it
     thread = threading.Thread(target=lambda: done.append(run_env_worker(
-        kafka_broker, topics, config, backend=backend, group_id=f"{topics.prefix}env", max_idle_s=3.0)))
+        context, config, backend=backend, group_id=f"{topics.prefix}env", max_idle_s=3.0)))
     thread.start()
     thread.join(120)
     [worker] = done
@@ -205,7 +207,7 @@ def test_the_env_worker_loads_the_published_policy_before_new_requests_and_stamp
     publisher.close()
     send(kafka_broker, topics.episodes_requests, [(b"5", encode(episode_request(0), "EpisodeRequest"))])
     fresh = TransformersBackend(max_num_seqs=4)
-    worker = EnvWorker(bootstrap=kafka_broker, topics=topics, backend=fresh, group_id=f"{topics.prefix}env")
+    worker = EnvWorker(StageContext(kafka_broker, topics, "env"), backend=fresh, group_id=f"{topics.prefix}env")
     thread = start(worker, max_idle_s=3.0)
     thread.join(180)
     assert not thread.is_alive()
@@ -223,8 +225,8 @@ def test_a_trajectory_above_max_message_bytes_goes_out_as_a_stub_and_a_dead_lett
     topics = topic_factory(["episodes.requests", "trajectories", "dead-letter"])
     send(kafka_broker, topics.episodes_requests, [(b"5", encode(episode_request(i), "EpisodeRequest")) for i in (0, 1)])
     group = f"{topics.prefix}env"
-    worker = EnvWorker(bootstrap=kafka_broker, topics=topics, backend=backend, group_id=group,
-                       max_message_bytes=1024, compression_type="lz4")
+    worker = EnvWorker(StageContext(kafka_broker, topics, "env", max_message_bytes=1024, compression_type="lz4"),
+                       backend=backend, group_id=group)
     thread = start(worker, max_idle_s=3.0)
     thread.join(180)
     assert not thread.is_alive()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from rollstream.kafka.context import StageContext
 from rollstream.kafka.admin import create_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.events import Send
@@ -29,8 +30,8 @@ def test_instances_split_the_partitions_and_each_event_is_handled_once(kafka_bro
     workers = []
     for instance in (0, 1):
         worker = EventWorker(
-            bootstrap=kafka_broker, topics=topics, input_topic=source, group_id=f"{topics.prefix}split",
-            expected_schema="Prompt", stage="split", instance=instance, instances=2,
+            StageContext(kafka_broker, topics, "split", instance, 2), input_topic=source,
+            group_id=f"{topics.prefix}split", expected_schema="Prompt",
             handler=lambda inputs, i=instance: handled[i].extend(x.record["prompt_id"] for x in inputs) or [],
         )
         workers.append(worker)
@@ -43,17 +44,10 @@ def test_instances_split_the_partitions_and_each_event_is_handled_once(kafka_bro
     assert (dead["reason"], dead["payload"]) == ("undecodable", b"garbage")
 
     # offsets were committed: a restarted instance finds nothing left to do
-    again = EventWorker(bootstrap=kafka_broker, topics=topics, input_topic=source, group_id=f"{topics.prefix}split",
-                        expected_schema="Prompt", stage="split", instance=0, instances=2, handler=lambda inputs: [])
+    again = EventWorker(StageContext(kafka_broker, topics, "split", 0, 2), input_topic=source,
+                        group_id=f"{topics.prefix}split", expected_schema="Prompt", handler=lambda inputs: [])
     again.run(max_idle_s=3.0)
     assert again.processed == 0
-
-
-def test_instance_outside_the_range_is_refused(kafka_broker, topic_factory):
-    topics = topic_factory(["prompts"])
-    with pytest.raises(ValueError, match="instance must be in"):
-        EventWorker(bootstrap=kafka_broker, topics=topics, input_topic=topics.prompts, group_id="g",
-                    expected_schema="Prompt", stage="x", handler=lambda inputs: [], instance=2, instances=2)
 
 
 def test_an_output_above_max_message_bytes_is_dead_lettered_too_large_and_the_worker_goes_on(
@@ -65,9 +59,8 @@ def test_an_output_above_max_message_bytes_is_dead_lettered_too_large_and_the_wo
         return [Send(topics.responses, x.record["prompt_id"],
                      b"x" * (40_000 if x.record["prompt_id"] == "p1" else 100)) for x in inputs]
 
-    worker = EventWorker(bootstrap=kafka_broker, topics=topics, input_topic=topics.prompts,
-                         group_id=f"{topics.prefix}big", expected_schema="Prompt", stage="big", handler=handler,
-                         max_message_bytes=16_384)
+    worker = EventWorker(StageContext(kafka_broker, topics, "big", max_message_bytes=16_384), input_topic=topics.prompts,
+                         group_id=f"{topics.prefix}big", expected_schema="Prompt", handler=handler)
     worker.run(max_idle_s=3.0)
     assert (worker.processed, worker.too_large, worker.dead_lettered) == (4, 1, 1)
     assert sorted(len(r.raw) for r in read_topic(kafka_broker, topics.responses)) == [100] * 3

@@ -10,6 +10,7 @@ import threading
 import pytest
 import torch
 
+from rollstream.kafka.context import StageContext
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.worker import EventWorker
 from rollstream.policy.versions import PolicyFollower, PolicyVersionWatcher
@@ -64,8 +65,8 @@ def test_two_steps_publish_versions_that_the_generation_worker_loads_and_stamps(
     backend = TransformersBackend(dtype=torch.bfloat16, max_num_seqs=8)
     follower = PolicyFollower(PolicyVersionWatcher(kafka_broker, topics), backend)
     generation = EventWorker(
-        bootstrap=kafka_broker, topics=topics, input_topic=topics.generation_requests, group_id=f"{topics.prefix}gen",
-        expected_schema="GenerationRequest", stage="generation", max_batch=8,
+        StageContext(kafka_broker, topics, "generation"), input_topic=topics.generation_requests,
+        group_id=f"{topics.prefix}gen", expected_schema="GenerationRequest", max_batch=8,
         handler=GenerationWorker(backend, SamplingParams(temperature=1.0, max_new_tokens=8), topics, policy=follower))
     thread = threading.Thread(target=generation.run, daemon=True)
     thread.start()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rollstream.config import parse_config
 from rollstream.filtering.prompt_state import step
 from rollstream.observability.metrics import WorkerMetrics
-from rollstream.streams.aggregation import count_effects
+from rollstream.streams.aggregator_processor import count_effects
 from rollstream.tools.stats import figures, latest
 
 

@@ -7,7 +7,7 @@ from rollstream.config import parse_config
 from rollstream.filtering.admission import AdmissionLimits, AdmissionState, admit, can_admit, on_outcome
 from rollstream.filtering.prompt_state import Decided, step
 from rollstream.observability.metrics import WorkerMetrics
-from rollstream.streams.aggregation import count_effects
+from rollstream.streams.aggregator_processor import count_effects
 from rollstream.tools.stats import figures, latest
 
 

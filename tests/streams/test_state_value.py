@@ -13,7 +13,7 @@ from rollstream.kafka.topics import Topics
 from rollstream.schemas import decode, encode
 from rollstream.schemas.codec import _zigzag_varint
 from rollstream.schemas.records import payload_ref
-from rollstream.streams.aggregation import Aggregation, member_bytes, pack_state, unpack_state
+from rollstream.streams.aggregator_processor import AggregatorProcessor, member_bytes, pack_state, unpack_state
 from rollstream.workers.rewards import RewardWorker
 from tests.integration.harness import response
 
@@ -66,7 +66,7 @@ def _decision_plane(tokens: int, prompt: str = "What is 0 + 1?") -> tuple[list[b
         "rewards": {"synth": {"reward_type": "gsm8k",
                               "query_filter_config": {"type": "std_filter", "filter_args": {"std_threshold": 0.0}}}},
     })
-    aggregation = Aggregation(config)
+    aggregation = AggregatorProcessor(config)
     table, group = None, None
     for value in rewarded:
         applied = aggregation.apply(table, value, decode(value)[1])
@@ -115,10 +115,10 @@ def _config(n: int = 4):
     })
 
 
-def _run(events: list[bytes], batch: int, aggregation: Aggregation | None = None,
-         table: dict | None = None) -> tuple[list[dict], dict, Aggregation]:
+def _run(events: list[bytes], batch: int, aggregation: AggregatorProcessor | None = None,
+         table: dict | None = None) -> tuple[list[dict], dict, AggregatorProcessor]:
     """Apply ``events`` in batches, writing each changed prompt's value once per batch."""
-    aggregation = aggregation or Aggregation(_config())
+    aggregation = aggregation or AggregatorProcessor(_config())
     table = {} if table is None else table
     decided = []
     for start in range(0, len(events), batch):
@@ -155,17 +155,17 @@ def test_batched_table_writes_decide_exactly_like_one_write_per_event():
 def test_a_restarted_aggregation_decodes_the_table_and_continues():
     events = [encode(response("pR", i, reward=float(i == 0)), "RewardedResponse") for i in range(4)]
     _, table, first = _run(events[:3], batch=2)
-    decided, _, restarted = _run(events[2:], batch=2, aggregation=Aggregation(_config()), table=table)
+    decided, _, restarted = _run(events[2:], batch=2, aggregation=AggregatorProcessor(_config()), table=table)
     assert restarted.state_decodes == 1  # the table value was not one it had packed: decoded once
     assert [(g["prompt_id"], g["accepted"], [r["response"]["sample_index"] for r in g["responses"]])
             for g in decided] == [("pR", True, [0, 1, 2, 3])]  # the redelivered index 2 counted once
 
 
 def test_a_failure_after_unwritten_changes_is_reported_never_silently_dropped(monkeypatch):
-    from rollstream.streams import aggregation as module
+    from rollstream.streams import aggregator_processor as module
 
     events = [encode(response("pF", i, reward=float(i == 0)), "RewardedResponse") for i in range(4)]
-    aggregation = Aggregation(_config())
+    aggregation = AggregatorProcessor(_config())
     assert aggregation.apply(None, events[0], decode(events[0])[1]).changed
     assert aggregation.unwritten("pF")
 

@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
+from rollstream.kafka.context import StageContext
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.worker import EventWorker
 from rollstream.policy.model import load_tokenizer
@@ -82,8 +83,8 @@ def test_polls_go_out_while_earlier_ones_are_in_flight_and_commit_in_order(kafka
     backend = ServerBackend([f"http://127.0.0.1:{held.server_port}"], request_timeout_s=60)
     handler = GenerationWorker(backend, SamplingParams(max_new_tokens=2), topics, tokenizer=load_tokenizer(None))
     assert handler.pipelined
-    worker = EventWorker(bootstrap=kafka_broker, topics=topics, input_topic=topics.generation_requests, group_id=group,
-                         expected_schema="GenerationRequest", stage="generation", max_batch=1, handler=handler)
+    worker = EventWorker(StageContext(kafka_broker, topics, "generation"), input_topic=topics.generation_requests,
+                         group_id=group, expected_schema="GenerationRequest", max_batch=1, handler=handler)
     producer = make_producer(kafka_broker)
     for k in range(REQUESTS):
         request = {"prompt_id": f"p{k}", "domain": "math", "prompt": f"What is {k} + 1?", "round": 0,

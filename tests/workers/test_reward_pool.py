@@ -13,7 +13,7 @@ from rollstream.filtering.prompt_state import DomainFilters, step
 from rollstream.kafka.events import Input
 from rollstream.kafka.topics import Topics
 from rollstream.observability.metrics import WorkerMetrics
-from rollstream.streams.aggregation import count_effects
+from rollstream.streams.aggregator_processor import count_effects
 from rollstream.schemas import decode, encode
 from rollstream.tools.stats import figures, latest
 from rollstream.workers import reward_pool

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from rollstream.config import parse_config
 from rollstream.schemas import decode, encode
-from rollstream.streams.aggregation import Aggregation, prompt_partition
+from rollstream.streams.aggregator_processor import AggregatorProcessor, prompt_partition
 from rollstream.streams.records import derive_seed, generation_request
 from tests.integration.harness import response
 
 PARTITIONS = 4
 
 
-def _aggregation() -> Aggregation:
-    return Aggregation(parse_config({
+def _aggregation() -> AggregatorProcessor:
+    return AggregatorProcessor(parse_config({
         "name": "dl", "kafka": {"topic_prefix": "dl.", "partitions": PARTITIONS}, "rollout_batch_size": 1,
         "num_return_sequences_in_group": 2, "max_prompts_per_batch": 4, "datasets": [],
         "prompt_timeout_s": 5, "max_reissues_per_prompt": 1,

@@ -6,7 +6,6 @@ import pytest
 
 from rollstream.config import parse_config
 from rollstream.exceptions import ConfigError
-from rollstream.streams.admission import limits_of
 
 BASE = {"rollout_batch_size": 2, "num_return_sequences_in_group": 4, "max_prompts_per_batch": 4,
         "rewards": {"math": {"reward_type": "gsm8k"}}, "datasets": [], "seed": 7}
@@ -14,7 +13,7 @@ BASE = {"rollout_batch_size": 2, "num_return_sequences_in_group": 4, "max_prompt
 
 def test_num_epochs_and_seed_reach_the_admission_limits():
     assert parse_config(BASE).num_epochs == 1
-    lim = limits_of(parse_config({**BASE, "num_epochs": 3}))
+    lim = parse_config({**BASE, "num_epochs": 3}).admission_limits()
     assert (lim.num_epochs, lim.seed, lim.rollout_batch_size, lim.max_prompts_per_batch) == (3, 7, 2, 4)
 
 

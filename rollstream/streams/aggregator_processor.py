@@ -13,7 +13,7 @@ rollstream.filtering.prompt_state). ``request`` records one seen on ``generation
 ``due`` lists the prompts whose deadline passed (an in-memory index: ``index`` rebuilds it from
 the table after a restart or rebalance) and ``tick`` reissues or aborts one of them.
 
-The decoded state of each prompt it changed is kept in memory (``Aggregation``): the caller
+The decoded state of each prompt it changed is kept in memory (``AggregatorProcessor``): the caller
 applies any number of events, then asks for each changed prompt's ``table_value`` once and writes
 it (the aggregator does so once per batch of events, not once per response). A table value the
 caller hands back is not decoded again when it is the very object ``table_value`` returned
@@ -184,7 +184,7 @@ def _prompt_fields(state: PromptState, prompt_id: str) -> dict:
 
 @dataclass
 class Applied:
-    changed: bool = False  # the prompt's table value changed: write Aggregation.table_value(prompt_id)
+    changed: bool = False  # the prompt's table value changed: write AggregatorProcessor.table_value(prompt_id)
     sends: list[Send] = field(default_factory=list)
     decided: Decided | None = None
     duplicates: int = 0
@@ -208,7 +208,7 @@ class UnwrittenStateLost(RollstreamError):
     acknowledge those events; the aggregator exits and reprocesses them from the table."""
 
 
-class Aggregation:
+class AggregatorProcessor:
     """The per-prompt transaction of one config, over encoded table values and events.
 
     Usage: ``apply`` each event with the prompt's current table value (what the table holds; the

@@ -1,0 +1,141 @@
+"""The admission processor without faust or Kafka: a dict table, the bundled model's tokenizer,
+and the events it returns."""
+
+from __future__ import annotations
+
+import json
+
+from rollstream.config import parse_config
+from rollstream.filtering.history import PromptHistory
+from rollstream.kafka import names
+from rollstream.kafka.topics import Topics
+from rollstream.streams.admission_processor import AdmissionProcessor, Screened, default_tokenize
+from rollstream.streams.records import derive_seed
+
+TOPICS = Topics("t.")
+BASE = {"rollout_batch_size": 2, "num_return_sequences_in_group": 4, "max_running_prompts": 2,
+        "max_prompts_per_batch": 3, "rewards": {"math": {"reward_type": "gsm8k"}}, "datasets": [], "seed": 7,
+        "max_steps": 10}
+TOKENIZE = default_tokenize(None)
+
+
+def processor(table: dict | None = None, version: int | None = None, **overrides) -> AdmissionProcessor:
+    return AdmissionProcessor(parse_config({**BASE, **overrides}), TOPICS, {} if table is None else table,
+                              TOKENIZE, lambda max_age_s=0.0: version)
+
+
+def prompt(prompt_id: str, mode: str = "train", text: str = "What is 2+3?") -> dict:
+    return {"prompt_id": prompt_id, "domain": "math", "prompt": text, "mode": mode, "ground_truth": "5"}
+
+
+def admit(p: AdmissionProcessor, record: dict, **kwargs) -> list:
+    assert p.can_admit(record.get("mode", "train"))
+    return p.admit(record, p.tokenize(record), **kwargs)
+
+
+def outcome(prompt_id: str, commit: bool, pattern: str = "") -> dict:
+    return {"prompt_id": prompt_id, "outcome": "commit" if commit else "abort",
+            "reason": "accepted" if commit else "std_zero", "mode": "train", "reward_pattern": pattern,
+            "policy_version": 0}
+
+
+def test_an_admitted_prompt_becomes_one_generation_request_and_takes_a_credit():
+    p = processor()
+    [out] = admit(p, prompt("a"), offset=5)
+    assert (out.topic, out.key, out.schema) == (TOPICS.generation_requests, "a", "GenerationRequest")
+    assert (out.record["num_return_sequences"], out.record["seed"], out.record["round"]) == (4, derive_seed(7, "a", 0), 0)
+    assert p.load().in_flight == {"a": 0} and p.table[names.ADMISSION_SEEN_PREFIX + b"a"] == b"5"
+    admit(p, prompt("b"))
+    assert not p.can_admit("train")  # max_running_prompts 2
+    assert p.on_outcome(outcome("a", True)) == [] and not p.can_admit("train")  # accepted + in flight cover the batch
+    p.on_outcome(outcome("b", False))
+    assert p.can_admit("train")  # a rejection frees exactly one slot
+
+
+def test_screening_tells_redeliveries_duplicates_and_unknown_domains_apart():
+    p = processor()
+    admit(p, prompt("a"), offset=3)
+    assert p.screen("Prompt", prompt("a"), 3) == Screened("skip", "prompt a at offset 3: already admitted")
+    assert p.screen("Prompt", prompt("a"), 4).action == "dead_letter"
+    assert "duplicate prompt_id 'a'" in p.screen("Prompt", prompt("a"), 4).why
+    assert p.screen("Prompt", {**prompt("c"), "domain": "chess"}, 6) == Screened("dead_letter", "unknown domain 'chess'")
+    assert p.screen("Prompt", prompt("d"), 7) == Screened("admit")
+    assert p.screen("PromptsEnd", {}, 8) == Screened("end")
+    assert p.is_new_end(8)
+    p.end_data(8, 1)
+    assert p.screen("Prompt", prompt("b"), 2).action == "skip"  # before the marker: admitted already
+    assert p.screen("Prompt", prompt("e"), 9) == Screened("dead_letter", "prompt after the end of data (PromptsEnd at offset 8)")
+    assert not p.is_new_end(12) and p.is_new_end(8)  # a later marker is ignored, a redelivered one is not
+
+
+def test_a_prompt_too_long_is_rejected_before_generation_with_its_group():
+    p = processor(prompt_length=8)
+    [group] = admit(p, prompt("long", text="one two three four five six seven eight nine ten"))
+    assert (group.topic, group.key, group.schema) == (TOPICS.groups_rejected, "long", "Group")
+    assert (group.record["reason"], group.record["accepted"], group.record["responses"]) == ("prompt_too_long", False, [])
+    assert group.record["filter_config_hash"] == p.prompt_filter[1]
+    state = p.load()
+    assert (state.in_flight, state.rejected_in_step) == ({}, {"prompt_too_long": 1})
+
+
+def test_a_spent_budget_ends_the_step_underfilled_with_a_batch_event():
+    p = processor()
+    for pid in ("a", "b"):
+        admit(p, prompt(pid))
+    p.on_outcome(outcome("a", True))
+    assert p.on_outcome(outcome("b", False)) == []
+    admit(p, prompt("c"))  # the third and last prompt of the budget
+    assert not p.can_admit("train")
+    [batch] = p.on_outcome(outcome("c", False))
+    assert (batch.topic, batch.key, batch.schema) == (TOPICS.batches, "0", "Batch")
+    assert {k: batch.record[k] for k in ("step", "status", "target_groups", "accepted_groups", "prompts_consumed")} == {
+        "step": 0, "status": "underfilled", "target_groups": 2, "accepted_groups": 1, "prompts_consumed": 3}
+    assert p.load().step == 1
+
+
+def test_later_epochs_replay_the_train_prompts_and_survive_a_restart():
+    table: dict = {}
+    p = processor(table, num_epochs=2, rollout_batch_size=1, max_prompts_per_batch=4)
+    train = [prompt("a"), prompt("b")]
+    for offset, record in enumerate(train):
+        admit(p, record, offset=offset)
+        p.on_outcome(outcome(record["prompt_id"], True))
+    assert p.is_new_end(2) and p.end_data(2, len(train)) == []
+    replay = p.next_replay(train)
+    first = replay.prompt["prompt_id"]
+    assert first in ("a#e1", "b#e1") and replay.history_of is None
+    admit(p, replay.prompt, take=replay.take)
+    p.on_outcome(outcome(first, True))
+    restarted = processor(table, num_epochs=2, rollout_batch_size=1, max_prompts_per_batch=4)
+    second = restarted.next_replay(train)
+    assert {first, second.prompt["prompt_id"]} == {"a#e1", "b#e1"}  # resumed past the first
+    admit(restarted, second.prompt, take=second.take)
+    assert restarted.next_replay(train) is None and not restarted.replays_left()
+    [end] = restarted.on_outcome(outcome(second.prompt["prompt_id"], False))
+    assert (end.record["status"], end.record["accepted_groups"], end.record["step"]) == ("end_of_data", 0, 3)
+
+
+def test_a_validation_round_starts_per_new_version_and_ends_short_when_prompts_are_gone():
+    p = processor(version=2, eval_steps=2)
+    val = [prompt("v1", "val"), prompt("v2", "val")]
+    assert p.eval_version_due() == 2 and not p.eval_running()
+    p.start_eval(2, val)
+    first = p.next_eval(val)
+    assert first["prompt_id"] == "v1#v2"
+    [request] = p.admit(first, p.tokenize(first), take=lambda s: (setattr(s, "eval_position", s.eval_position + 1), s)[1])
+    assert request.record["num_return_sequences"] == 1  # val_num_return_sequences
+    assert p.next_eval(val[:1]) is None  # one prompt left on the topic: the round ends at 1
+    assert (p.load().eval_size, p.load().eval_position) == (1, 1) and p.eval_version_due() is None
+
+
+def test_outcomes_teach_the_prompt_history_once_it_is_loaded():
+    p = processor(history_filter={"enable": True}, num_epochs=2)
+    assert p.needs_history
+    p.load_history({"a": PromptHistory("a")})
+    assert not p.needs_history
+    admit(p, prompt("a"))
+    [entry] = p.on_outcome(outcome("a", True, pattern="mixed"))
+    assert (entry.topic, entry.key, entry.schema) == (TOPICS.prompt_history, "a", "PromptHistory")
+    assert p.histories["a"].to_record() == entry.record
+    assert json.loads(p.table[names.ADMISSION_KEY])["explore"] is not None
+    assert p.on_outcome(outcome("a", True, pattern="mixed")) == []  # a redelivery learns nothing
