@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 
 from rollstream.config.base import FrozenModel
 from rollstream.config.pipeline import PipelineConfig
+from rollstream.filtering.group_filters import GROUP_FILTERS
 
 DEFAULT_GROUP_FILTER = "rollstream.filtering.group_filters:GroupFilter"
 
@@ -43,7 +44,7 @@ class EnvManagerConfig(FrozenModel):
     tags: list[str] = Field(..., min_length=1, description="custom_envs entries the groups play.")
     num_groups_partition: list[int] | None = Field(None, description="Groups per tag (sums to num_env_groups); default: as even as possible.")
     max_traj_per_env: int = Field(1, gt=0, le=1024, description="Episodes each group id keeps open at once, and accepts per training step.")
-    group_filter_cls: str = Field(DEFAULT_GROUP_FILTER, description="Import path 'pkg.module:Class' of the group filter, built as Class(config, env_manager_config, mode). Its filter(group_id, episode_id, group) returns True to DROP the group (then a new episode replaces it) and False to keep it.")
+    group_filter_cls: str = Field(DEFAULT_GROUP_FILTER, description="The group filter: a built-in (default, env_failure_std, drop_flag) or the import path 'pkg.module:Class' of yours, built as Class(config, env_manager_config, mode). Its filter(group_id, episode_id, group) returns True to DROP the group (then a new episode replaces it) and False to keep it.")
     group_filter_config: dict[str, Any] = Field(default_factory=dict, description="Arguments the built-in group filters read (std_threshold, max_ratio, ratio_mode, window, drop_in_val).")
     max_replaced_episodes: int = Field(8, ge=0, le=100_000, description="Replacement episodes per group id at most; then the group id stops (bounded resampling).")
     episode_timeout_s: float = Field(600.0, gt=0, description="Runs still missing this long after an episode started are reissued.")
@@ -61,8 +62,9 @@ class EnvManagerConfig(FrozenModel):
         if min_valid is not None and min_valid > self.group_size:
             raise ValueError(f"refill.min_valid_group_size {min_valid} > group_size {self.group_size}")
         module, _, attr = self.group_filter_cls.partition(":")
-        if not module or not attr:
-            raise ValueError(f"group_filter_cls {self.group_filter_cls!r} is not an import path 'pkg.module:Class'")
+        if self.group_filter_cls not in GROUP_FILTERS and (not module or not attr):
+            raise ValueError(f"group_filter_cls {self.group_filter_cls!r} is neither a built-in {list(GROUP_FILTERS)} "
+                             "nor an import path 'pkg.module:Class'")
         return self
 
     def tag_of(self, group_id: int) -> str:

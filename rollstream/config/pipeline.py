@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -10,6 +9,15 @@ from rollstream.config.base import ActorInferConfig, ActorTrainConfig, FrozenMod
 from rollstream.config.corrections import TrainInferCorrectionConfig
 from rollstream.config.model_paths import check_model_path
 from rollstream.filtering.decision import config_hash
+from rollstream.registry import Registry
+
+ADV_ESTIMATORS: Registry = Registry("adv_estimator", builtins={
+    "grpo": "rollstream.trainer.batch:grpo_estimator",
+    "dr_grpo": "rollstream.trainer.batch:dr_grpo_estimator",
+    "rloo": "rollstream.trainer.batch:rloo_estimator",
+})
+"""The advantage estimators by ``adv_estimator`` name: the one list of their names (their code,
+in rollstream.trainer.batch, is imported by the trainer)."""
 
 
 class PipelineConfig(FrozenModel):
@@ -49,13 +57,22 @@ class PipelineConfig(FrozenModel):
     stage_restart_backoff_s: float = Field(
         1.0, ge=0.0, le=600.0, description="`rollstream run`: wait before a stage's first restart, doubled for each "
                                            "later one.")
-    adv_estimator: Literal["grpo", "dr_grpo", "rloo"] = Field(
+    adv_estimator: str = Field(
         "grpo", description="Advantage of each response from its group's rewards: grpo (r - mean) / (std + eps); "
                             "dr_grpo r - mean (Dr. GRPO, no std normalisation); rloo r - mean of the others "
-                            "(leave-one-out). rollstream.trainer.batch.group_advantages.")
+                            "(leave-one-out); or an import path 'pkg.module:fn' of your own, "
+                            "fn(centred, rewards, eps) -> advantages on (G, n) tensors. "
+                            "rollstream.trainer.batch.group_advantages.")
     actor_infer: ActorInferConfig = Field(default_factory=ActorInferConfig)
     actor_train: ActorTrainConfig = Field(default_factory=ActorTrainConfig)
     train_infer_correction: TrainInferCorrectionConfig = Field(default_factory=TrainInferCorrectionConfig)
+
+    @field_validator("adv_estimator")
+    @classmethod
+    def _known_estimator(cls, name: str) -> str:
+        if name not in ADV_ESTIMATORS:
+            ADV_ESTIMATORS.get_named(name)  # an import path: imported now, so a typo fails at start-up
+        return name
 
     @field_validator("pretrain")
     @classmethod

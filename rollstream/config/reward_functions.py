@@ -28,9 +28,17 @@ import sys
 from typing import Callable
 
 from rollstream.exceptions import ConfigError
+from rollstream.registry import Registry
 
-BUILTIN_REWARD_TYPES = ("gsm8k", "math", "reasoning_gym")
-"""Reward functions shipped with rollstream (rollstream.workers.rewards.REWARD_FUNCTIONS)."""
+REWARD_FUNCTIONS: Registry[Callable] = Registry("reward_type", builtins={
+    "gsm8k": "rollstream.workers.rewards:gsm8k_reward",
+    "math": "rollstream.workers.rewards:math_reward",
+    "reasoning_gym": "rollstream.workers.rewards:reasoning_gym_reward",
+})
+"""The reward functions shipped with rollstream, by ``reward_type`` name: the one list of their
+names. Their code (and the libraries it scores with) is imported when a reward worker first asks."""
+
+BUILTIN_REWARD_TYPES = REWARD_FUNCTIONS.names()
 
 INFO_KEYS = ("prompt_id", "domain", "mode", "prompt", "messages", "sample_index", "round",
              "finish_reason", "response_length", "policy_version")
@@ -40,7 +48,7 @@ tokens, ``finish_reason`` ``stop``, ``length`` or ``abort``."""
 
 
 def is_builtin(reward_type: str) -> bool:
-    return reward_type in BUILTIN_REWARD_TYPES
+    return reward_type in REWARD_FUNCTIONS
 
 
 def load_reward_function(reward_type: str, batched: bool = False) -> Callable:

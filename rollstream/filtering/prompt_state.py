@@ -30,10 +30,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable, Mapping, Union
+from typing import Any, Callable, Mapping, Sequence, Union
 
 from rollstream.filtering.decision import Decision
-from rollstream.filtering.query_filters import decide_query
+from rollstream.filtering.query_filters import query_decider
 from rollstream.filtering.reasons import RejectReason
 from rollstream.filtering.response_filters import response_decider
 from rollstream.filtering.staleness import stale_decision
@@ -63,6 +63,11 @@ class DomainFilters:
     def decide_response(self) -> Callable[[Mapping[str, Any]], Decision]:
         """The response filter, resolved once (``rewarded -> Decision``)."""
         return response_decider(self.response_filter_config)
+
+    @cached_property
+    def decide_query(self) -> Callable[[Sequence[float]], Decision]:
+        """The query filter, resolved once (``rewards -> Decision``)."""
+        return query_decider(self.query_filter_config)
 
 
 @dataclass
@@ -283,7 +288,7 @@ def _round_complete(
     else:
         metrics = [state.accepted[str(i)] for i in indices]
         decision = (stale_decision(max(state.policy_version, 0), current_version, filters.max_staleness)
-                    or decide_query(metrics, filters.query_filter_config))
+                    or filters.decide_query(metrics))
     state, decided = _decide(state, decision)
     return state, [*effects, *decided]
 

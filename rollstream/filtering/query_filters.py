@@ -139,6 +139,30 @@ def resolve_query_filter(config: Mapping[str, Any]) -> QueryFilterFn:
     return QUERY_FILTERS.resolve(config.get("type", "no_filter"))
 
 
+def query_decider(config: Mapping[str, Any]) -> Callable[[Sequence[float]], Decision]:
+    """The decision of ``config`` (a domain's ``query_filter_config`` mapping ``{type,
+    filter_args}``) with its filter resolved once: ``decide(rewards) -> Decision`` (see
+    decide_query). Raises ConfigError for an unknown type."""
+    fn = resolve_query_filter(config)
+    filter_args = config.get("filter_args") or {}
+
+    def decide(rewards: Sequence[float]) -> Decision:
+        if len(rewards) == 0:
+            raise ValueError("query filter needs at least one reward (empty group)")
+        floats = [float(r) for r in rewards]
+        # non-finite in float32: NaN, +-inf, or beyond float32's range (rounds to inf)
+        bad = sum(1 for v in floats if not -F32_ROUNDS_TO_INF < v < F32_ROUNDS_TO_INF)
+        if bad:
+            return Decision.reject(RejectReason.INVALID_REWARD, non_finite=float(bad), n=float(len(rewards)))
+        if len(rewards) == 1:
+            return Decision.accept(mean=f32(floats[0]), n=1.0)
+        if not isinstance(filter_args, Mapping):
+            raise ConfigError(f"query_filter_config.filter_args must be a mapping, got {filter_args!r}")
+        return fn(float32_tensor(floats), filter_args)
+
+    return decide
+
+
 def decide_query(rewards: Sequence[float], config: Mapping[str, Any]) -> Decision:
     """Decide one prompt group from its per-response rewards.
 
@@ -147,22 +171,10 @@ def decide_query(rewards: Sequence[float], config: Mapping[str, Any]) -> Decisio
         config: the domain's ``query_filter_config`` mapping ``{type, filter_args}``.
 
     Returns: Decision (keep, reason, values used).
-    Raises: ValueError for an empty group; ConfigError for an unknown type.
+    Raises: ValueError for an empty group; ConfigError for an unknown type. A stage deciding
+    many groups by one config resolves it once with ``query_decider``.
     """
-    if len(rewards) == 0:
-        raise ValueError("query filter needs at least one reward (empty group)")
-    fn = resolve_query_filter(config)
-    floats = [float(r) for r in rewards]
-    # non-finite in float32: NaN, +-inf, or beyond float32's range (rounds to inf)
-    bad = sum(1 for v in floats if not -F32_ROUNDS_TO_INF < v < F32_ROUNDS_TO_INF)
-    if bad:
-        return Decision.reject(RejectReason.INVALID_REWARD, non_finite=float(bad), n=float(len(rewards)))
-    if len(rewards) == 1:
-        return Decision.accept(mean=f32(floats[0]), n=1.0)
-    filter_args = config.get("filter_args") or {}
-    if not isinstance(filter_args, Mapping):
-        raise ConfigError(f"query_filter_config.filter_args must be a mapping, got {filter_args!r}")
-    return fn(float32_tensor(floats), filter_args)
+    return query_decider(config)(rewards)
 
 
 def query_filter(rewards: Sequence[float], query_filter_config: Mapping[str, Any]) -> bool:

@@ -1,51 +1,31 @@
-"""Filters by name; an import path (``pkg.module:attr`` or ``pkg.module.attr``) names a custom one."""
+"""The query and response filter registries (rollstream.registry's idiom): built-ins by name, a
+user's filter by import path (``pkg.module:attr`` or ``pkg.module.attr``)."""
 
 from __future__ import annotations
 
-import importlib
 import logging
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable
 
 from rollstream.exceptions import UnknownFilterError
 from rollstream.filtering.decision import Decision
 from rollstream.filtering.reasons import RejectReason
+from rollstream.registry import Registry
+from rollstream.registry import import_object as _import_object
 
 log = logging.getLogger(__name__)
 
-F = TypeVar("F", bound=Callable)
 
-
-
-class Registry(dict):
-    """name -> filter function; re-registering a name with another function raises."""
+class FilterRegistry(Registry[Callable]):
+    """``name -> filter function``; ``resolve`` wraps a user's filter so it returns a Decision."""
 
     def __init__(self, kind: str, custom_reason: RejectReason) -> None:
-        super().__init__()
-        self.kind = kind
+        super().__init__(kind, error=UnknownFilterError, label=f"{kind} type")
         self.custom_reason = custom_reason
 
-    def register(self, name: str) -> Callable[[F], F]:
-        def deco(fn: F) -> F:
-            if name in self and self[name] is not fn:
-                raise ValueError(f"{self.kind} {name!r} is already registered")
-            self[name] = fn
-            return fn
-
-        return deco
-
     def get_filter(self, name: str) -> Callable:
-        """The registered filter, or the object an import path names.
-
-        Raises UnknownFilterError listing the valid names.
-        """
-        if name in self:
-            return self[name]
-        if "." in name or ":" in name:
-            return import_object(name, self.kind)
-        raise UnknownFilterError(
-            f"unknown {self.kind} type {name!r}; valid: {sorted(self)} or an import path 'pkg.module:name'"
-        )
-
+        """The registered filter, or the object an import path names. Raises UnknownFilterError
+        listing the valid names."""
+        return self.get_named(name)
 
     def resolve(self, name: str) -> Callable[[Any, Any], Decision]:
         """A registered filter as is, or a custom one wrapped so that it returns a Decision: a
@@ -69,15 +49,9 @@ class Registry(dict):
 
 
 def import_object(path: str, kind: str = "object") -> Callable:
-    module_name, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
-    try:
-        obj = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise UnknownFilterError(f"cannot import {kind} {path!r}: {exc}") from exc
-    if not callable(obj):
-        raise UnknownFilterError(f"{kind} {path!r} is not callable")
-    return obj
+    """The callable an import path names; UnknownFilterError (a ConfigError) when it does not."""
+    return _import_object(path, kind, UnknownFilterError)
 
 
-QUERY_FILTERS = Registry("query_filter", RejectReason.CUSTOM_QUERY_FILTER)
-RESPONSE_FILTERS = Registry("response_filter", RejectReason.CUSTOM_RESPONSE_FILTER)
+QUERY_FILTERS = FilterRegistry("query_filter", RejectReason.CUSTOM_QUERY_FILTER)
+RESPONSE_FILTERS = FilterRegistry("response_filter", RejectReason.CUSTOM_RESPONSE_FILTER)

@@ -58,12 +58,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Mapping, Sequence, overload
+from typing import Callable, Mapping, Sequence, overload
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from rollstream.config.pipeline import ADV_ESTIMATORS
+from rollstream.exceptions import ConfigError
+from rollstream.registry import is_import_path
 from rollstream.schemas.packed import unpack_array
 from rollstream.schemas.records import group_rows, is_payload_ref, is_trajectory_group
 from rollstream.schemas.validation import check_extras, check_trajectory
@@ -71,8 +74,6 @@ from rollstream.schemas.validation import check_extras, check_trajectory
 GRPO_EPS = 1e-6
 """Added to the group std before dividing, so a near-constant group cannot blow up."""
 
-ADV_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
-"""The advantage estimators of ``group_advantages`` (the pipeline config's ``adv_estimator``)."""
 
 EXTRAS_TORCH_DTYPE = {"uint16": np.int32}
 """numpy dtypes of ``extras`` widened for torch (which has few uint16 operations); the others
@@ -382,7 +383,7 @@ def build_batch(groups: Sequence[dict], step: int, pad_token_id: int, adv_estima
     """
     if not groups:
         raise ValueError("build_batch needs at least one group, got an empty sequence")
-    _check_estimator(adv_estimator)
+    resolve_estimator(adv_estimator)
     rows: list[_Row] = []
     group_index: list[int] = []
     group_rewards: list[Tensor] = []
@@ -471,12 +472,12 @@ def group_advantages(rewards, estimator: str = "grpo", eps: float = GRPO_EPS):
         ValueError: an unknown ``estimator``, a NaN or infinite reward, or ``rewards`` not 2-D /
             a sequence of 1-D tensors.
     """
-    _check_estimator(estimator)
+    fn = resolve_estimator(estimator)
     if isinstance(rewards, Tensor):
-        return _advantages_2d(_as_float(rewards, 2), estimator, eps, offset=0)
+        return _advantages_2d(_as_float(rewards, 2), fn, eps, offset=0)
     out: list[Tensor] = []
     for g, r in enumerate(rewards):  # one vectorised call per group; never per token
-        out.append(_advantages_2d(_as_float(r, 1)[None, :], estimator, eps, offset=g)[0])
+        out.append(_advantages_2d(_as_float(r, 1)[None, :], fn, eps, offset=g)[0])
     return out
 
 
@@ -515,9 +516,31 @@ def grpo_advantages(rewards, eps: float = GRPO_EPS, norm_by_std: bool = True):
     return group_advantages(rewards, "grpo" if norm_by_std else "dr_grpo", eps)
 
 
-def _check_estimator(estimator: str) -> None:
-    if estimator not in ADV_ESTIMATORS:
+def grpo_estimator(centred: Tensor, rewards: Tensor, eps: float) -> Tensor:
+    """``grpo``: ``(r_i - m) / (std(r) + eps)``, std unbiased (n - 1). ``centred``: ``r - m``;
+    all ``(G, n)`` float."""
+    return centred / (rewards.std(dim=1, keepdim=True) + eps)
+
+
+def dr_grpo_estimator(centred: Tensor, rewards: Tensor, eps: float) -> Tensor:
+    """``dr_grpo``: ``r_i - m``."""
+    return centred
+
+
+def rloo_estimator(centred: Tensor, rewards: Tensor, eps: float) -> Tensor:
+    """``rloo``: ``r_i - mean_{j != i} r_j = n / (n - 1) * (r_i - m)``."""
+    n = rewards.shape[1]
+    return centred * (n / (n - 1))
+
+
+def resolve_estimator(estimator: str) -> Callable[[Tensor, Tensor, float], Tensor]:
+    """The estimator ``estimator`` names (built-in, or an import path); ValueError when none."""
+    if estimator not in ADV_ESTIMATORS and not is_import_path(estimator):
         raise ValueError(f"unknown adv_estimator {estimator!r}; expected one of {list(ADV_ESTIMATORS)}")
+    try:
+        return ADV_ESTIMATORS.get_named(estimator)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from exc
 
 
 def _as_float(r: Tensor, dim: int) -> Tensor:
@@ -528,7 +551,8 @@ def _as_float(r: Tensor, dim: int) -> Tensor:
     return r if r.is_floating_point() else r.to(torch.float32)
 
 
-def _advantages_2d(r: Tensor, estimator: str, eps: float, offset: int) -> Tensor:
+def _advantages_2d(r: Tensor, estimator: Callable[[Tensor, Tensor, float], Tensor], eps: float,
+                   offset: int) -> Tensor:
     """``r``: (G, n) floating rewards; ``offset`` numbers groups in error messages."""
     bad = ~torch.isfinite(r)
     if bad.any():
@@ -540,10 +564,6 @@ def _advantages_2d(r: Tensor, estimator: str, eps: float, offset: int) -> Tensor
     n = r.shape[1]
     if n <= 1:
         return torch.zeros_like(r)  # no baseline (nor std) from one sample: no learning signal
-    centred = r - r.mean(dim=1, keepdim=True)
-    if estimator == "grpo":
-        centred = centred / (r.std(dim=1, keepdim=True) + eps)  # unbiased, n - 1
-    elif estimator == "rloo":
-        centred = centred * (n / (n - 1))  # r_i - mean of the other n - 1
+    centred = estimator(r - r.mean(dim=1, keepdim=True), r, eps)
     constant = r.amax(dim=1, keepdim=True) == r.amin(dim=1, keepdim=True)
     return centred.masked_fill(constant, 0.0)

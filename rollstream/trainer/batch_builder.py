@@ -66,7 +66,7 @@ from rollstream.observability.metrics import process_metrics
 from rollstream.runtime import PAYLOAD_MAX_MESSAGE_BYTES, now_ms, worker_id
 from rollstream.schemas import encode
 from rollstream.schemas.records import batch_event, group_rows, group_schema, payload_refs
-from rollstream.trainer.batch import ADV_ESTIMATORS, RolloutBatch, build_batch, check_payloads, extras_shapes
+from rollstream.trainer.batch import RolloutBatch, build_batch, check_payloads, extras_shapes, resolve_estimator
 from rollstream.trainer.intake import (
     DEDUP_WINDOW,
     RecentKeys,
@@ -151,8 +151,7 @@ class BatchBuilder:
     ) -> None:
         if rollout_batch_size < 1:
             raise ValueError(f"rollout_batch_size must be >= 1, got {rollout_batch_size}")
-        if adv_estimator not in ADV_ESTIMATORS:
-            raise ValueError(f"unknown adv_estimator {adv_estimator!r}; expected one of {list(ADV_ESTIMATORS)}")
+        resolve_estimator(adv_estimator)  # raises ValueError for an unknown one
         self.adv_estimator = adv_estimator
         self.topics = topics
         self.topic = topics.groups_accepted

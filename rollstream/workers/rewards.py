@@ -54,7 +54,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Sequence
 
-from rollstream.config.reward_functions import info_keys, is_builtin, load_reward_function
+from rollstream.config.reward_functions import REWARD_FUNCTIONS, info_keys, is_builtin, load_reward_function
 from rollstream.filtering.reasons import RejectReason
 from rollstream.filtering.response_filters import BLANK_TEXT, REWARD_FAILURE
 from rollstream.kafka.events import Input, Output
@@ -314,19 +314,12 @@ def reasoning_gym_reward(response_text: str, ground_truth: str) -> RewardResult:
     return _result(score, score >= 1.0, fmt, answer, task_score=score)
 
 
-REWARD_FUNCTIONS: dict[str, RewardFn] = {
-    "gsm8k": gsm8k_reward,
-    "math": math_reward,
-    "reasoning_gym": reasoning_gym_reward,
-}
-
-
 def get_reward_fn(name: str) -> RewardFn:
-    """The reward function registered as ``name``; ValueError listing the valid names."""
-    try:
-        return REWARD_FUNCTIONS[name]
-    except KeyError:
-        raise ValueError(f"unknown reward function {name!r}; valid: {sorted(REWARD_FUNCTIONS)}") from None
+    """The built-in reward function ``name`` (``REWARD_FUNCTIONS``); ValueError listing the valid
+    names."""
+    if name not in REWARD_FUNCTIONS:
+        raise ValueError(f"unknown reward function {name!r}; valid: {sorted(REWARD_FUNCTIONS)}")
+    return REWARD_FUNCTIONS[name]
 
 
 # --- worker --------------------------------------------------------------------------------

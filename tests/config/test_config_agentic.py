@@ -158,7 +158,7 @@ def set_in(*path_and_value):
      "train_env_manager: refill.min_valid_group_size 5 > group_size 4"),
     (set_in("train_env_manager", "group_filter_cls", "rollstream.filtering.group_filters.GroupFilter"),
      "train_env_manager: group_filter_cls 'rollstream.filtering.group_filters.GroupFilter' "
-     "is not an import path 'pkg.module:Class'"),
+     "is neither a built-in ['default', 'env_failure_std', 'drop_flag'] nor an import path 'pkg.module:Class'"),
     (set_in("train_env_manager", "group_size_redundancy", -1),
      "train_env_manager.group_size_redundancy: Input should be greater than or equal to 0"),
     (set_in("custom_envs", "FrozenLake", "format_penalty", 0.5),

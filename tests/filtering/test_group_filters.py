@@ -320,7 +320,8 @@ def test_raising_custom_filter_drops_with_filter_error(caplog):
 @pytest.mark.parametrize("path,match", [
     ("no.such.module:Filter", "cannot import group_filter_cls 'no.such.module:Filter'"),
     ("rollstream.filtering.group_filters:NoSuchClass", "NoSuchClass"),
-    ("", "group_filter_cls must be an import path"),
+    ("", r"group_filter_cls must be a built-in name \['default', 'env_failure_std', 'drop_flag'\] or an import path"),
+    ("dropflag", r"unknown group_filter_cls 'dropflag'; valid: \['default', 'drop_flag', 'env_failure_std'\]"),
     (f"{__name__}:NoFilterMethod", "NoFilterMethod' has no callable filter"),
     (f"{__name__}:FilterIsNotCallable", "FilterIsNotCallable' has no callable filter"),
     (f"{__name__}:WrongSignature", "WrongSignature' could not be built"),
@@ -349,3 +350,10 @@ def test_one_instance_per_mode_keeps_separate_state():
     assert [train.filter(0, e, flagged) for e in range(2)] == [False, True]
     assert val.filter(0, 0, flagged) is False  # its own call 1
     assert (train.guard.total, val.guard.total) == (2, 1)
+
+
+@pytest.mark.parametrize("name,cls", [("default", GroupFilter), ("env_failure_std", EnvFailureStdGroupFilter),
+                                      ("drop_flag", DropFlagGroupFilter), (DROP_FLAG, DropFlagGroupFilter)])
+def test_a_built_in_is_named_by_its_name_or_its_import_path(name, cls):
+    assert type(load_group_filter(name, None, manager(), "train")) is cls
+    assert EnvManagerConfig(num_env_groups=2, group_size=4, tags=["t"], group_filter_cls=name).group_filter_cls == name
