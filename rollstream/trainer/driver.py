@@ -20,14 +20,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from typing import TYPE_CHECKING
+
 from rollstream.config import Config
 from rollstream.kafka.cluster import Bootstrap
-from rollstream.policy.model import resolve_device
-from rollstream.trainer.rollout_stream import RolloutStream
-from rollstream.trainer.checkpoint import CheckpointStore
 from rollstream.trainer.distributed import process_group_from_env
 from rollstream.trainer.loop import LoopControl, LoopResult, build_batches
-from rollstream.trainer.policy import PolicyTrainer
+from rollstream.trainer.rollout_stream import RolloutStream
+
+if TYPE_CHECKING:  # model code (transformers) is imported only by a trainer that trains
+    from rollstream.trainer.policy import PolicyTrainer
 
 __all__ = ["LoopResult", "build_batches", "policy_trainer", "run_trainer"]
 
@@ -37,6 +39,9 @@ def policy_trainer(config: Config, checkpoint_dir: Path) -> PolicyTrainer | None
     ``checkpoint_dir``), or None when ``actor_train.enabled`` is off."""
     if not config.actor_train.enabled:
         return None
+    from rollstream.trainer.checkpoint import CheckpointStore
+    from rollstream.trainer.policy import PolicyTrainer
+
     return PolicyTrainer.from_config(config, CheckpointStore(checkpoint_dir, config.actor_train.keep_checkpoints))
 
 
@@ -51,7 +56,12 @@ def run_trainer(config: Config, bootstrap: Bootstrap, run_dir: Path, *, deadline
     (a crash in between) is recorded, not trained again. Under ``torchrun`` each rank runs this
     (module doc). Every client is closed on return; returns the same result on every rank."""
     # the ranks' backend follows the training device (nccl on CUDA); without training: gloo
-    device = resolve_device(config.actor_train.device) if config.actor_train.enabled else "cpu"
+    if config.actor_train.enabled:
+        from rollstream.policy.model import resolve_device
+
+        device = resolve_device(config.actor_train.device)
+    else:
+        device = "cpu"
     with process_group_from_env(device):
         trainer = policy_trainer(config, run_dir / "checkpoints")
         resume = None if trainer is None or trainer.resumed is None else {**trainer.resumed,

@@ -147,6 +147,14 @@ def test_the_stages_that_hold_no_model_import_neither_transformers_nor_torch(bun
     assert out.stdout.strip() == "[]"
 
 
+def test_a_trainer_that_trains_no_model_imports_no_model_code():
+    # `rollstream worker trainer` with actor_train.enabled false batches, commits and publishes
+    # with torch alone: transformers costs ~10 CPU-s per start
+    code = "import sys, rollstream.trainer.driver\nprint('transformers' in sys.modules)\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 def test_before_the_bundled_cache_is_built_the_ids_come_from_the_gguf_through_transformers(tmp_path, monkeypatch):
     expected = light_ids(None)
     monkeypatch.setenv("ROLLSTREAM_MODEL_CACHE", str(tmp_path / "not-built-yet"))
