@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollstream.config.pipeline import ADV_ESTIMATORS
+from rollstream.estimators import ADV_ESTIMATORS
 from rollstream.config.reward_functions import BUILTIN_REWARD_TYPES, REWARD_FUNCTIONS
 from rollstream.exceptions import ConfigError
 from rollstream.filtering.group_filters import GROUP_FILTERS

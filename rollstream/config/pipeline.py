@@ -9,15 +9,7 @@ from rollstream.config.base import ActorInferConfig, ActorTrainConfig, FrozenMod
 from rollstream.config.corrections import TrainInferCorrectionConfig
 from rollstream.config.model_paths import check_model_path
 from rollstream.filtering.decision import config_hash
-from rollstream.registry import Registry
-
-ADV_ESTIMATORS: Registry = Registry("adv_estimator", builtins={
-    "grpo": "rollstream.trainer.batch:grpo_estimator",
-    "dr_grpo": "rollstream.trainer.batch:dr_grpo_estimator",
-    "rloo": "rollstream.trainer.batch:rloo_estimator",
-})
-"""The advantage estimators by ``adv_estimator`` name: the one list of their names (their code,
-in rollstream.trainer.batch, is imported by the trainer)."""
+from rollstream.estimators import ADV_ESTIMATORS
 
 
 class PipelineConfig(FrozenModel):
