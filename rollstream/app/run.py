@@ -32,6 +32,7 @@ from rollstream.exceptions import StageDied
 from rollstream.kafka.admin import create_pipeline_topics, wait_for_broker
 from rollstream.kafka.broker import EmbeddedBroker
 from rollstream.kafka.cluster import Cluster
+from rollstream.kafka.context import StageContext
 from rollstream.kafka.topics import Topics
 from rollstream.policy.model import model_folder
 from rollstream.tools.learning import final_round_done
@@ -163,7 +164,7 @@ def _build(config: Config, bootstrap: Cluster, topics: Topics, stages: Supervise
             last = f"batch {result.batches[-1]['step']} built" if result.batches else "filling batches"
             progress.update(bar, completed=min(target, done + buffered), description=last)
 
-        metrics = start_metrics("trainer", bootstrap, topics)
+        metrics = start_metrics(StageContext(bootstrap, topics, "trainer"))
         try:
             result = run_trainer(config, bootstrap, run_dir, deadline=started + config.time_limit_s,
                                  check=stages.check, on_progress=show)

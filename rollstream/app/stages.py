@@ -19,9 +19,6 @@ from rollstream.kafka.admin import create_changelog_topics
 from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.context import StageContext
-from rollstream.kafka.topics import Topics
-from rollstream.observability.metrics import process_metrics
-from rollstream.runtime import worker_id
 from rollstream.workers.envs import resolve_env
 
 log = logging.getLogger(__name__)
@@ -99,11 +96,12 @@ def _server_kwargs(config: Config, instance: int, instances: int) -> dict:
             "pause_mode": server.pause_mode}
 
 
-def start_metrics(stage: str, bootstrap: Bootstrap, topics: Topics, port: int = 0):
-    """This process's metrics, named after ``stage``: snapshots to ``metrics`` every 10 s, and
-    ``/metrics`` for Prometheus on ``port`` (0: not served)."""
-    metrics = process_metrics(worker_id(stage))
-    metrics.start_publishing(lambda: make_producer(bootstrap, client_id=f"{metrics.worker}-metrics"), topics.metrics)
+def start_metrics(context: StageContext, port: int = 0):
+    """This process's metrics, named after ``context``'s stage: snapshots to ``metrics`` every
+    10 s, and ``/metrics`` for Prometheus on ``port`` (0: not served)."""
+    metrics = context.metrics
+    metrics.start_publishing(lambda: make_producer(context.bootstrap, client_id=f"{metrics.worker}-metrics"),
+                             context.topics.metrics)
     metrics.serve(port)
     return metrics
 
@@ -124,7 +122,7 @@ def run_stage(stage: Stage, config: Config, bootstrap: Bootstrap, max_idle_s: fl
     context = StageContext.of(config.kafka, bootstrap, stage.value, instance, instances)
     if stage is Stage.trainer and int(os.environ.get("RANK", "0")) > 0:
         metrics_port = 0  # under torchrun the ranks share a host: rank 0 serves /metrics
-    metrics = start_metrics(stage.value, bootstrap, context.topics, metrics_port)
+    metrics = start_metrics(context, metrics_port)
     try:
         _run(stage, config, context, max_idle_s, concurrency)
     finally:
