@@ -2,7 +2,7 @@
 
 1. ``group_queue_inprocess_trajectories_per_s_{default,std}``: pre-encoded Trajectory events (the
    payload events, packed arrays; each event's offset is its index) through
-   ``GroupQueueProcessor.handle`` over a plain dict table (no Kafka), once with the
+   ``GroupQueueProcessor.handle`` over a MemoryStore (no Kafka), once with the
    default group filter (keeps every group) and once with ``EnvFailureStdGroupFilter`` (drops
    zero-std groups; each drop starts a replacement episode). Same events both times.
 2. ``group_queue_kafka_trajectories_per_s``: the same events (std filter) through ONE
@@ -238,9 +238,10 @@ def _encode(template: dict, group_id: int, episode_id: int, traj_index: int, gro
 
 def bench_inprocess(config, workload: dict, expected: dict) -> dict:
     from rollstream.streams.group_queue_processor import GroupQueueProcessor
+    from rollstream.streams.store import MemoryStore
 
     topics = Topics(config.kafka.topic_prefix)
-    table: dict[bytes, bytes] = {}
+    table = MemoryStore()
     proc = GroupQueueProcessor(config, table)
     errors = 0
     for offset, (_, value) in enumerate(workload["starts"]):

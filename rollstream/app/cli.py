@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -17,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.live import Live
 
+from rollstream.app.options import command_options
 from rollstream.app.render import print_audit, print_whatif, replay_row, replay_table, stats_table
 from rollstream.exceptions import RollstreamError
 from rollstream.kafka.admin import check_copartitioned, create_pipeline_topics, wait_for_broker
@@ -155,25 +157,29 @@ def create_topics_cmd(config: Path = typer.Option(..., "--config", "-c", help="P
     console.print(f"topics ready under prefix {topics.prefix!r}")
 
 
-@app.command("produce-prompts")
-def produce_prompts_cmd(
-    config: Path = typer.Option(..., "--config", "-c", help="Pipeline YAML (topic prefix, rewards domains, seed)."),
-    bootstrap: str = BOOTSTRAP_OPT,
+@dataclass(frozen=True)
+class ProducePromptsOptions:
+    config: Path = typer.Option(..., "--config", "-c", help="Pipeline YAML (topic prefix, rewards domains, seed).")
+    bootstrap: str = BOOTSTRAP_OPT
     file: Optional[str] = typer.Option(None, "--file", "-f", help="Publish this .jsonl / .json / .parquet file or Hugging "
-                                       "Face datasets folder instead of the config's datasets."),
-    domain: Optional[str] = typer.Option(None, "--domain", help="--file: the reward domain of every row."),
-    domain_key: Optional[str] = typer.Option(None, "--domain-key", help="--file: the key of each row's reward domain."),
-    mode: str = typer.Option("train", "--mode", help="--file: train or val."),
-    prompt_key: Optional[str] = typer.Option(None, "--prompt-key", help="--file: the key of the prompt text (one user turn)."),
-    messages_key: Optional[str] = typer.Option(None, "--messages-key", help="--file: the key of the chat messages."),
+                                       "Face datasets folder instead of the config's datasets.")
+    domain: Optional[str] = typer.Option(None, "--domain", help="--file: the reward domain of every row.")
+    domain_key: Optional[str] = typer.Option(None, "--domain-key", help="--file: the key of each row's reward domain.")
+    mode: str = typer.Option("train", "--mode", help="--file: train or val.")
+    prompt_key: Optional[str] = typer.Option(None, "--prompt-key", help="--file: the key of the prompt text (one user turn).")
+    messages_key: Optional[str] = typer.Option(None, "--messages-key", help="--file: the key of the chat messages.")
     ground_truth_key: Optional[str] = typer.Option(None, "--ground-truth-key", help="--file: the key of the reference "
-                                                   "answer (dotted path, e.g. reward_model.ground_truth)."),
-    id_key: Optional[str] = typer.Option(None, "--id-key", help="--file: the key of each row's id (default <file stem>-<row>)."),
-    num_samples: Optional[int] = typer.Option(None, "--num-samples", min=1, help="--file: the first N rows (default all)."),
-    prompt_template: Optional[str] = typer.Option(None, "--prompt-template", help="--file: wraps a text prompt; contains {question}."),
+                                                   "answer (dotted path, e.g. reward_model.ground_truth).")
+    id_key: Optional[str] = typer.Option(None, "--id-key", help="--file: the key of each row's id (default <file stem>-<row>).")
+    num_samples: Optional[int] = typer.Option(None, "--num-samples", min=1, help="--file: the first N rows (default all).")
+    prompt_template: Optional[str] = typer.Option(None, "--prompt-template", help="--file: wraps a text prompt; contains {question}.")
     end: bool = typer.Option(True, "--end/--no-end", help="Write the PromptsEnd marker after the prompts (--no-end: more "
-                             "prompts will follow; admission waits for them)."),
-) -> None:
+                             "prompts will follow; admission waits for them).")
+
+
+@app.command("produce-prompts")
+@command_options(ProducePromptsOptions)
+def produce_prompts_cmd(o: ProducePromptsOptions) -> None:
     """Publish prompts to the prompts topic, then the end-of-data marker: the config's datasets
     (interleaved by domain_interleave_probs), or with --file a file of your own mapped by keys
     (checked row by row before anything is sent)."""
@@ -183,32 +189,31 @@ def produce_prompts_cmd(
     from rollstream.config import AgenticConfig, DatasetConfig
     from rollstream.exceptions import validation_problems
 
-    cfg = _config(config)
+    cfg = _config(o.config)
     if isinstance(cfg, AgenticConfig):
-        _fail(ValueError(f"{config} is an agentic config: it has no prompts; use start-groups"))
-    keys = {"domain": domain, "domain_key": domain_key, "prompt_key": prompt_key, "messages_key": messages_key,
-            "ground_truth_key": ground_truth_key, "id_key": id_key, "num_samples": num_samples,
-            "prompt_template": prompt_template}
+        _fail(ValueError(f"{o.config} is an agentic config: it has no prompts; use start-groups"))
+    keys = {k: getattr(o, k) for k in ("domain", "domain_key", "prompt_key", "messages_key", "ground_truth_key",
+                                       "id_key", "num_samples", "prompt_template")}
     prompts = None
-    if file is None:
-        given = [f"--{k.replace('_', '-')}" for k, v in keys.items() if v is not None] + (["--mode"] if mode != "train" else [])
+    if o.file is None:
+        given = [f"--{k.replace('_', '-')}" for k, v in keys.items() if v is not None] + (["--mode"] if o.mode != "train" else [])
         if given:
             _fail(ValueError(f"{', '.join(given)} apply to --file only"))
     else:
         try:
-            dataset = DatasetConfig(source=file, mode=mode, **{k: v for k, v in keys.items() if v is not None})
+            dataset = DatasetConfig(source=o.file, mode=o.mode, **{k: v for k, v in keys.items() if v is not None})
         except ValidationError as exc:
             _fail(ValueError("; ".join(validation_problems(exc))))
         unknown = sorted(dataset.domains - set(cfg.rewards))
         if unknown:
-            _fail(ValueError(f"{file}: domain {unknown[0]!r} has no rewards entry in {config}; known: {sorted(cfg.rewards)}"))
+            _fail(ValueError(f"{o.file}: domain {unknown[0]!r} has no rewards entry in {o.config}; known: {sorted(cfg.rewards)}"))
         try:
             prompts = config_prompts(cfg, [dataset])
         except ValueError as exc:
             _fail(exc)
-    cluster = _reach(bootstrap, cfg)
-    sent = produce_prompts(cfg, cluster, prompts, end=end, producer_name="produce-prompts")
-    console.print(f"produced {sent} prompts" + (", then the end-of-data marker" if end and (prompts is not None or cfg.datasets) else ""))
+    cluster = _reach(o.bootstrap, cfg)
+    sent = produce_prompts(cfg, cluster, prompts, end=o.end, producer_name="produce-prompts")
+    console.print(f"produced {sent} prompts" + (", then the end-of-data marker" if o.end and (prompts is not None or cfg.datasets) else ""))
 
 
 @app.command("start-groups")
@@ -252,58 +257,62 @@ def run(
         raise typer.Exit(3)
 
 
+@dataclass(frozen=True)
+class ReplayOptions:
+    topic: str = typer.Argument(..., help="Topic: a full name, or a logical one (groups.rejected) under --prefix.")
+    bootstrap: str = BOOTSTRAP_OPT
+    prefix: str = typer.Option(DEFAULT_PREFIX, "--prefix", help="Prefix of logical topic names.")
+    where: list[str] = typer.Option([], "--where", "-w", help="FIELD=VALUE (or != >= <= > <); dotted paths; repeat to AND.")
+    key: Optional[str] = typer.Option(None, "--key", help="Only records with this key.")
+    partition: list[int] = typer.Option([], "--partition", "-p", help="Only these partitions (repeat).")
+    from_offset: Optional[int] = typer.Option(None, "--from-offset", help="First offset (per partition).")
+    to_offset: Optional[int] = typer.Option(None, "--to-offset", help="Stop before this offset (per partition).")
+    since: Optional[str] = typer.Option(None, "--since", help="Record time >= this (epoch ms or ISO 8601, UTC).")
+    until: Optional[str] = typer.Option(None, "--until", help="Record time < this (epoch ms or ISO 8601, UTC).")
+    output: str = typer.Option("jsonl", "--format", "-f", help="jsonl or table.")
+    follow: bool = typer.Option(False, "--follow", help="Keep reading new records until interrupted.")
+    limit: Optional[int] = typer.Option(None, "--limit", help="Stop after this many selected records.")
+    to_topic: Optional[str] = typer.Option(None, "--to-topic", help="Re-inject the selected records (same key and bytes) into this topic (a full name: --prefix does not apply).")
+    payloads: bool = typer.Option(False, "--payloads", help="Fetch the token payloads the shown records reference (one fetch per page) and show each member's token counts and text; JSON lines carry the payload record under `payload`, the reference under `payload_ref`. Without it only references are shown and no payload topic is read.")
+    config: Optional[Path] = SECURITY_CONFIG_OPT
+
+
 @app.command()
-def replay(
-    topic: str = typer.Argument(..., help="Topic: a full name, or a logical one (groups.rejected) under --prefix."),
-    bootstrap: str = BOOTSTRAP_OPT,
-    prefix: str = typer.Option(DEFAULT_PREFIX, "--prefix", help="Prefix of logical topic names."),
-    where: list[str] = typer.Option([], "--where", "-w", help="FIELD=VALUE (or != >= <= > <); dotted paths; repeat to AND."),
-    key: Optional[str] = typer.Option(None, "--key", help="Only records with this key."),
-    partition: list[int] = typer.Option([], "--partition", "-p", help="Only these partitions (repeat)."),
-    from_offset: Optional[int] = typer.Option(None, "--from-offset", help="First offset (per partition)."),
-    to_offset: Optional[int] = typer.Option(None, "--to-offset", help="Stop before this offset (per partition)."),
-    since: Optional[str] = typer.Option(None, "--since", help="Record time >= this (epoch ms or ISO 8601, UTC)."),
-    until: Optional[str] = typer.Option(None, "--until", help="Record time < this (epoch ms or ISO 8601, UTC)."),
-    output: str = typer.Option("jsonl", "--format", "-f", help="jsonl or table."),
-    follow: bool = typer.Option(False, "--follow", help="Keep reading new records until interrupted."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="Stop after this many selected records."),
-    to_topic: Optional[str] = typer.Option(None, "--to-topic", help="Re-inject the selected records (same key and bytes) into this topic (a full name: --prefix does not apply)."),
-    payloads: bool = typer.Option(False, "--payloads", help="Fetch the token payloads the shown records reference (one fetch per page) and show each member's token counts and text; JSON lines carry the payload record under `payload`, the reference under `payload_ref`. Without it only references are shown and no payload topic is read."),
-    config: Optional[Path] = SECURITY_CONFIG_OPT,
-) -> None:
+@command_options(ReplayOptions)
+def replay(o: ReplayOptions) -> None:
     """Decode a rollstream topic: what was filtered and why (e.g. `replay groups.rejected -w reason=zero_std`)."""
     try:
-        if output not in ("jsonl", "table"):
-            raise ValueError(f"--format must be jsonl or table, got {output!r}")
-        if limit is not None and limit < 1:
-            raise ValueError(f"--limit must be >= 1, got {limit}")
-        if from_offset is not None and from_offset < 0:
-            raise ValueError(f"--from-offset must be >= 0, got {from_offset}")
+        if o.output not in ("jsonl", "table"):
+            raise ValueError(f"--format must be jsonl or table, got {o.output!r}")
+        if o.limit is not None and o.limit < 1:
+            raise ValueError(f"--limit must be >= 1, got {o.limit}")
+        if o.from_offset is not None and o.from_offset < 0:
+            raise ValueError(f"--from-offset must be >= 0, got {o.from_offset}")
         selection = Selection(
-            from_offset=from_offset, to_offset=to_offset, key=key, partitions=tuple(partition) or None,
-            since_ms=parse_time_ms(since) if since else None, until_ms=parse_time_ms(until) if until else None,
-            predicates=tuple(Predicate.parse(w) for w in where))
+            from_offset=o.from_offset, to_offset=o.to_offset, key=o.key, partitions=tuple(o.partition) or None,
+            since_ms=parse_time_ms(o.since) if o.since else None, until_ms=parse_time_ms(o.until) if o.until else None,
+            predicates=tuple(Predicate.parse(w) for w in o.where))
     except ValueError as exc:
         _fail(exc)
-    name = Topics(prefix).name(topic) if topic in TOPICS else topic
-    if to_topic is not None and to_topic == name:
+    name = Topics(o.prefix).name(o.topic) if o.topic in TOPICS else o.topic
+    if o.to_topic is not None and o.to_topic == name:
         _fail(ValueError("--to-topic must differ from the topic read"))
-    cluster = _reach(bootstrap, _config(config) if config else None)
-    _print_replay(cluster, name, selection, output, follow, limit, to_topic, payloads)
+    cluster = _reach(o.bootstrap, _config(o.config) if o.config else None)
+    _print_replay(cluster, name, selection, o)
 
 
-def _print_replay(bootstrap: Cluster, name: str, selection, output: str, follow: bool, limit: Optional[int],
-                  to_topic: Optional[str], payloads: bool = False) -> None:
-    """Stream the selection as JSON lines (or collect a rich table), re-injecting on request;
-    ``payloads``: with the referenced token payloads resolved (rollstream.tools.replay.replay)."""
-    producer = make_producer(bootstrap) if to_topic else None
-    table = replay_table() if output == "table" else None
+def _print_replay(bootstrap: Cluster, name: str, selection, o: ReplayOptions) -> None:
+    """Stream the selection as JSON lines (or collect a rich table), re-injecting into
+    ``o.to_topic`` on request; ``o.payloads``: with the referenced token payloads resolved
+    (rollstream.tools.replay.replay)."""
+    producer = make_producer(bootstrap) if o.to_topic else None
+    table = replay_table() if o.output == "table" else None
     count = 0
     try:
-        for item in replay_topic(bootstrap, name, selection, follow=follow, limit=limit, payloads=payloads):
+        for item in replay_topic(bootstrap, name, selection, follow=o.follow, limit=o.limit, payloads=o.payloads):
             count += 1
             if producer is not None:
-                producer.send(to_topic, key=item.record.key, value=item.record.raw)
+                producer.send(o.to_topic, key=item.record.key, value=item.record.raw)
             if table is not None:
                 table.add_row(*replay_row(item))
             else:
@@ -318,7 +327,7 @@ def _print_replay(bootstrap: Cluster, name: str, selection, output: str, follow:
             producer.close()
     if table is not None:
         console.print(table)
-    err.print(f"{count} record{'s' if count != 1 else ''}" + (f" re-injected into {to_topic}" if to_topic else ""))
+    err.print(f"{count} record{'s' if count != 1 else ''}" + (f" re-injected into {o.to_topic}" if o.to_topic else ""))
     if count == 0 and selection.predicates:
         err.print("no record matched: a field that an event lacks never matches; fields are dotted paths "
                   "into the decoded event (e.g. response.mode, decision_values.std); see `replay TOPIC --limit 1`")

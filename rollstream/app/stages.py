@@ -140,11 +140,11 @@ def _run(stage: Stage, config: Config, context: StageContext, max_idle_s: float 
     if stage is Stage.admission:
         from rollstream.streams.admission import build_admission_app
 
-        run_faust_app(build_admission_app(config, bootstrap))
+        run_faust_app(build_admission_app(config, context))
     elif stage is Stage.aggregator:
         from rollstream.streams.aggregator import build_aggregator_app
 
-        run_faust_app(build_aggregator_app(config, bootstrap))
+        run_faust_app(build_aggregator_app(config, context))
     elif stage is Stage.generation:
         from rollstream.workers.engines import SamplingParams
         from rollstream.workers.generation import run_generation_worker
@@ -164,7 +164,7 @@ def _run(stage: Stage, config: Config, context: StageContext, max_idle_s: float 
     elif stage is Stage.group_queue:
         from rollstream.streams.group_queue import build_group_queue_app
 
-        run_faust_app(build_group_queue_app(config, bootstrap))
+        run_faust_app(build_group_queue_app(config, context))
     elif stage is Stage.env:
         from rollstream.workers.env_worker import run_env_worker
 

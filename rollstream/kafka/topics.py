@@ -29,7 +29,7 @@ TOPICS: dict[str, tuple[str, bool]] = {
     # each train prompt's outcome history (PromptHistory, key the prompt_id of its first epoch):
     # what the history-aware admission skips by; compacted, so a restart reads the latest of each
     "prompt.history": ("single", True),
-    # agentic topics, keyed by group_id (tick commands: by partition)
+    # agentic topics, keyed by group_id
     "episodes.control": ("keyed", False),
     "episodes.requests": ("keyed", False),
     "trajectories": ("keyed", False),

@@ -12,9 +12,9 @@ re-reads the train prompts before it with its own consumer (seeking ``prompts`` 
 them in each later epoch's order. The epoch and the position in it are saved with every
 admission, so a restarted admission, once its table is restored, starts the task again at that
 position (faust acks an event whose handler was cancelled, so the marker is not redelivered).
-Resuming is idempotent and asked for at three points: when faust reports the rebalance (and
-with it the table's recovery) complete, after every outcome, and on a timer, so one missed
-signal never leaves the later epochs unread.
+Resuming is idempotent and asked for after every outcome and on the timer (``punctuate_every``,
+which waits for the table's recovery), so one missed signal never leaves the later epochs
+unread.
 
 Outcomes not delivered: a restarted admission once never received an outcome already on the
 topic, its credit never returned (faust cleared events fetched while it seeked after recovery;
@@ -39,12 +39,12 @@ from rollstream.filtering import history
 from rollstream.kafka import names
 from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.clients import reader_consumer
+from rollstream.kafka.context import StageContext
 from rollstream.kafka.events import Output, decode_expected
-from rollstream.kafka.topics import Topics
 from rollstream.policy.versions import PolicyVersionWatcher
 from rollstream.streams.admission_processor import (VERSION_POLL_S, AdmissionProcessor, Take, Tokenize,
                                                     default_tokenize)
-from rollstream.streams.common import Emitter, make_app, raw_topic, tables_recovered
+from rollstream.streams.common import Emitter, TableStore, make_app, punctuate_every, raw_topic, tables_recovered
 
 __all__ = ["AdmissionAgents", "build_admission_app", "default_tokenize", "read_prompts"]
 
@@ -281,31 +281,28 @@ class AdmissionAgents:
         self.last_outcome = time.monotonic()
 
 
-def build_admission_app(config: RLVRConfig, bootstrap: Bootstrap, tokenize: Tokenize | None = None,
+def build_admission_app(config: RLVRConfig, context: StageContext, tokenize: Tokenize | None = None,
                         store: str = "memory://") -> faust.App:
-    topics = Topics(config.kafka.topic_prefix)
-    app = make_app(names.app_id(topics, names.ADMISSION_APP), bootstrap, 1, config.kafka, store)
+    topics = context.topics
+    app = make_app(names.app_id(topics, names.ADMISSION_APP), context.bootstrap, 1, config.kafka, store)
     prompts = raw_topic(app, topics.prompts, 1)
     outcomes = raw_topic(app, topics.prompt_outcomes, 1)
-    # use_partitioner: the epochs task saves the state outside any event (one partition anyway)
     table = app.Table(names.ADMISSION_TABLE, default=None, partitions=1, key_type=bytes, value_type=bytes,
-                      use_partitioner=True, help="the AdmissionState (credits, step, budget, epoch) and the seen prompt ids")
+                      help="the AdmissionState (credits, step, budget, epoch) and the seen prompt ids")
     watch_versions = config.max_staleness is not None or config.eval_steps is not None
-    versions = PolicyVersionWatcher(bootstrap, topics) if watch_versions else None
-    processor = AdmissionProcessor(config, topics, table, tokenize,
+    versions = PolicyVersionWatcher(context.bootstrap, topics) if watch_versions else None
+    processor = AdmissionProcessor(config, topics, TableStore(table), tokenize,
                                    versions.latest_version if versions is not None else lambda max_age_s=0.0: None)
-    agents = AdmissionAgents(app, processor, bootstrap, Emitter(app, topics, "admission"), watch_versions)
+    agents = AdmissionAgents(app, processor, context.bootstrap, Emitter(app, context), watch_versions)
 
-    @app.on_rebalance_complete.connect
-    async def restored(sender, **kwargs) -> None:
-        """The table is restored: a restarted admission resumes its epochs and validation."""
-        agents.resume_epochs()
-        agents.resume_eval()
-
-    @app.timer(EPOCHS_CHECK_S)
     async def keep_epochs_running() -> None:
+        """A restored admission resumes its epochs and validation."""
         agents.resume_epochs()
         agents.resume_eval()
+
+    # no turns: the prompts agent waits for credits, which outcomes and the timer return
+    punctuate_every(app, EPOCHS_CHECK_S, keep_epochs_running, None, "admission.epochs")
+    punctuate_every(app, OUTCOME_RECHECK_S, agents.recover_outcomes, None, "admission.outcomes")
 
     @app.agent(prompts)
     async def admit(stream):
@@ -319,9 +316,5 @@ def build_admission_app(config: RLVRConfig, bootstrap: Bootstrap, tokenize: Toke
             await agents.emit.guarded(agents.settle_event, event)
             agents.credit.set()
             agents.resume_epochs()
-
-    @app.timer(OUTCOME_RECHECK_S)
-    async def recover_outcomes() -> None:
-        await agents.recover_outcomes()
 
     return app

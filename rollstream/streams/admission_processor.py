@@ -1,5 +1,5 @@
 """What the admission does with each prompt, outcome and marker, without faust or asyncio: a
-dict-like table in, events out. The faust agents (rollstream.streams.admission) wait for credits,
+Store (rollstream.streams.store) in, events out. The faust agents (rollstream.streams.admission) wait for credits,
 read Kafka and send; the decisions are rollstream.filtering.admission's.
 
 Table layout (one partition: the admission is a single writer):
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from typing import Callable, MutableMapping, Sequence
+from typing import Callable, Sequence
 
 from rollstream.config import RLVRConfig
 from rollstream.filtering import admission as core
@@ -33,10 +33,10 @@ from rollstream.policy.chat import load_prompt_ids
 from rollstream.runtime import now_ms
 from rollstream.schemas.records import batch_event
 from rollstream.streams.records import derive_seed, generation_request, group_record
+from rollstream.streams.store import Store
 
 log = logging.getLogger(__name__)
 
-Table = MutableMapping[bytes, bytes]
 Tokenize = Callable[[dict], Sequence[int]]  # a Prompt record -> its chat-templated token ids
 Take = Callable[[core.AdmissionState], core.AdmissionState]
 VersionOf = Callable[[float], "int | None"]  # max age in s -> the newest policy version (None: unknown)
@@ -71,18 +71,18 @@ def default_tokenize(model_path: str | None = None) -> Tokenize:
 
 
 class AdmissionProcessor:
-    """The admission of one RLVR config over a dict-like ``table``.
+    """The admission of one RLVR config over ``store`` (its one partition, 0).
 
     ``latest_version(max_age_s)`` returns the newest published policy version (None: unknown or
     not watched); ``tokenize`` (default: the generation model's chat template, loaded on first
     use) gives the token count the prompt length filter limits.
     """
 
-    def __init__(self, config: RLVRConfig, topics: Topics, table: Table, tokenize: Tokenize | None = None,
+    def __init__(self, config: RLVRConfig, topics: Topics, store: Store, tokenize: Tokenize | None = None,
                  latest_version: VersionOf = lambda max_age_s=0.0: None) -> None:
         self.config = config
         self.topics = topics
-        self.table = table
+        self.store = store
         self.limits = config.admission_limits()
         self.latest_version = latest_version
         self.metrics = process_metrics()
@@ -94,11 +94,11 @@ class AdmissionProcessor:
 
     # -- state
     def load(self) -> core.AdmissionState:
-        raw = self.table.get(names.ADMISSION_KEY)
+        raw = self.store.get(names.ADMISSION_KEY)
         return core.AdmissionState.from_dict(json.loads(raw)) if raw else core.AdmissionState()
 
     def save(self, state: core.AdmissionState) -> None:
-        self.table[names.ADMISSION_KEY] = json.dumps(state.to_dict()).encode()
+        self.store.put(0, names.ADMISSION_KEY, json.dumps(state.to_dict()).encode())
         self.metrics.in_flight.labels("prompts").set(len(state.in_flight))
 
     def tokenizer(self) -> Tokenize:
@@ -131,7 +131,7 @@ class AdmissionProcessor:
             return Screened("dead_letter", f"prompt after the end of data (PromptsEnd at offset {end})")
         if record["domain"] not in self.config.rewards:
             return Screened("dead_letter", f"unknown domain {record['domain']!r}")
-        seen = self.table.get(names.ADMISSION_SEEN_PREFIX + record["prompt_id"].encode())
+        seen = self.store.get(names.ADMISSION_SEEN_PREFIX + record["prompt_id"].encode())
         if seen is not None and int(seen) == offset:
             return Screened("skip", f"prompt {record['prompt_id']} at offset {offset}: already admitted")
         if seen is not None:
@@ -168,7 +168,7 @@ class AdmissionProcessor:
         if take is not None:
             state = take(state)
         if offset is not None:
-            self.table[names.ADMISSION_SEEN_PREFIX + prompt["prompt_id"].encode()] = str(offset).encode()
+            self.store.put(0, names.ADMISSION_SEEN_PREFIX + prompt["prompt_id"].encode(), str(offset).encode())
         mode = prompt.get("mode", "train")
         verdict = core.prompt_length_decision(len(prompt_ids), self.config.prompt_length)
         if verdict is not None:

@@ -3,10 +3,10 @@
 The work is rollstream.streams.aggregator_processor.AggregatorProcessor (no faust); this module reads and writes
 the table and sends what it returns.
 
-Requests give each prompt's open round a deadline (``prompt_timeout_s``); a timer checks the
-deadlines of the prompts of the partitions this worker owns every ``DEADLINE_CHECK_S`` and
-reissues or aborts the late ones. Timer and agent take turns (one lock), so a batch's held
-changes and a deadline never interleave.
+Requests give each prompt's open round a deadline (``prompt_timeout_s``); the timer
+(``punctuate_every``) checks the deadlines of the prompts of the partitions this worker owns every
+``DEADLINE_CHECK_S`` and reissues or aborts the late ones. Timer and agent take turns, so a
+batch's held changes and a deadline never interleave.
 
 Events are handled in batches (up to ``BATCH_MAX`` events, or what arrived within
 ``BATCH_WITHIN_S``): each event is applied in order against the newest value of its prompt, and
@@ -29,14 +29,12 @@ import faust
 from rollstream.config import RLVRConfig
 from rollstream.filtering.query_filters import load_torch
 from rollstream.kafka import names
-from rollstream.kafka.cluster import Bootstrap
-from rollstream.kafka.topics import Topics
+from rollstream.kafka.context import StageContext
 from rollstream.observability.metrics import process_metrics
 from rollstream.policy.versions import STALENESS_VERSION_MAX_AGE_S, PolicyVersionWatcher
 from rollstream.kafka.events import decode_expected
 from rollstream.streams.aggregator_processor import AggregatorProcessor, count_effects, UnwrittenStateLost, prompt_partition
-from rollstream.streams.common import (Emitter, active_partitions, make_app, table_has, table_items,
-                                       write_outside_event)
+from rollstream.streams.common import Emitter, TableStore, active_partitions, make_app, punctuate_every
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +54,9 @@ class AggregatorAgent:
     """The aggregator's faust shell around an AggregatorProcessor: handles batches of events, writes each
     changed prompt's table value once per batch, and runs the deadline timer; the two take turns."""
 
-    def __init__(self, app: faust.App, config: RLVRConfig, table: faust.types.TableT, emit: Emitter,
+    def __init__(self, app: faust.App, config: RLVRConfig, store: TableStore, emit: Emitter,
                  versions: PolicyVersionWatcher | None) -> None:
-        self.app, self.config, self.table, self.emit, self.versions = app, config, table, emit, versions
+        self.app, self.config, self.store, self.emit, self.versions = app, config, store, emit, versions
         self.topics = emit.topics
         self.partitions = config.kafka.partitions
         self.aggregation = AggregatorProcessor(config)
@@ -66,9 +64,6 @@ class AggregatorAgent:
         self.closed_keys: dict[int, deque] = {}  # partition -> [(closed_at, key)], oldest first
         self.turn = asyncio.Lock()  # the agent's batches and the deadline timer take turns
         self.reindex = True  # the deadline index must be rebuilt from the table (start, rebalance)
-
-    def write(self, key: bytes, partition: int, value: bytes | None) -> None:
-        write_outside_event(self.table, partition, key, value)
 
     def closed(self, partition: int, key: bytes) -> None:
         self.closed_keys.setdefault(partition, deque()).append((time.monotonic(), key))
@@ -91,7 +86,7 @@ class AggregatorAgent:
         key = record["response"]["prompt_id"].encode()
         current = self.versions.latest_version(STALENESS_VERSION_MAX_AGE_S) if self.versions is not None else None
         try:
-            applied = self.aggregation.apply(self.table.get(key), event.value, record, current)
+            applied = self.aggregation.apply(self.store.get(key), event.value, record, current)
         except UnwrittenStateLost as exc:
             lost.append(exc)
             return
@@ -114,7 +109,7 @@ class AggregatorAgent:
             return
         key = record["prompt_id"].encode()
         try:
-            applied = self.aggregation.request(self.table.get(key), record)
+            applied = self.aggregation.request(self.store.get(key), record)
         except UnwrittenStateLost as exc:
             lost.append(exc)
             return
@@ -122,23 +117,23 @@ class AggregatorAgent:
             pending[key] = event.message.partition
 
     async def deadlines(self) -> None:
-        """Reissue or abort the prompts past their deadline (AggregatorProcessor.tick)."""
-        async with self.turn:
-            active = active_partitions(self.app, self.topics.responses_rewarded)
-            if self.reindex:
-                self.reindex = False
-                indexed = self.aggregation.index((k, v) for k, v in table_items(self.table)
-                                                 if prompt_partition(k.decode(), self.partitions) in active)
-                log.info("deadline index rebuilt: %d prompts waiting in partitions %s", indexed, sorted(active))
-            for pid in self.aggregation.due():
-                await self.expire(pid, active)
+        """Reissue or abort the prompts past their deadline (AggregatorProcessor.tick); the timer
+        calls it holding ``turn``."""
+        active = active_partitions(self.app, self.topics.responses_rewarded)
+        if self.reindex:
+            self.reindex = False
+            indexed = self.aggregation.index((k, v) for k, v in self.store.items()
+                                             if prompt_partition(k.decode(), self.partitions) in active)
+            log.info("deadline index rebuilt: %d prompts waiting in partitions %s", indexed, sorted(active))
+        for pid in self.aggregation.due():
+            await self.expire(pid, active)
 
     async def expire(self, pid: str, active: set[int]) -> None:
         key, partition = pid.encode(), prompt_partition(pid, self.partitions)
         if partition not in active:  # revoked since it was indexed
             self.aggregation.deadlines.pop(pid, None)
             return
-        applied = self.aggregation.tick(pid, self.table.get(key))
+        applied = self.aggregation.tick(pid, self.store.get(key))
         count_effects(self.metrics, applied.effects, applied.mode)
         for send in applied.sends:
             await self.emit.send_raw(send.topic, send.key, send.value, partition=send.partition)
@@ -146,7 +141,7 @@ class AggregatorAgent:
             log.warning("prompt %s past its deadline (prompt_timeout_s %.0f): %s", pid,
                         self.config.prompt_timeout_s, effect)
         if self.aggregation.unwritten(pid):
-            self.write(key, partition, self.aggregation.table_value(pid))
+            self.store.put(partition, key, self.aggregation.table_value(pid))
         if applied.decided is not None:
             self.closed(partition, key)
 
@@ -162,7 +157,7 @@ class AggregatorAgent:
             finally:
                 for key, partition in pending.items():
                     if self.aggregation.unwritten(key.decode()):
-                        self.write(key, partition, self.aggregation.table_value(key.decode()))
+                        self.store.put(partition, key, self.aggregation.table_value(key.decode()))
             if lost:
                 # an exception leaves the agent: the process exits (StageApp) before this batch is
                 # acknowledged, and the restarted stage applies it again from the table
@@ -176,26 +171,23 @@ class AggregatorAgent:
             closed = self.closed_keys.get(partition)
             while closed and now - closed[0][0] > DECIDED_TTL_S:
                 key = closed.popleft()[1]
-                if table_has(self.table, key):
-                    self.write(key, partition, None)
+                if key in self.store:
+                    self.store.put(partition, key, None)
 
 
-def build_aggregator_app(config: RLVRConfig, bootstrap: Bootstrap, store: str = "memory://") -> faust.App:
-    topics = Topics(config.kafka.topic_prefix)
+def build_aggregator_app(config: RLVRConfig, context: StageContext, store: str = "memory://") -> faust.App:
+    topics = context.topics
     partitions = config.kafka.partitions
-    app = make_app(names.app_id(topics, names.AGGREGATOR_APP), bootstrap, partitions, config.kafka, store,
+    app = make_app(names.app_id(topics, names.AGGREGATOR_APP), context.bootstrap, partitions, config.kafka, store,
                    producer_linger_s=PRODUCER_LINGER_S, producer_max_batch_bytes=PRODUCER_MAX_BATCH_BYTES)
     load_torch()  # the filters need it; imported before the event loop runs, not at the first decision
     inputs = app.topic(topics.responses_rewarded, topics.generation_requests, key_type=bytes, value_type=bytes,
                        key_serializer="raw", value_serializer="raw", partitions=partitions)
     table = app.Table(names.PROMPT_STATE_TABLE, default=None, partitions=partitions, key_type=bytes,
                       value_type=bytes, help="prompt_id -> PromptState + accepted RewardedResponse bytes")
-    versions = PolicyVersionWatcher(bootstrap, topics) if config.max_staleness is not None else None
-    agent = AggregatorAgent(app, config, table, Emitter(app, topics, "aggregator"), versions)
-
-    @app.timer(DEADLINE_CHECK_S)
-    async def deadlines() -> None:
-        await agent.deadlines()
+    versions = PolicyVersionWatcher(context.bootstrap, topics) if config.max_staleness is not None else None
+    agent = AggregatorAgent(app, config, TableStore(table), Emitter(app, context), versions)
+    punctuate_every(app, DEADLINE_CHECK_S, agent.deadlines, agent.turn, "aggregator.deadlines")
 
     @app.on_rebalance_complete.connect
     async def reassigned(sender, **kwargs) -> None:

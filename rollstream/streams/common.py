@@ -1,11 +1,15 @@
-"""What the faust apps share: app construction, raw topics, the Emitter (sends and dead letters)."""
+"""What the faust apps share, and every reach into faust's internals: app construction, recovery,
+the table as a Store (TableStore), the timer (punctuate_every), raw topics, the Emitter (sends,
+the size guard, dead letters)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import tempfile
 from pathlib import Path
+from typing import Awaitable, Callable
 
 import faust
 from faust.tables.manager import TableManager
@@ -14,8 +18,8 @@ from faust.tables.recovery import Recovery
 from rollstream.config.base import KafkaConfig
 from rollstream.kafka.admin import replication_factor
 from rollstream.kafka.cluster import Bootstrap, Cluster, as_cluster
+from rollstream.kafka.context import StageContext
 from rollstream.kafka.events import Send, dead_letter, decode_expected, guard_size
-from rollstream.runtime import worker_id
 from rollstream.schemas import encode
 
 log = logging.getLogger(__name__)
@@ -126,32 +130,58 @@ def active_partitions(app: faust.App, topic: str) -> set[int]:
     return {tp.partition for tp in app.assignor.assigned_actives() if tp.topic == topic}
 
 
-def write_outside_event(table: faust.types.TableT, partition: int, key: bytes, value: bytes | None) -> None:
-    """``table[key] = value`` (None: delete it) for a key of source partition ``partition`` (the
-    changelog is co-partitioned), from a timer or after a batch: outside the event that changed it,
-    where faust's ``table[key] = ...`` cannot tell the partition."""
-    if value is None:
-        table.send_changelog(partition, key, None, value_serializer="raw")
-        table.data.pop(key, None)
-    else:
-        table.send_changelog(partition, key, value)
-        table.data[key] = value
+class TableStore:
+    """A faust table as a :class:`rollstream.streams.store.Store`: reads this worker's copy (every
+    partition it was assigned, without faust's default value); a write names its partition, so it
+    is valid inside an event and from a timer alike."""
 
+    def __init__(self, table: faust.types.TableT) -> None:
+        self.table = table
 
-def table_items(table: faust.types.TableT) -> list[tuple[bytes, bytes]]:
-    """A snapshot of the values ``table`` holds in this worker (every partition it was assigned)."""
-    return list(table.data.items())
+    def get(self, key: bytes) -> bytes | None:
+        return self.table.data.get(key)
 
+    def __contains__(self, key: bytes) -> bool:
+        return key in self.table.data
 
-def table_has(table: faust.types.TableT, key: bytes) -> bool:
-    """Whether this worker's copy of ``table`` holds ``key`` (without faust's default value)."""
-    return key in table.data
+    def items(self) -> list[tuple[bytes, bytes]]:
+        """A snapshot: the caller may write while it iterates."""
+        return list(self.table.data.items())
+
+    def put(self, partition: int, key: bytes, value: bytes | None) -> None:
+        if value is None:
+            self.table.send_changelog(partition, key, None, value_serializer="raw")
+            self.table.data.pop(key, None)
+        else:
+            self.table.send_changelog(partition, key, value)
+            self.table.data[key] = value
 
 
 def tables_recovered(app: faust.App) -> bool:
-    """Whether ``app``'s tables are restored from their changelogs (a task that reads a table
-    outside an event waits for this: a half-restored state would repeat work)."""
-    return app.tables.recovery.completed.is_set()
+    """Whether ``app``'s tables are restored from their changelogs and no rebalance is under way
+    (a rebalance ends when the recovery it starts does). Anything that reads a table outside an
+    event waits for this: a half-restored value, written back, would overwrite the newer one the
+    recovery has yet to read."""
+    return app.tables.recovery.completed.is_set() and not app.rebalancing
+
+
+def punctuate_every(app: faust.App, interval_s: float, punctuate: Callable[[], Awaitable[None]],
+                    turn: asyncio.Lock | None, name: str) -> None:
+    """The stages' one mechanism for time: every ``interval_s`` seconds, once ``app``'s tables are
+    recovered (:func:`tables_recovered`), await ``punctuate()`` holding ``turn``, the lock the
+    stage's agent holds while it handles events (None: the stage's agents need no turns), so a
+    timer's table writes and sends never interleave with an event's. Its writes go through a
+    :class:`TableStore`, which names their partition."""
+
+    @app.timer(interval_s, name=name)
+    async def timer() -> None:
+        if not tables_recovered(app):
+            return
+        if turn is None:
+            await punctuate()
+            return
+        async with turn:
+            await punctuate()
 
 
 def raw_topic(app: faust.App, name: str, partitions: int | None = None) -> faust.TopicT:
@@ -162,10 +192,10 @@ def raw_topic(app: faust.App, name: str, partitions: int | None = None) -> faust
 class Emitter:
     """Encodes and sends events from inside an agent; undecodable input goes to dead-letter."""
 
-    def __init__(self, app: faust.App, topics, stage: str) -> None:
+    def __init__(self, app: faust.App, context: StageContext) -> None:
         self.app = app
-        self.topics = topics
-        self.worker = worker_id(stage)
+        self.topics = context.topics
+        self.worker = context.worker
         self._topic_objs: dict[str, faust.TopicT] = {}
         self.dead_lettered = 0
         self.max_message_bytes = int(app.conf.producer_max_request_size)

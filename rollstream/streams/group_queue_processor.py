@@ -1,7 +1,11 @@
-"""What the group queue processor does with one input event, without faust: a dict-like table
-in, sends out. The faust agent (rollstream.streams.group_queue), replay tools and tests share it.
+"""What the group queue processor does with one input event, and with the passing of time,
+without faust: a Store (rollstream.streams.store) in, sends out. The faust agent
+(rollstream.streams.group_queue), benchmarks and tests share it.
 
-Table layout (all keys of one partition are written while handling that partition's events):
+Time: ``tick(partitions, now)`` reissues or gives up the runs whose deadlines passed, in the
+queues of the partitions the worker owns; the agent's timer calls it.
+
+Table layout (every key belongs to its group's partition, which each write names):
 
 - ``g:{mode}/{group_id}`` -> the group queue's ``QueueState`` (JSON);
 - ``t:{mode}/{group_id}/{episode_id}/{traj_index}`` -> a member trajectory's encoded
@@ -31,7 +35,7 @@ import json
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, MutableMapping
+from typing import Any, Callable, Collection
 
 from rollstream.config import AgenticConfig
 from rollstream.filtering import group_queue as gq
@@ -46,10 +50,9 @@ from rollstream.schemas import REGISTRY, decode, encode
 from rollstream.schemas.codec import HEADER_LEN
 from rollstream.schemas.records import STOP_ENGINE_ERROR, payload_ref, trajectory_summary
 from rollstream.schemas.validation import check_trajectory
+from rollstream.streams.store import Store
 
 log = logging.getLogger(__name__)
-
-Table = MutableMapping[bytes, bytes]
 
 
 @dataclass
@@ -105,19 +108,19 @@ class _Arriving:
 
 
 class GroupQueueProcessor:
-    """The group queues of one agentic config over a dict-like ``table``. ``policy_version()``
+    """The group queues of one agentic config over ``store``. ``policy_version()``
     returns the newest published policy version (None: unknown) for the staleness bound: a
     training episode whose oldest trajectory lags it by more than ``max_staleness`` is dropped
     as ``stale`` (and replaced) before the group filter runs."""
 
-    def __init__(self, config: AgenticConfig, table: Table,
+    def __init__(self, config: AgenticConfig, store: Store,
                  policy_version: Callable[[], int | None] = lambda: None) -> None:
         self.config = config
         self.policy_version = policy_version
         self.metrics = process_metrics()
         self._filter_json = {mode: (config.filter_config_json(mode), config.filter_config_hash(mode))
                              for mode in config.env_managers()}
-        self.table = table
+        self.store = store
         self.topics = Topics(config.kafka.topic_prefix)
         self.worker = worker_id("group-queue")
         self.managers = config.env_managers()
@@ -160,8 +163,8 @@ class GroupQueueProcessor:
         if problem is not None:
             return Handled(error=problem)
         if schema == "GroupCommand":
-            if record["command"] == "tick":
-                return self.tick(partition, now)
+            if record["command"] == "tick":  # sent through the topic by earlier versions; time is the timer's now
+                return Handled()
             if record["command"] == "start":
                 return self.start(record["mode"], record["group_id"], partition, now)
             return Handled(error=("invalid_event", f"unknown group command {record['command']!r}"))
@@ -174,7 +177,7 @@ class GroupQueueProcessor:
         if not 0 <= group_id < manager.num_env_groups:
             return Handled(error=("invalid_event", f"{mode} group_id {group_id} outside [0, {manager.num_env_groups})"))
         key = _state_key(mode, group_id)
-        if self.table.get(key) is not None:
+        if self.store.get(key) is not None:
             return Handled()  # a repeated start (redelivery, second `run`): the queue already runs
         state, effects = gq.start(mode, group_id, self.config.group_seed(mode, group_id), self.params[mode], now,
                                   partition=partition)
@@ -182,13 +185,16 @@ class GroupQueueProcessor:
         self._save(state)
         return out
 
-    def tick(self, partition: int, now: int) -> Handled:
+    def tick(self, partitions: Collection[int], now: int | None = None) -> Handled:
+        """The passing of time up to ``now`` (epoch ms; None: the clock's) for the open queues of
+        ``partitions`` (those this worker owns): runs past their deadline are reissued or given up."""
+        now = now_ms() if now is None else now
         out = Handled()
-        for key, value in list(self.table.items()):
+        for key, value in list(self.store.items()):  # a snapshot: the loop writes
             if not key.startswith(b"g:"):
                 continue
             state = self._load(key, value)
-            if state.partition != partition or not state.open:
+            if state.partition not in partitions or not state.open:
                 continue
             state, effects = gq.on_tick(state, self.params[state.mode], now)
             if effects:  # on_tick changes a state only together with effects: nothing else to save
@@ -203,7 +209,7 @@ class GroupQueueProcessor:
         its summary is kept (see the module doc)."""
         mode, gid = record["mode"], record["group_id"]
         state_key = _state_key(mode, gid)
-        raw = self.table.get(state_key)
+        raw = self.store.get(state_key)
         if raw is None:
             return Handled(error=("invalid_event", f"trajectory of {mode} group {gid}, which was never started"))
         state = self._load(state_key, raw)
@@ -225,7 +231,7 @@ class GroupQueueProcessor:
         if not redelivered and eid in state.open and tix in state.open[eid].arrived:
             # a new member of a still open episode (a duplicate never overwrites)
             value = arriving.encoded()
-            self.table[key] = value
+            self.store.put(state.partition, key, value)
             self._members[key] = (value, summary)
         self._save(state)
         return out
@@ -276,7 +282,7 @@ class GroupQueueProcessor:
                 out.sends.append(self._group_send(state, effect.episode_id, effect.accepted, effect.reason, values,
                                                   list(effect.members), effect=effect))
                 for t in effect.members:
-                    self.table.pop(_traj_key(mode, gid, effect.episode_id, t), None)
+                    self.store.put(state.partition, _traj_key(mode, gid, effect.episode_id, t), None)
                     self._members.pop(_traj_key(mode, gid, effect.episode_id, t), None)
                 out.sends.append(self._metric("group_queue/groups", 1.0, {**labels, "reason": effect.reason}, now))
                 out.log.append(f"{mode}/{gid}/{effect.episode_id}: {effect.reason} with runs {list(effect.members)}"
@@ -366,7 +372,7 @@ class GroupQueueProcessor:
     def _save(self, state: gq.QueueState) -> None:
         key = _state_key(state.mode, state.group_id)
         value = json.dumps(state.to_dict()).encode()
-        self.table[key] = value
+        self.store.put(state.partition, key, value)
         self._states[key] = (value, state)
 
     def _stored_bytes(self, mode: str, gid: int, eid: int, tix: int) -> bytes:
@@ -376,7 +382,7 @@ class GroupQueueProcessor:
         key = _traj_key(mode, gid, eid, tix)
         if self._arriving is not None and self._arriving.key == key:
             return self._arriving.encoded()
-        value = self.table[key]
+        value = self.store.get(key)
         if value[2:HEADER_LEN] != self._summary_fp:
             schema, record = decode(value)
             if schema == "Trajectory":
@@ -387,7 +393,7 @@ class GroupQueueProcessor:
         key = _traj_key(mode, gid, eid, tix)
         if key not in self._decoded:
             cached = self._members.get(key)
-            if cached is not None and self.table.get(key) is cached[0]:
+            if cached is not None and self.store.get(key) is cached[0]:
                 self._decoded[key] = cached[1]
             else:
                 self._decoded[key] = decode(self._stored_bytes(mode, gid, eid, tix))[1]
@@ -403,12 +409,12 @@ class GroupQueueProcessor:
         if key not in self._filters:
             manager = self.managers[mode]
             self._filters[key] = load_group_filter(manager.group_filter_cls, self.config, manager, mode)
-            saved = self.table.get(f"f:{mode}/{partition}".encode())
+            saved = self.store.get(f"f:{mode}/{partition}".encode())
             if saved is not None and hasattr(self._filters[key], "load_state_dict"):
                 self._filters[key].load_state_dict(json.loads(saved))
         filt = self._filters[key]
         drop, reason, values = filter_group(filt, gid, eid, group)
         state = filt.state_dict() if hasattr(filt, "state_dict") else None
         if state:  # stateless filters (the default) write nothing
-            self.table[f"f:{mode}/{partition}".encode()] = json.dumps(state).encode()
+            self.store.put(partition, f"f:{mode}/{partition}".encode(), json.dumps(state).encode())
         return gq.Verdict(drop=drop, reason=reason, values=values)

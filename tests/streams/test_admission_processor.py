@@ -1,4 +1,4 @@
-"""The admission processor without faust or Kafka: a dict table, the bundled model's tokenizer,
+"""The admission processor without faust or Kafka: a MemoryStore, the bundled model's tokenizer,
 and the events it returns."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from rollstream.kafka import names
 from rollstream.kafka.topics import Topics
 from rollstream.streams.admission_processor import AdmissionProcessor, Screened, default_tokenize
 from rollstream.streams.records import derive_seed
+from rollstream.streams.store import MemoryStore
 
 TOPICS = Topics("t.")
 BASE = {"rollout_batch_size": 2, "num_return_sequences_in_group": 4, "max_running_prompts": 2,
@@ -19,8 +20,8 @@ BASE = {"rollout_batch_size": 2, "num_return_sequences_in_group": 4, "max_runnin
 TOKENIZE = default_tokenize(None)
 
 
-def processor(table: dict | None = None, version: int | None = None, **overrides) -> AdmissionProcessor:
-    return AdmissionProcessor(parse_config({**BASE, **overrides}), TOPICS, {} if table is None else table,
+def processor(table: MemoryStore | None = None, version: int | None = None, **overrides) -> AdmissionProcessor:
+    return AdmissionProcessor(parse_config({**BASE, **overrides}), TOPICS, MemoryStore() if table is None else table,
                               TOKENIZE, lambda max_age_s=0.0: version)
 
 
@@ -44,7 +45,7 @@ def test_an_admitted_prompt_becomes_one_generation_request_and_takes_a_credit():
     [out] = admit(p, prompt("a"), offset=5)
     assert (out.topic, out.key, out.schema) == (TOPICS.generation_requests, "a", "GenerationRequest")
     assert (out.record["num_return_sequences"], out.record["seed"], out.record["round"]) == (4, derive_seed(7, "a", 0), 0)
-    assert p.load().in_flight == {"a": 0} and p.table[names.ADMISSION_SEEN_PREFIX + b"a"] == b"5"
+    assert p.load().in_flight == {"a": 0} and p.store[names.ADMISSION_SEEN_PREFIX + b"a"] == b"5"
     admit(p, prompt("b"))
     assert not p.can_admit("train")  # max_running_prompts 2
     assert p.on_outcome(outcome("a", True)) == [] and not p.can_admit("train")  # accepted + in flight cover the batch
@@ -94,7 +95,7 @@ def test_a_spent_budget_ends_the_step_underfilled_with_a_batch_event():
 
 
 def test_later_epochs_replay_the_train_prompts_and_survive_a_restart():
-    table: dict = {}
+    table = MemoryStore()
     p = processor(table, num_epochs=2, rollout_batch_size=1, max_prompts_per_batch=4)
     train = [prompt("a"), prompt("b")]
     for offset, record in enumerate(train):
@@ -137,5 +138,5 @@ def test_outcomes_teach_the_prompt_history_once_it_is_loaded():
     [entry] = p.on_outcome(outcome("a", True, pattern="mixed"))
     assert (entry.topic, entry.key, entry.schema) == (TOPICS.prompt_history, "a", "PromptHistory")
     assert p.histories["a"].to_record() == entry.record
-    assert json.loads(p.table[names.ADMISSION_KEY])["explore"] is not None
+    assert json.loads(p.store[names.ADMISSION_KEY])["explore"] is not None
     assert p.on_outcome(outcome("a", True, pattern="mixed")) == []  # a redelivery learns nothing

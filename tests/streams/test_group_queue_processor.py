@@ -12,6 +12,7 @@ from rollstream.config import parse_config
 from rollstream.schemas import decode, encode
 from rollstream.schemas.records import payload_ref
 from rollstream.streams.group_queue_processor import GroupQueueProcessor
+from rollstream.streams.store import MemoryStore
 from rollstream.workers.env_worker import too_large_stub
 
 STD_FILTER = "rollstream.filtering.group_filters:EnvFailureStdGroupFilter"
@@ -45,7 +46,7 @@ class Run:
 
     def __init__(self, policy_version=lambda: None, max_staleness=None, **manager) -> None:
         self.config = parse_config({**agentic_config(**manager), "max_staleness": max_staleness})
-        self.table: dict[bytes, bytes] = {}
+        self.table = MemoryStore()
         self.proc = GroupQueueProcessor(self.config, self.table, policy_version)
         self.sent: list[tuple[str, str, str, dict]] = []  # (topic, key, schema, record)
         self.offsets: dict[str, int] = defaultdict(int)  # topic -> next offset
@@ -188,21 +189,34 @@ def test_bad_events_come_back_as_errors():
     assert run.on("episodes.requests") == []
 
 
-def test_tick_reissues_on_its_partition_only_and_sends_them_elsewhere():
+def test_tick_reissues_in_the_partitions_it_is_given_only_and_sends_them_elsewhere():
     config = agentic_config(group_size=2, episode_timeout_s=1.0, max_reissues_per_episode=2)
     config["kafka"]["partitions"] = 3
-    proc = GroupQueueProcessor(parse_config(config), {})
-    tick = encode({"command": "tick"}, "GroupCommand")
+    store = MemoryStore()
+    proc = GroupQueueProcessor(parse_config(config), store)
     control, trajectories = "gq.episodes.control", "gq.trajectories"
     start = encode({"command": "start", "mode": "train", "group_id": 0}, "GroupCommand")
     proc.handle(control, 2, start, now=0, offset=0)
     proc.handle(trajectories, 2, encode(trajectory(0, 0, 0, 1.0), "Trajectory"), now=0, offset=0)
-    assert proc.handle(control, 1, tick, now=10**13, offset=0).sends == []  # the group lives on partition 2
-    first = [s for s in proc.handle(control, 2, tick, now=10**13, offset=1).sends if s.topic == "gq.episodes.requests"]
-    second = [s for s in proc.handle(control, 2, tick, now=2 * 10**13, offset=2).sends
-              if s.topic == "gq.episodes.requests"]
+    assert proc.tick({0, 1}, now=10**13).sends == []  # the group lives on partition 2
+    first = [s for s in proc.tick({1, 2}, now=10**13).sends if s.topic == "gq.episodes.requests"]
+    second = [s for s in proc.tick({2}, now=2 * 10**13).sends if s.topic == "gq.episodes.requests"]
     assert [(decode(s.value)[1]["traj_index"], decode(s.value)[1]["cause"], s.partition) for s in first + second] == [
         (2, "reissue", 0), (3, "reissue", 1)]
+    assert [proc.tick({2}, now=3 * 10**13).sends[0].topic] == ["gq.groups.rejected"]  # no reissue left
+    assert json.loads(store[b"g:train/0"])["partition"] == 2
+
+
+def test_a_tick_command_on_the_topic_is_read_and_ignored():
+    """Earlier versions sent their timer's ticks through ``episodes.control``; a topic that still
+    holds them replays without errors, and the deadlines stay the timer's."""
+    proc = GroupQueueProcessor(parse_config(agentic_config(group_size=2, episode_timeout_s=1.0)), MemoryStore())
+    control = "gq.episodes.control"
+    proc.handle(control, 0, encode({"command": "start", "mode": "train", "group_id": 0}, "GroupCommand"),
+                now=0, offset=0)
+    handled = proc.handle(control, 0, encode({"command": "tick"}, "GroupCommand"), now=10**13, offset=1)
+    assert (handled.error, handled.sends) == (None, [])
+    assert [s.topic for s in proc.tick({0}, now=10**13).sends].count("gq.episodes.requests") == 2
 
 
 @pytest.mark.parametrize("refill", [True, False])

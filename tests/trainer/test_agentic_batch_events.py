@@ -11,6 +11,7 @@ from rollstream.config import parse_config
 from rollstream.kafka.clients import make_producer
 from rollstream.schemas import encode
 from rollstream.streams.group_queue_processor import GroupQueueProcessor
+from rollstream.streams.store import MemoryStore
 from rollstream.tools.readback import read_values
 from rollstream.trainer.verdicts import AgenticBatchEvents
 from tests.integration.harness import wait_for
@@ -28,7 +29,7 @@ def run_group_queues(topics) -> list:
                          episode_timeout_s=1.0, max_reissues_per_episode=0, refill={"max_refills_per_group": 0})
     raw.update(kafka={"topic_prefix": topics.prefix, "partitions": 1}, rollout_batch_size=4, max_steps=2)
     config = parse_config(raw)
-    proc = GroupQueueProcessor(config, {})
+    proc = GroupQueueProcessor(config, MemoryStore())
     sends = []
     offsets: dict[str, int] = {}
 
@@ -50,7 +51,7 @@ def run_group_queues(topics) -> list:
             for t, reward in enumerate(pair):
                 feed(topics.trajectories, trajectory(gid, eid, t, reward), "Trajectory")
     for k in range(1, 4):  # group 2's runs never arrive
-        feed(topics.episodes_control, {"command": "tick"}, "GroupCommand", now=k * 10**13)
+        sends.extend(proc.tick({0}, now=k * 10**13).sends)
     return config, sends
 
 
