@@ -25,6 +25,12 @@ def print_summary(summary: dict, console: Console) -> None:
     if summary.get("weight_updates"):
         table.add_row(f"weights loaded in place ({summary['engine']})", ", ".join(
             f"v{u['version']} {u['ms']:.0f} ms" for u in summary["weight_updates"]))
+    if summary.get("startup_seconds"):
+        table.add_row("start-up (s from start)", ", ".join(f"{k} {v}" for k, v in summary["startup_seconds"].items()))
+    lag = summary.get("group_arrival_lag_ms") or {}
+    if lag.get("groups"):
+        table.add_row("decision -> trainer (ms)", f"p50 {lag['p50']}, p99 {lag['p99']}, max {lag['max']} "
+                                                  f"over {lag['groups']} groups")
     if summary.get("stage_restarts"):
         table.add_row("stage restarts", ", ".join(f"{k}={v}" for k, v in summary["stage_restarts"].items()))
     if summary["groups_stale_at_trainer"]:

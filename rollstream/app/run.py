@@ -35,10 +35,11 @@ from rollstream.kafka.cluster import Cluster
 from rollstream.kafka.context import StageContext
 from rollstream.kafka.topics import Topics
 from rollstream.policy.model import model_folder
+from rollstream.runtime import now_ms
 from rollstream.tools.learning import final_round_done
 from rollstream.tools.readback import read_values
 from rollstream.tools.report import write_report
-from rollstream.tools.summary import summarize_agentic, summarize_rlvr
+from rollstream.tools.summary import startup_seconds, summarize_agentic, summarize_rlvr
 from rollstream.trainer.driver import LoopResult, run_trainer
 from rollstream.workers.local_server import LocalInferenceServer, vllm_python
 
@@ -49,7 +50,7 @@ def run_pipeline(config: Config, summary_json: Path | None = None, console: Cons
     the HTML report (rollstream.tools.report) to ``report_html`` when given."""
     console = console or Console()
     preflight(config)  # a bad env type or group filter fails now, before the broker starts
-    started = time.monotonic()
+    started, started_ms = time.monotonic(), now_ms()
     run_dir = run_dir or Path("runs") / config.name
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -64,6 +65,7 @@ def run_pipeline(config: Config, summary_json: Path | None = None, console: Cons
     else:
         bootstrap = Cluster.from_config(config.kafka.bootstrap_servers, config.kafka)
         wait_for_broker(bootstrap)
+    broker_s = round(time.monotonic() - started, 2)
     if server is not None:
         try:
             with console.status("starting the local vLLM server"):
@@ -92,6 +94,8 @@ def run_pipeline(config: Config, summary_json: Path | None = None, console: Cons
         summarize = summarize_agentic if isinstance(config, AgenticConfig) else summarize_rlvr
         summary = summarize(config, bootstrap, topics, result.batches, result.outcome, result.detail,
                             time.monotonic() - started)
+        summary["startup_seconds"] = {"broker": broker_s, **startup_seconds(
+            bootstrap, topics, isinstance(config, AgenticConfig), started_ms)}
         summary["stage_restarts"] = dict(stages.restarts)
         if server is not None:
             summary["stage_restarts"]["vllm-server"] = server.restarts

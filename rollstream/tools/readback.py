@@ -41,6 +41,22 @@ def count_records(bootstrap: Bootstrap, topic: str) -> int:
         consumer.close()
 
 
+def first_record_ms(bootstrap: Bootstrap, topic: str) -> int | None:
+    """The timestamp (epoch ms: the producer's clock) of the earliest record ``topic`` holds, over
+    its partitions, from the broker's time index alone (no record is fetched); None when the topic
+    is empty or does not exist."""
+    consumer = reader_consumer(bootstrap)
+    try:
+        partitions = consumer.partitions_for_topic(topic)
+        if not partitions:
+            return None
+        found = consumer.offsets_for_times({TopicPartition(topic, p): 0 for p in sorted(partitions)})
+        stamps = [f.timestamp for f in found.values() if f is not None]
+        return min(stamps) if stamps else None
+    finally:
+        consumer.close()
+
+
 def read_values(bootstrap: Bootstrap, topic: str) -> list[dict]:
     """Decoded values of every decodable record of ``topic``."""
     return [r.value for r in read_topic(bootstrap, topic) if r.value is not None]

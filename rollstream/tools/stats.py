@@ -7,6 +7,7 @@ name, labels) counts, summed over workers.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 
 PREFIX = "rollstream_"
@@ -83,3 +84,13 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if not (0 <= c <= n and 1 <= k <= n):
         raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    """``p50``, ``p90``, ``p99``, ``max`` and ``mean`` of ``values`` (inclusive method: the
+    percentiles lie within the values), rounded to 0.1; empty for no values."""
+    if not values:
+        return {}
+    q = statistics.quantiles(values, n=100, method="inclusive") if len(values) > 1 else [values[0]] * 99
+    return {"p50": round(q[49], 1), "p90": round(q[89], 1), "p99": round(q[98], 1),
+            "max": round(max(values), 1), "mean": round(sum(values) / len(values), 1)}

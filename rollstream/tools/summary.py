@@ -14,9 +14,10 @@ from rollstream.config import AgenticConfig, RLVRConfig
 from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.topics import Topics
 from rollstream.schemas.records import is_set_aside
-from rollstream.tools.readback import count_records, filter_decisions, read_values
+from rollstream.tools.readback import count_records, filter_decisions, first_record_ms, read_values
 from rollstream.tools.learning import SKIPPED, learning_curve, pass_at_ks
 from rollstream.tools.learning import mean as _mean
+from rollstream.tools.stats import percentiles
 
 
 def summarize_rlvr(config: RLVRConfig, bootstrap: Bootstrap, topics: Topics, batches: list[dict], outcome: str,
@@ -66,6 +67,7 @@ def summarize_rlvr(config: RLVRConfig, bootstrap: Bootstrap, topics: Topics, bat
              **({"end_of_data": True} if b.get("end_of_data") else {}), **_training(b)}
             for b in batches
         ],
+        "group_arrival_lag_ms": _arrival_lag(batches),
         "retention_rate": round(len(accepted) / decided, 4) if decided else 0.0,
         "responses_per_accepted_response": round(train_responses / accepted_responses, 3) if accepted_responses else None,
         # validation bypasses every filter: all its groups are kept and scored unfiltered
@@ -168,6 +170,7 @@ def summarize_agentic(config: AgenticConfig, bootstrap: Bootstrap, topics: Topic
              "fill_seconds": round(b["fill_seconds"], 2), **_training(b)}
             for b in batches
         ],
+        "group_arrival_lag_ms": _arrival_lag(batches),
         "retention_rate": round(len(accepted) / decided, 4) if decided else 0.0,
         "responses_per_accepted_response": round(train_played / accepted_traj, 3) if accepted_traj else None,
         "episodes_replaced": int(sum(m["value"] for m in metrics if m["name"] == "group_queue/episodes_replaced")),
@@ -217,6 +220,29 @@ def _policy(bootstrap: Bootstrap, topics: Topics, generated_by: list[int]) -> di
     published = read_values(bootstrap, topics.policy_versions)
     return {"policy_versions_published": sorted({p["version"] for p in published}),
             "generated_by_policy_version": {str(k): v for k, v in sorted(_counts(generated_by).items())}}
+
+
+def startup_seconds(bootstrap: Bootstrap, topics: Topics, agentic: bool, started_ms: int) -> dict:
+    """Seconds from a run's start (``started_ms``, epoch ms) to its first request for generation
+    (``first_request``: a GenerationRequest; agentic, an EpisodeRequest) and to its first generated
+    response (``first_response``: a Response; agentic, a finished Trajectory), from the first
+    record timestamps of their topics (the producers' clocks, one machine's for `rollstream run`);
+    None where a topic stayed empty."""
+    requests, responses = ((topics.episodes_requests, topics.trajectories) if agentic
+                           else (topics.generation_requests, topics.responses))
+    out = {}
+    for name, topic in (("first_request", requests), ("first_response", responses)):
+        first = first_record_ms(bootstrap, topic)
+        out[name] = None if first is None else round((first - started_ms) / 1000, 2)
+    return out
+
+
+def _arrival_lag(batches: list[dict]) -> dict:
+    """The trained groups' lag from their decision (the group event's ``created_ms``) to their
+    arrival in the trainer's batch builder, in ms (the manifest's ``arrival_lag_ms``):
+    ``groups`` counted and their percentiles (rollstream.tools.stats.percentiles)."""
+    lags = [lag for b in batches for lag in b.get("arrival_lag_ms", [])]
+    return {"groups": len(lags), **percentiles(lags)}
 
 
 def _training(batch: dict) -> dict:

@@ -86,13 +86,15 @@ POLL_TIMEOUT_S = 0.2
 class _Pending:
     """A consumed, valid group not yet in a committed batch. ``group``: the event as consumed
     (payload references); ``resolved``: the copy with its payloads decoded, once fetched;
-    ``source``: the consumed record (for a dead letter)."""
+    ``source``: the consumed record (for a dead letter); ``arrived_ms``: when the builder
+    consumed it (epoch ms)."""
 
     group: dict
     partition: int
     offset: int
     source: object = None
     resolved: dict | None = None
+    arrived_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -257,8 +259,11 @@ class BatchBuilder:
 
         Returns the manifest entry: ``step``, ``status``, ``target_groups``, ``accepted_groups``,
         ``group_keys``, ``offsets`` (partition as str -> next offset committed), ``fill_seconds``,
-        ``responses_per_group`` (responses or trajectories per group), ``created_ms``, plus the
-        keys of ``report`` (the training step's figures, see PolicyTrainer.train).
+        ``responses_per_group`` (responses or trajectories per group), ``arrived_ms`` (when
+        each group was consumed, epoch ms), ``arrival_lag_ms`` (each group's arrival minus its
+        event's ``created_ms``, when the aggregator or the group queue decided it: the lag of
+        the decision plane, ms), ``created_ms``, plus the keys of ``report`` (the training
+        step's figures, see PolicyTrainer.train).
 
         Raises:
             ValueError: ``batch`` is not an outstanding batch of this builder (e.g. committed).
@@ -288,6 +293,8 @@ class BatchBuilder:
             "offsets": {str(p): o for p, o in sorted(offsets.items())},
             "fill_seconds": out.fill_seconds,
             "responses_per_group": [len(group_rows(item.group)) for item in out.items],
+            "arrived_ms": [item.arrived_ms for item in out.items],
+            "arrival_lag_ms": [item.arrived_ms - item.group.get("created_ms", 0) for item in out.items],
             "created_ms": now_ms(),
             **(report or {}),  # the training step's figures (loss, policy_version, masks ...)
         }
@@ -392,7 +399,7 @@ class BatchBuilder:
             return
         self._seen.add(key)
         self._offsets.read(msg.partition, msg.offset)
-        self._buffer.append(_Pending(group, msg.partition, msg.offset, msg))
+        self._buffer.append(_Pending(group, msg.partition, msg.offset, msg, arrived_ms=now_ms()))
 
     def _reject_stale(self) -> None:
         """Move buffered groups the next step may not train (see ``max_staleness``) to

@@ -46,6 +46,16 @@ def test_filter_stage(benchmark_smoke):
     assert "kafka_responses_per_s" in r  # None when every outcome came in one poll (no span to time)
 
 
+@pytest.mark.benchmark_smoke("group_latency", "--bootstrap", "{kafka_broker}")
+def test_group_latency(benchmark_smoke):
+    r = benchmark_smoke
+    assert (r["groups"], r["groups_measured"], r["batches"], r["broker"]) == (8, 8, 2, "external")
+    assert r["correct"] and r["groups_trained_once"]
+    for figure in ("latency_ms", "decision_ms", "delivery_ms"):
+        p = r[figure]
+        assert p["p50"] <= p["p90"] <= p["p99"] <= p["max"], (figure, p)
+
+
 @pytest.mark.benchmark_smoke("agentic", "--bootstrap", "{kafka_broker}")
 def test_agentic(benchmark_smoke):
     r = benchmark_smoke

@@ -15,6 +15,7 @@ from kafka import KafkaConsumer, TopicPartition
 
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import Topics
+from rollstream.runtime import now_ms
 from rollstream.schemas import decode, encode
 from rollstream.schemas.records import is_payload_ref
 from rollstream.trainer.batch_builder import BatchBuilder
@@ -118,7 +119,8 @@ def env(kafka_broker, topic_factory, tmp_path):
 
 def test_batches_hold_exactly_batch_size_groups_and_restart_resumes_after_last_commit(env):
     bootstrap, topics, gid, manifest = env
-    produce(bootstrap, topics, [f"g{i}" for i in range(5)])
+    created = {g["group_key"]: g["created_ms"] for g in produce(bootstrap, topics, [f"g{i}" for i in range(5)])}
+    produced_at = now_ms()
 
     with BatchBuilder(bootstrap, topics, 2, group_id=gid, manifest_path=manifest) as builder:
         first = builder.next_batch(timeout_s=WAIT_S)
@@ -137,6 +139,9 @@ def test_batches_hold_exactly_batch_size_groups_and_restart_resumes_after_last_c
     ]
     assert all(e["responses_per_group"] == [RESPONSES, RESPONSES] for e in lines)
     assert all(e["fill_seconds"] >= 0 and e["target_groups"] == 2 for e in lines)
+    for e in lines:  # when each group arrived, and how long after its decision (the event's created_ms)
+        assert len(e["arrived_ms"]) == 2 and all(a >= produced_at for a in e["arrived_ms"])
+        assert e["arrival_lag_ms"] == [a - created[k] for a, k in zip(e["arrived_ms"], e["group_keys"])]
 
     # a new builder with the same group id: g4 was consumed but never committed, so it comes back
     produce(bootstrap, topics, ["g5"])

@@ -12,8 +12,8 @@ from rollstream.kafka.clients import make_producer
 from rollstream.observability.metrics import metric_record
 from rollstream.schemas import encode
 from rollstream.schemas.records import payload_ref, response_summary, trajectory_summary
-from rollstream.tools.readback import count_records, filter_decisions
-from rollstream.tools.summary import summarize_agentic, summarize_rlvr
+from rollstream.tools.readback import count_records, filter_decisions, first_record_ms
+from rollstream.tools.summary import startup_seconds, summarize_agentic, summarize_rlvr
 
 
 def test_groups_accepted_by_the_filters_then_stale_at_the_trainer_are_not_filter_rejections():
@@ -75,6 +75,31 @@ def test_rlvr_response_figures_come_from_responses_rewarded(kafka_broker, topic_
     assert (summary["groups_accepted"], summary["groups_rejected"], summary["retention_rate"]) == (1, {"zero_std": 1}, 0.5)
     assert summary["reward"] == {"all": 0.25, "accepted": 0.5}
     assert summary["validation"]["groups"] == 1 and summary["validation"]["correct_mean"] == 1.0
+    assert summary["group_arrival_lag_ms"] == {"groups": 0}  # no batch trained
+
+    batch = {"step": 0, "status": "complete", "accepted_groups": 2, "responses_per_group": [2, 2],
+             "fill_seconds": 1.0, "arrival_lag_ms": [12, 30]}
+    trained = summarize_rlvr(config, kafka_broker, topics, [batch, {**batch, "step": 1, "arrival_lag_ms": [18, 20]}],
+                             "complete", "", 1.0)
+    assert trained["group_arrival_lag_ms"] == {"groups": 4, "p50": 19.0, "p90": 27.0, "p99": 29.7, "max": 30,
+                                               "mean": 20.0}
+
+
+@pytest.mark.integration
+def test_startup_seconds_come_from_the_first_record_timestamps(kafka_broker, topic_factory):
+    """The earliest record over every partition, read from the time index (nothing fetched); an
+    empty topic gives None."""
+    topics = topic_factory(["generation.requests", "responses"], partitions=2)
+    assert first_record_ms(kafka_broker, topics.generation_requests) is None
+    producer = make_producer(kafka_broker)
+    for partition, stamp in ((0, 1_007_500), (1, 1_003_250), (0, 1_009_000)):
+        producer.send(topics.generation_requests, value=b"x", partition=partition, timestamp_ms=stamp)
+    producer.flush()
+    producer.close()
+    assert first_record_ms(kafka_broker, topics.generation_requests) == 1_003_250
+    assert first_record_ms(kafka_broker, "t-no-such-topic") is None
+    assert startup_seconds(kafka_broker, topics, False, started_ms=1_000_000) == {
+        "first_request": 3.25, "first_response": None}
 
 
 # -- agentic ------------------------------------------------------------------------------------
