@@ -88,6 +88,7 @@ bench: env vllm-env
 	mkdir -p runs/bench
 	$(PY) benchmarks/filter_stage.py --out runs/bench/filter_stage.json
 	$(PY) benchmarks/group_latency.py --out runs/bench/group_latency.json
+	$(PY) benchmarks/startup.py --out runs/bench/startup.json
 	$(PY) benchmarks/agentic.py --out runs/bench/agentic.json
 	$(PY) benchmarks/corrections.py --out runs/bench/corrections.json
 	$(PY) benchmarks/cpu_sharing.py --out runs/bench/cpu_sharing.json

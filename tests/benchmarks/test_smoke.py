@@ -56,6 +56,14 @@ def test_group_latency(benchmark_smoke):
         assert p["p50"] <= p["p90"] <= p["p99"] <= p["max"], (figure, p)
 
 
+@pytest.mark.benchmark_smoke("startup", "--bootstrap", "{kafka_broker}")
+def test_startup(benchmark_smoke):
+    r = benchmark_smoke
+    assert r["correct"], r["stages"]
+    assert set(r["stages"]) == {"admission", "generation", "reward", "aggregator", "group-queue"}
+    assert all(f["first_output_s"] > 0 and f["import_s"] > 0 for f in r["stages"].values())
+
+
 @pytest.mark.benchmark_smoke("agentic", "--bootstrap", "{kafka_broker}")
 def test_agentic(benchmark_smoke):
     r = benchmark_smoke
