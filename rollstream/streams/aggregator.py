@@ -180,7 +180,7 @@ def build_aggregator_app(config: RLVRConfig, context: StageContext, store: str =
     partitions = config.kafka.partitions
     app = make_app(names.app_id(topics, names.AGGREGATOR_APP), context.bootstrap, partitions, config.kafka, store,
                    producer_linger_s=PRODUCER_LINGER_S, producer_max_batch_bytes=PRODUCER_MAX_BATCH_BYTES)
-    load_torch()  # the filters need it; imported before the event loop runs, not at the first decision
+    load_torch()  # the filters need it: imported while the app starts, not at the first decision
     inputs = app.topic(topics.responses_rewarded, topics.generation_requests, key_type=bytes, value_type=bytes,
                        key_serializer="raw", value_serializer="raw", partitions=partitions)
     table = app.Table(names.PROMPT_STATE_TABLE, default=None, partitions=partitions, key_type=bytes,

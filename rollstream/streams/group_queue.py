@@ -30,7 +30,7 @@ TICK_INTERVAL_S = 1.0
 
 def build_group_queue_app(config: AgenticConfig, context: StageContext, store: str = "memory://",
                           tick_interval_s: float = TICK_INTERVAL_S) -> faust.App:
-    load_torch()  # the filters need it; imported before the event loop runs, not at the first decision
+    load_torch()  # the filters need it: imported while the app starts, not at the first decision
     topics = context.topics
     partitions = config.kafka.partitions
     app = make_app(names.app_id(topics, names.GROUP_QUEUE_APP), context.bootstrap, partitions, config.kafka, store)

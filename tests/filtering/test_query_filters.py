@@ -114,3 +114,18 @@ def explode(rewards, filter_args):
 def test_custom_filter_that_raises_rejects_with_filter_error():
     d = decide_query([0.0, 1.0], {"type": f"{__name__}:explode"})
     assert (d.keep, d.reason) == (False, "filter_error")
+
+
+def test_load_torch_imports_it_in_a_thread_the_decisions_then_use():
+    """A stage starts the import while its app starts; the import finishes in that thread and a
+    decision afterwards finds torch loaded."""
+    import sys
+
+    from rollstream.filtering.query_filters import load_torch
+
+    thread = load_torch()
+    assert thread.daemon and thread.name == "import-torch"
+    thread.join(timeout=120)
+    assert not thread.is_alive() and "torch" in sys.modules
+    config = {"type": "std_filter", "filter_args": {"std_threshold": 0.0}}
+    assert decide_query([0.0, 1.0], config).keep and not decide_query([1.0, 1.0], config).keep
