@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from filter_stage import kafka_bootstrap, parse_args, start_worker, stop_worker, versions, write_result  # noqa: E402
 
 from rollstream.app.producer import produce_prompts, start_env_groups  # noqa: E402
-from rollstream.config import load_config, parse_config  # noqa: E402
+from rollstream.config import Config, load_config  # noqa: E402
 from rollstream.kafka.admin import create_pipeline_topics  # noqa: E402
 from rollstream.kafka.topics import Topics  # noqa: E402
 from rollstream.runtime import now_ms  # noqa: E402
@@ -49,14 +49,14 @@ def import_seconds(module: str) -> float:
     return round(time.perf_counter() - t0, 2)
 
 
-def config_file(example: str, workdir: Path, prefix: str, **overrides) -> Path:
-    """``examples/<example>`` under a fresh topic prefix (and ``overrides``), written to ``workdir``."""
+def config_file(example: str, workdir: Path, prefix: str, **overrides) -> tuple[Path, Config]:
+    """``examples/<example>`` under a fresh topic prefix (and ``overrides``), written to
+    ``workdir``, and the config read back from that file (a bad one fails here, not in a worker)."""
     raw = yaml.safe_load((ROOT / "examples" / example).read_text())
     raw["kafka"] = {**raw.get("kafka", {}), "topic_prefix": prefix}
     path = workdir / f"{prefix.rstrip('.')}.yaml"
     path.write_text(yaml.safe_dump({**raw, **overrides}))
-    parse_config(yaml.safe_load(path.read_text()))  # fails here, not in the worker
-    return path
+    return path, load_config(path)
 
 
 def first_output(stage: str, config: Path, bootstrap: str, outputs: tuple[str, ...], want: int,
@@ -83,8 +83,8 @@ def rlvr_chain(bootstrap: str, workdir: Path) -> dict:
     prefix = f"start-{uuid.uuid4().hex[:8]}."
     # no trainer publishes policy versions here: without a staleness bound nothing waits for one;
     # one round per prompt, so the aggregator's first output is the prompt's decided Group
-    path = config_file("rlvr_math.yaml", workdir, prefix, datasets=[], max_staleness=None, max_response_rounds=1)
-    config = load_config(path)
+    path, config = config_file("rlvr_math.yaml", workdir, prefix, datasets=[], max_staleness=None,
+                               max_response_rounds=1)
     topics = Topics(prefix)
     create_pipeline_topics(bootstrap, config.kafka)
     n = config.num_return_sequences_in_group
@@ -103,8 +103,7 @@ def rlvr_chain(bootstrap: str, workdir: Path) -> dict:
 
 def agentic_queue(bootstrap: str, workdir: Path) -> dict:
     prefix = f"start-{uuid.uuid4().hex[:8]}."
-    path = config_file("agentic_frozenlake.yaml", workdir, prefix)
-    config = load_config(path)
+    path, config = config_file("agentic_frozenlake.yaml", workdir, prefix)
     create_pipeline_topics(bootstrap, config.kafka)
     start_env_groups(config, bootstrap)
     return {"group-queue": first_output("group-queue", path, bootstrap, (Topics(prefix).episodes_requests,), 1,
