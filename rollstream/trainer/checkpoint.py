@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from rollstream.exceptions import RollstreamError
 from rollstream.policy.model import load_weights_into
 
 log = logging.getLogger(__name__)
@@ -65,18 +66,29 @@ class CheckpointStore:
              state: dict, tokenizer=None) -> Path:
         """Write checkpoint ``version`` atomically and return its folder. ``state`` (JSON-able)
         is stored with ``version`` added. An existing folder of the same version (written before
-        a crash, then trained again from the previous one) is replaced."""
+        a crash, then trained again from the previous one) is replaced.
+
+        Raises RollstreamError (``checkpoint_not_written``, with the cause chained and the free
+        space of the disk) when a file cannot be written, a full disk say; the partial folder is
+        removed first, so a failed save costs no disk and leaves the previous checkpoints as
+        they were."""
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.path_of(version)
         tmp = self.root / f".{final.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        model.save_pretrained(tmp, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        if optimizer is not None:
-            torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
-        (tmp / STATE_FILE).write_text(json.dumps({**state, "version": version}, sort_keys=True))
-        _fsync_tree(tmp)
+        try:
+            model.save_pretrained(tmp, safe_serialization=True)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+            if optimizer is not None:
+                torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+            (tmp / STATE_FILE).write_text(json.dumps({**state, "version": version}, sort_keys=True))
+            _fsync_tree(tmp)
+        except Exception as err:  # safetensors and torch wrap the OSError in errors of their own
+            shutil.rmtree(tmp, ignore_errors=True)
+            free_gib = shutil.disk_usage(self.root).free / 2**30
+            raise RollstreamError(f"checkpoint_not_written: {final} ({free_gib:.1f} GiB free on its disk): "
+                                  f"{type(err).__name__}: {err}") from err
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

@@ -21,6 +21,7 @@ from rollstream.kafka.topics import Topics
 from rollstream.policy.model import load_model
 from rollstream.tools.audit import run_audit
 from rollstream.tools.readback import read_values
+from rollstream.trainer.checkpoint import CheckpointStore
 from rollstream.trainer.logprobs import sequence_log_probs
 from tests.workers.teacher_forcing import PROBE
 
@@ -33,14 +34,15 @@ def _server_probe(url: str) -> tuple[list[int], list[float]]:
     return choice["token_ids"], choice["logprobs"]["token_logprobs"]
 
 
-def _kill_when_published(server, checkpoint, done: dict) -> None:
-    """SIGKILL ``server`` once ``checkpoint`` exists (the trainer published version 1, so step 1's
-    requests are about to be or are in flight)."""
+def _kill_when_published(server, checkpoints, done: dict) -> None:
+    """SIGKILL ``server`` once the trainer has written its first checkpoint under ``checkpoints``
+    (it published version 1, so step 1's requests are about to be or are in flight)."""
+    store = CheckpointStore(checkpoints)
     deadline = time.monotonic() + 500
-    while not checkpoint.exists() and time.monotonic() < deadline:
+    while not store.versions() and time.monotonic() < deadline:
         time.sleep(0.2)
     server.kill()
-    done["killed"] = checkpoint.exists()
+    done["killed"] = bool(store.versions())
 
 
 def test_a_run_loads_every_policy_version_into_the_servers_in_place(kafka_broker, vllm_server, vllm_spare_server,
@@ -60,8 +62,9 @@ def test_a_run_loads_every_policy_version_into_the_servers_in_place(kafka_broker
         "actor_infer": {"backend": "vllm_server", "servers": [vllm_server.url, vllm_spare_server.url],
                         "dtype": "bfloat16", "max_batch": 4,
                         "generating_args": {"temperature": 1.0, "max_new_tokens": 12}},
-        # a large step, so three of them move the bf16 weights the server holds
-        "actor_train": {"lr": 2e-4, "micro_batch_size": 4, "keep_checkpoints": 10},
+        # a large step, so three of them move the bf16 weights the server holds; the two newest
+        # checkpoints are kept (v000002 is read at the end)
+        "actor_train": {"lr": 2e-4, "micro_batch_size": 4, "keep_checkpoints": 2},
         "rewards": {"arithmetic": {"reward_type": "reasoning_gym", "query_filter_config": {"type": "no_filter"},
                                    "response_filter_config": {"type": "default",
                                                               "filter_args": {"reject_truncated": False}}}},
@@ -71,7 +74,7 @@ def test_a_run_loads_every_policy_version_into_the_servers_in_place(kafka_broker
     run_dir = tmp_path / "run"
     killed: dict = {}
     killer = threading.Thread(target=_kill_when_published,
-                              args=(vllm_spare_server, run_dir / "checkpoints" / "v000001", killed))
+                              args=(vllm_spare_server, run_dir / "checkpoints", killed))
     killer.start()
     summary = run_pipeline(config, run_dir=run_dir)
     killer.join()

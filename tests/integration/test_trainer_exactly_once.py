@@ -79,7 +79,7 @@ def test_sigkilled_trainer_processes_train_every_group_exactly_once(kafka_broker
     restart resumes; in the end every group is in exactly one step and one checkpoint."""
     topics = topic_factory()
     config = write_config(tmp_path, topics, 1, rollout_batch_size=1, max_steps=3,
-                          actor_train={"lr": 1e-5, "micro_batch_size": 4, "keep_checkpoints": 5})
+                          actor_train={"lr": 1e-5, "micro_batch_size": 4, "keep_checkpoints": 2})
     run_dir = tmp_path / "runs" / "it"
     ckpt, manifest_path = run_dir / "checkpoints", run_dir / "batches.jsonl"
     logs: list[Path] = []
@@ -126,8 +126,8 @@ def test_sigkilled_trainer_processes_train_every_group_exactly_once(kafka_broker
     assert [(e["step"], e["group_keys"], e["policy_version"]) for e in lines] == [
         (0, ["k0"], 1), (1, ["k1"], 2), (2, ["k2"], 3)]
     store = CheckpointStore(ckpt)
-    assert store.versions() == [1, 2, 3] and not list(ckpt.glob(".v*"))
-    for version, key in ((1, "k0"), (2, "k1"), (3, "k2")):
+    assert store.versions() == [2, 3] and not list(ckpt.glob(".v*"))  # the two newest kept
+    for version, key in ((2, "k1"), (3, "k2")):
         state = json.loads((store.path_of(version) / "trainer_state.json").read_text())
         assert (state["step"], state["group_keys"]) == (version - 1, [key])
     published = [p["version"] for p in read_values(kafka_broker, topics.policy_versions)]

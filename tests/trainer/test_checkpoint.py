@@ -4,6 +4,9 @@ exactly where the first one stopped (weights, AdamW state, version)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -102,3 +105,33 @@ def test_weights_that_do_not_fit_are_refused_and_leave_the_model_untouched(tmp_p
 def test_keep_last_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="keep_last"):
         CheckpointStore(tmp_path, keep_last=0)
+
+
+SAVE_UNDER_A_FILE_SIZE_LIMIT = """
+import resource, signal, sys
+from rollstream.exceptions import RollstreamError
+from rollstream.trainer.checkpoint import CheckpointStore
+from tests.tiny_models import tiny_model
+
+store, model = CheckpointStore(sys.argv[1]), tiny_model()
+store.save(1, model, None, {"step": 0, "group_keys": []})
+# from here a write past 4 KiB fails with EFBIG, as a write to a full disk fails with ENOSPC
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+try:
+    store.save(2, model, None, {"step": 1, "group_keys": []})
+except RollstreamError as err:
+    print(err)
+"""
+
+
+def test_a_save_that_cannot_write_raises_clearly_and_leaves_no_partial_folder(tmp_path):
+    """The writes fail for real (a file-size limit in a child process): the error names the
+    folder, the free space and the cause; the partial folder is gone and version 1 is intact."""
+    out = subprocess.run([sys.executable, "-c", SAVE_UNDER_A_FILE_SIZE_LIMIT, str(tmp_path)],
+                         cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith(f"checkpoint_not_written: {tmp_path / 'v000002'} (")
+    assert "GiB free on its disk): " in out.stdout and "File too large" in out.stdout
+    assert [p.name for p in tmp_path.iterdir()] == ["v000001"]
+    assert CheckpointStore(tmp_path).latest()[1] == {"step": 0, "group_keys": [], "version": 1}
