@@ -3,7 +3,8 @@
 A group is complete when its last response is on ``responses.rewarded`` (the broker acknowledged
 it). One aggregator worker (``rollstream worker aggregator``, a subprocess as deployed) decides the
 group and writes it to ``groups.accepted``; the trainer's ``BatchBuilder`` (in this process, with
-its own consumer settings) consumes it, builds batches (fetching the payloads) and commits them.
+its own consumer settings, started before the first group) consumes it, builds batches (fetching
+the payloads) and commits them.
 Per group, from the builder's manifest (``arrived_ms``, ``arrival_lag_ms``):
 
 - ``latency_ms``: arrival in the builder - completion (this script's clock for both);
@@ -78,27 +79,24 @@ def produce_groups(bootstrap: str, topics: Topics, prompt_ids: list[str], group_
         producer.close()
 
 
-def build_batches(bootstrap: str, topics: Topics, workdir: Path, want: int, batch_groups: int) -> tuple[list[dict], str | None]:
-    """Run a BatchBuilder until ``want`` more groups are committed (``want`` a multiple of
-    ``batch_groups``); its new manifest entries, and an error."""
-    from rollstream.trainer.batch_builder import BatchBuilder
-
+def build_batches(builder, want: int, batch_groups: int) -> tuple[list[dict], str | None]:
+    """Build and commit batches until ``want`` more groups are committed (``want`` a multiple of
+    ``batch_groups``); the new manifest entries, and an error."""
     entries: list[dict] = []
     deadline = time.monotonic() + SAFETY_TIMEOUT_S
-    with BatchBuilder(bootstrap, topics, batch_groups, group_id=f"{topics.prefix}trainer",
-                      manifest_path=workdir / "manifest.jsonl") as builder:
-        while len(entries) * batch_groups < want:
-            if time.monotonic() > deadline:
-                return entries, f"safety timeout: {len(entries) * batch_groups}/{want} groups"
-            batch = builder.next_batch(timeout_s=1.0)
-            if batch is not None:
-                entries.append(builder.commit(batch))
+    while len(entries) * batch_groups < want:
+        if time.monotonic() > deadline:
+            return entries, f"safety timeout: {len(entries) * batch_groups}/{want} groups"
+        batch = builder.next_batch(timeout_s=1.0)
+        if batch is not None:
+            entries.append(builder.commit(batch))
     return entries, None
 
 
 def bench(bootstrap: str, workdir: Path, groups: int, group_size: int, tokens: int, rate: float,
           batch_groups: int) -> dict:
     from rollstream.kafka.admin import create_topics
+    from rollstream.trainer.batch_builder import BatchBuilder
 
     topics = Topics(f"lat-{uuid.uuid4().hex[:8]}.")
     create_topics(bootstrap, topics.all(PARTITIONS))
@@ -108,19 +106,24 @@ def bench(bootstrap: str, workdir: Path, groups: int, group_size: int, tokens: i
     log_path = workdir / "aggregator.log"
     worker = start_worker("aggregator", config_path, bootstrap, log_path, workdir)
     completed: dict[str, int] = {}
+    builder = BatchBuilder(bootstrap, topics, batch_groups, group_id=f"{topics.prefix}trainer",
+                           manifest_path=workdir / "manifest.jsonl")
     try:
         t0 = time.monotonic()  # the warm-up group: the worker is ready once it is decided
         produce_groups(bootstrap, topics, ["warmup"], group_size, tokens, rate, {})
-        _, error = build_batches(bootstrap, topics, workdir, 1, 1)
+        warmup = builder.take_partial(timeout_s=SAFETY_TIMEOUT_S, min_groups=1)
         ready_s = time.monotonic() - t0
+        error = "the warm-up group was never decided" if warmup is None else None
         if error is None:
+            builder.commit(warmup)
             pids = [f"g{n:06d}" for n in range(groups)]
             producer = threading.Thread(target=produce_groups, daemon=True,
                                         args=(bootstrap, topics, pids, group_size, tokens, rate, completed))
             producer.start()
-            entries, error = build_batches(bootstrap, topics, workdir, groups, batch_groups)
+            entries, error = build_batches(builder, groups, batch_groups)
             producer.join(timeout=SAFETY_TIMEOUT_S)
     finally:
+        builder.close()
         stop_worker(worker)
     if error is not None:
         return {"error": error, "aggregator_log_tail": log_path.read_text(errors="replace").splitlines()[-20:]}

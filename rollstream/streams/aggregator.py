@@ -8,13 +8,14 @@ Requests give each prompt's open round a deadline (``prompt_timeout_s``); the ti
 ``DEADLINE_CHECK_S`` and reissues or aborts the late ones. Timer and agent take turns, so a
 batch's held changes and a deadline never interleave.
 
-Events are handled in batches (up to ``BATCH_MAX`` events, or what arrived within
-``BATCH_WITHIN_S``): each event is applied in order against the newest value of its prompt, and
-each prompt's table value is written once per batch, after the batch's last event of that
-prompt. A prompt's responses mostly arrive together (one generation request yields them all), so
-this writes one changelog record per prompt and batch instead of one per response, the stage's
-main cost. faust acknowledges a batch's events only after the batch, and flushes the producer
-before it commits offsets, so every committed event's effect is in the changelog.
+Events are handled in batches (``streams.common.BATCH_MAX`` / ``BATCH_WITHIN_S``): each event is
+applied in order against the newest value of its prompt, and each prompt's table value is written
+once per batch, after the batch's last event of that prompt. A prompt's responses mostly arrive
+together (one generation request yields them all), so this writes one changelog record per prompt
+and batch instead of one per response, the stage's main cost. A batch that decided a prompt
+flushes the producer as it ends. faust acknowledges a batch's events only after the batch, and
+flushes the producer before it commits offsets, so every committed event's effect is in the
+changelog.
 """
 
 from __future__ import annotations
@@ -34,19 +35,21 @@ from rollstream.observability.metrics import process_metrics
 from rollstream.policy.versions import STALENESS_VERSION_MAX_AGE_S, PolicyVersionWatcher
 from rollstream.kafka.events import decode_expected
 from rollstream.streams.aggregator_processor import AggregatorProcessor, count_effects, UnwrittenStateLost, prompt_partition
-from rollstream.streams.common import Emitter, TableStore, active_partitions, make_app, punctuate_every
+from rollstream.streams.common import (
+    BATCH_MAX,
+    BATCH_WITHIN_S,
+    PRODUCER_LINGER_S,
+    PRODUCER_MAX_BATCH_BYTES,
+    Emitter,
+    TableStore,
+    active_partitions,
+    make_app,
+    punctuate_every,
+)
 
 log = logging.getLogger(__name__)
 
 DECIDED_TTL_S = 300.0  # closed transactions are kept this long: well beyond the 1 s commit interval
-BATCH_MAX = 1000  # events handled per batch at most
-BATCH_WITHIN_S = 0.05  # a batch waits at most this long for more events
-# Decisions add a Group and a PromptOutcome and every batch changelog records. Without a linger
-# each became its own produce request (about 250 us of CPU per record here, more than the
-# decision); 20 ms puts them in a few requests (about 55 us a record). Decisions are delayed by
-# at most that much.
-PRODUCER_LINGER_S = 0.02
-PRODUCER_MAX_BATCH_BYTES = 1 << 20
 DEADLINE_CHECK_S = 2.0
 
 
@@ -158,6 +161,7 @@ class AggregatorAgent:
                 for key, partition in pending.items():
                     if self.aggregation.unwritten(key.decode()):
                         self.store.put(partition, key, self.aggregation.table_value(key.decode()))
+            await self.emit.flush()
             if lost:
                 # an exception leaves the agent: the process exits (StageApp) before this batch is
                 # acknowledged, and the restarted stage applies it again from the table

@@ -241,7 +241,7 @@ def _arrival_lag(batches: list[dict]) -> dict:
     """The trained groups' lag from their decision (the group event's ``created_ms``) to their
     arrival in the trainer's batch builder, in ms (the manifest's ``arrival_lag_ms``):
     ``groups`` counted and their percentiles (rollstream.tools.stats.percentiles)."""
-    lags = [lag for b in batches for lag in b.get("arrival_lag_ms", [])]
+    lags = [lag for b in batches for lag in b.get("arrival_lag_ms", []) if lag is not None]
     return {"groups": len(lags), **percentiles(lags)}
 
 

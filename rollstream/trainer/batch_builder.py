@@ -9,7 +9,9 @@ published and the offsets committed, in that order, so a restarted trainer neith
 twice nor skips one (docs/semantics.md, "Guarantees").
 
 One trainer per group id: it owns every partition of ``groups.accepted`` (manual assignment; the
-group id only stores committed offsets). Data-parallel training ranks share it through
+group id only stores committed offsets). A thread of its own polls the consumer
+(``rollstream.kafka.polling.ConsumerPoller``), so groups are read, and their arrival stamped, while
+the caller trains a step; the builder takes them in at its next call. Data-parallel training ranks share it through
 ``rollstream.trainer.rollout_stream.RolloutStream``: rank 0 holds the one builder and scatters each batch.
 
 Each concern has its home: offsets in ``rollstream.kafka.offsets.OffsetTracker``, the fsynced
@@ -61,6 +63,7 @@ from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.events import dead_letter
 from rollstream.kafka.offsets import OffsetTracker
 from rollstream.kafka.payloads import Fetched, PayloadFetcher, ref_key
+from rollstream.kafka.polling import ConsumerPoller
 from rollstream.kafka.topics import Topics
 from rollstream.observability.metrics import process_metrics
 from rollstream.runtime import PAYLOAD_MAX_MESSAGE_BYTES, now_ms, worker_id
@@ -79,15 +82,15 @@ from rollstream.trainer.manifest import Manifest, ManifestState
 log = logging.getLogger(__name__)
 
 POLL_TIMEOUT_S = 0.2
-"""Longest single poll inside ``next_batch``; the loop re-checks its deadline after each."""
+"""Longest single wait for groups inside ``next_batch``; the loop re-checks its deadline after each."""
 
 
 @dataclass(eq=False)
 class _Pending:
     """A consumed, valid group not yet in a committed batch. ``group``: the event as consumed
     (payload references); ``resolved``: the copy with its payloads decoded, once fetched;
-    ``source``: the consumed record (for a dead letter); ``arrived_ms``: when the builder
-    consumed it (epoch ms)."""
+    ``source``: the consumed record (for a dead letter); ``arrived_ms``: when the builder's
+    consumer read it (epoch ms)."""
 
     group: dict
     partition: int
@@ -189,7 +192,8 @@ class BatchBuilder:
         # One trainer owns every partition: manual assignment, no group membership; the group id
         # only stores committed offsets. (kafka-python 3.0 could drop a member out of its group
         # for good after a missed heartbeat, spinning in poll.)
-        self.consumer, _ = assigned_consumer(bootstrap, group_id, self.topic, self.worker, self.max_poll_records)
+        consumer, _ = assigned_consumer(bootstrap, group_id, self.topic, self.worker, self.max_poll_records)
+        self._poller = ConsumerPoller(consumer, f"{self.worker}-poller", self.max_poll_records)
         self.producer = make_producer(bootstrap, client_id=self.worker)
         self.fetcher = PayloadFetcher(bootstrap, max_message_bytes, client_id=f"{self.worker}-payloads")
         if last_entry is not None:  # a crash may have come between its manifest line and its event
@@ -215,13 +219,14 @@ class BatchBuilder:
         if self._fill_started is None:
             self._fill_started = time.monotonic()
         deadline = time.monotonic() + timeout_s
+        self._take_arrived(0.0)
         self._reject_stale()
         while True:
             while len(self._buffer) < self.rollout_batch_size:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
-                self._poll(min(remaining, POLL_TIMEOUT_S))
+                self._take_arrived(min(remaining, POLL_TIMEOUT_S))
                 self._reject_stale()
             if self._resolve_head(self.rollout_batch_size):
                 return self._build(self.rollout_batch_size, "complete")
@@ -232,7 +237,8 @@ class BatchBuilder:
         For the case where admission published ``batch_underfilled`` and ``min_fill_ratio`` allows
         a partial batch; the caller checks the ratio. Polls for up to ``timeout_s`` first (stopping
         early when full, or once ``min_groups`` groups are buffered). Returns None when nothing is
-        buffered. The manifest status is ``partial``, or ``complete`` if the buffer happened to be
+        buffered (groups the consumer has read count as buffered). The manifest status is
+        ``partial``, or ``complete`` if the buffer happened to be
         full. Payloads are fetched as in ``next_batch``; groups whose payload expired or cannot be
         trained are replaced by the next buffered ones (None when none is left).
         """
@@ -240,9 +246,10 @@ class BatchBuilder:
             self._fill_started = time.monotonic()
         deadline = time.monotonic() + timeout_s
         enough = min(self.rollout_batch_size, min_groups or self.rollout_batch_size)
+        self._take_arrived(0.0)
         self._reject_stale()
         while len(self._buffer) < enough and time.monotonic() < deadline:
-            self._poll(min(deadline - time.monotonic(), POLL_TIMEOUT_S))
+            self._take_arrived(min(deadline - time.monotonic(), POLL_TIMEOUT_S))
             self._reject_stale()
         while self._buffer:
             n = min(len(self._buffer), self.rollout_batch_size)
@@ -260,9 +267,9 @@ class BatchBuilder:
         Returns the manifest entry: ``step``, ``status``, ``target_groups``, ``accepted_groups``,
         ``group_keys``, ``offsets`` (partition as str -> next offset committed), ``fill_seconds``,
         ``responses_per_group`` (responses or trajectories per group), ``arrived_ms`` (when
-        each group was consumed, epoch ms), ``arrival_lag_ms`` (each group's arrival minus its
-        event's ``created_ms``, when the aggregator or the group queue decided it: the lag of
-        the decision plane, ms), ``created_ms``, plus the keys of ``report`` (the training
+        the consumer read each group, epoch ms), ``arrival_lag_ms`` (each group's arrival minus
+        its event's ``created_ms``, when the aggregator or the group queue decided it: the lag of
+        the decision plane, ms; None for an event without ``created_ms``), ``created_ms``, plus the keys of ``report`` (the training
         step's figures, see PolicyTrainer.train).
 
         Raises:
@@ -279,11 +286,16 @@ class BatchBuilder:
         for item in out.items:
             self._offsets.done(item.partition, item.offset)
         self.committed_groups += len(out.items)
-        assigned = [tp for tp in self.consumer.assignment() if tp.topic == self.topic]
+        with self._poller.paused() as consumer:  # no poll now: its positions are past what it read
+            self._ingest_all(self._poller.drain())
+            return self._commit(consumer, batch, out, report)
+
+    def _commit(self, consumer, batch: RolloutBatch, out: _Outstanding, report: dict | None) -> dict:
+        assigned = [tp for tp in consumer.assignment() if tp.topic == self.topic]
         committable = self._offsets.committable()
         # partitions not read from since assignment sit at their committed (or reset) offset
         offsets = {tp.partition: committable[tp.partition] if tp.partition in committable
-                   else self.consumer.position(tp) for tp in assigned}
+                   else consumer.position(tp) for tp in assigned}
         entry = {
             "step": batch.step,
             "status": out.status,
@@ -294,14 +306,15 @@ class BatchBuilder:
             "fill_seconds": out.fill_seconds,
             "responses_per_group": [len(group_rows(item.group)) for item in out.items],
             "arrived_ms": [item.arrived_ms for item in out.items],
-            "arrival_lag_ms": [item.arrived_ms - item.group.get("created_ms", 0) for item in out.items],
+            "arrival_lag_ms": [item.arrived_ms - item.group["created_ms"] if item.group.get("created_ms") else None
+                               for item in out.items],  # None: an event without its decision time
             "created_ms": now_ms(),
             **(report or {}),  # the training step's figures (loss, policy_version, masks ...)
         }
         self._record(entry)  # flushes the Batch event and every dead letter before their offsets
         # only read partitions are committed; the others keep their committed offset
         to_commit = {p: o for p, o in self._offsets.to_commit().items() if p in offsets}
-        commit_offsets(self.consumer, self.topic, to_commit)
+        commit_offsets(consumer, self.topic, to_commit)
         self._offsets.committed(to_commit)
         return entry
 
@@ -365,7 +378,8 @@ class BatchBuilder:
             try:
                 self.fetcher.close()
             finally:
-                self.consumer.close(autocommit=False)
+                self._poller.close()
+                self._poller.consumer.close(autocommit=False)
 
     def __enter__(self) -> "BatchBuilder":
         return self
@@ -375,15 +389,15 @@ class BatchBuilder:
 
     # -- internals --------------------------------------------------------------------------
 
-    def _poll(self, timeout_s: float) -> None:
-        polled = self.consumer.poll(
-            timeout_ms=max(1, int(timeout_s * 1000)), max_records=self.max_poll_records
-        )
-        for records in polled.values():
-            for msg in records:
-                self._ingest(msg)
+    def _take_arrived(self, timeout_s: float) -> None:
+        """Take in the groups the poller has read, waiting up to ``timeout_s`` for the first."""
+        self._ingest_all(self._poller.take(timeout_s))
 
-    def _ingest(self, msg) -> None:
+    def _ingest_all(self, arrived: list[tuple[object, int]]) -> None:
+        for msg, arrived_ms in arrived:
+            self._ingest(msg, arrived_ms)
+
+    def _ingest(self, msg, arrived_ms: int) -> None:
         self.consumed += 1
         group, problem = trainable_group(msg.value)
         if problem is not None:  # done once its dead letter is flushed, before the next commit
@@ -399,7 +413,7 @@ class BatchBuilder:
             return
         self._seen.add(key)
         self._offsets.read(msg.partition, msg.offset)
-        self._buffer.append(_Pending(group, msg.partition, msg.offset, msg, arrived_ms=now_ms()))
+        self._buffer.append(_Pending(group, msg.partition, msg.offset, msg, arrived_ms=arrived_ms))
 
     def _reject_stale(self) -> None:
         """Move buffered groups the next step may not train (see ``max_staleness``) to

@@ -119,7 +119,9 @@ def env(kafka_broker, topic_factory, tmp_path):
 
 def test_batches_hold_exactly_batch_size_groups_and_restart_resumes_after_last_commit(env):
     bootstrap, topics, gid, manifest = env
-    created = {g["group_key"]: g["created_ms"] for g in produce(bootstrap, topics, [f"g{i}" for i in range(5)])}
+    # g3 is an event without its decision time (created_ms 0): its lag is None
+    stamped = [{**group_record(f"g{i}"), "created_ms": now_ms()} for i in range(3)]
+    created = {g["group_key"]: g["created_ms"] for g in produce(bootstrap, topics, stamped + ["g3", "g4"])}
     produced_at = now_ms()
 
     with BatchBuilder(bootstrap, topics, 2, group_id=gid, manifest_path=manifest) as builder:
@@ -141,7 +143,9 @@ def test_batches_hold_exactly_batch_size_groups_and_restart_resumes_after_last_c
     assert all(e["fill_seconds"] >= 0 and e["target_groups"] == 2 for e in lines)
     for e in lines:  # when each group arrived, and how long after its decision (the event's created_ms)
         assert len(e["arrived_ms"]) == 2 and all(a >= produced_at for a in e["arrived_ms"])
-        assert e["arrival_lag_ms"] == [a - created[k] for a, k in zip(e["arrived_ms"], e["group_keys"])]
+        assert e["arrival_lag_ms"] == [a - created[k] if created[k] else None
+                                       for a, k in zip(e["arrived_ms"], e["group_keys"])]
+    assert lines[1]["arrival_lag_ms"][1] is None
 
     # a new builder with the same group id: g4 was consumed but never committed, so it comes back
     produce(bootstrap, topics, ["g5"])

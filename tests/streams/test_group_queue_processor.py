@@ -12,7 +12,7 @@ from rollstream.config import parse_config
 from rollstream.schemas import decode, encode
 from rollstream.schemas.records import payload_ref
 from rollstream.streams.group_queue_processor import GroupQueueProcessor
-from rollstream.streams.store import MemoryStore
+from rollstream.streams.store import HeldWrites, MemoryStore
 from rollstream.workers.env_worker import too_large_stub
 
 STD_FILTER = "rollstream.filtering.group_filters:EnvFailureStdGroupFilter"
@@ -44,9 +44,9 @@ def trajectory(group_id: int, episode_id: int, traj_index: int, reward: float, *
 class Run:
     """A processor fed as from a log: each input topic's partition 0 gets consecutive offsets."""
 
-    def __init__(self, policy_version=lambda: None, max_staleness=None, **manager) -> None:
+    def __init__(self, policy_version=lambda: None, max_staleness=None, table=None, **manager) -> None:
         self.config = parse_config({**agentic_config(**manager), "max_staleness": max_staleness})
-        self.table = MemoryStore()
+        self.table = MemoryStore() if table is None else table
         self.proc = GroupQueueProcessor(self.config, self.table, policy_version)
         self.sent: list[tuple[str, str, str, dict]] = []  # (topic, key, schema, record)
         self.offsets: dict[str, int] = defaultdict(int)  # topic -> next offset
@@ -459,3 +459,50 @@ def test_a_too_large_trajectory_stub_is_set_aside_and_refilled():
     run.arrive(trajectory(0, 0, 2, 0.0))
     (group,) = run.on("groups.accepted")
     assert [t["traj_index"] for t in group["trajectories"]] == [0, 2]
+
+
+class CountingStore(MemoryStore):
+    """A MemoryStore that counts the writes it receives (as a table counts changelog records)."""
+
+    puts = 0
+
+    def put(self, partition: int, key: bytes, value: bytes | None) -> None:
+        self.puts += 1
+        super().put(partition, key, value)
+
+
+def test_writes_held_over_batches_decide_and_store_exactly_what_direct_writes_do():
+    """The faust agent handles events in batches over HeldWrites. Four groups (accepted, zero-std
+    rejected and replaced, an env failure refilled) fed event by event to a processor writing
+    straight to its table, and in batches of 3 to one writing through HeldWrites: the same events
+    sent, the same table in the end, fewer table writes."""
+    direct, store = Run(group_size=4, group_filter_cls=STD_FILTER, refill={"max_refills_per_group": 1}), CountingStore()
+    held = HeldWrites(store)
+    batched = Run(group_size=4, group_filter_cls=STD_FILTER, refill={"max_refills_per_group": 1}, table=held)
+    events = [("gq.episodes.control", encode({"command": "start", "mode": "train", "group_id": g}, "GroupCommand"))
+              for g in range(4)]
+    arrivals = [(0, 0, t, float(t % 2)) for t in range(4)]  # mixed: accepted
+    arrivals += [(1, 0, t, 0.0) for t in range(4)] + [(1, 1, t, float(t == 0)) for t in range(4)]  # zero std, replaced
+    arrivals += [(2, 0, t, float(t < 2)) for t in (0, 1, 3)] + [(2, 0, 2, -1.0), (2, 0, 4, 0.0)]  # t2 failed, refilled
+    arrivals += [(3, 0, t, 1.0) for t in range(3)]  # still open at the end
+    events += [("gq.trajectories", encode(trajectory(g, e, t, r, env_failed=r < 0), "Trajectory"))
+               for g, e, t, r in arrivals]
+    for topic, value in events:
+        direct.feed(value, topic=topic)
+    for n, (topic, value) in enumerate(events):
+        batched.feed(value, topic=topic)
+        if n % 3 == 2:
+            held.flush()
+    held.flush()
+    def sent(run: Run) -> list:  # a group's created_ms is the wall clock's, taken when it is decided
+        return [(t, k, schema, {**r, "created_ms": None} if "created_ms" in r else r) for t, k, schema, r in run.sent]
+
+    assert sent(batched) == sent(direct) and len(direct.sent) == 39
+    assert [r["reason"] for r in direct.on("groups.rejected")] == ["zero_std", "infra_abort"]
+    assert [g["group_key"] for g in direct.on("groups.accepted")] == ["train/0/0", "train/1/1", "train/2/0"]
+    assert dict(store) == dict(direct.table)
+    direct_puts = CountingStore()
+    replay = Run(group_size=4, group_filter_cls=STD_FILTER, refill={"max_refills_per_group": 1}, table=direct_puts)
+    for topic, value in events:
+        replay.feed(value, topic=topic)
+    assert store.puts < direct_puts.puts

@@ -79,7 +79,9 @@ def test_rlvr_response_figures_come_from_responses_rewarded(kafka_broker, topic_
 
     batch = {"step": 0, "status": "complete", "accepted_groups": 2, "responses_per_group": [2, 2],
              "fill_seconds": 1.0, "arrival_lag_ms": [12, 30]}
-    trained = summarize_rlvr(config, kafka_broker, topics, [batch, {**batch, "step": 1, "arrival_lag_ms": [18, 20]}],
+    # a group event without its decision time (created_ms 0) has no lag: None, left out
+    trained = summarize_rlvr(config, kafka_broker, topics, [batch, {**batch, "step": 1, "arrival_lag_ms": [18, 20]},
+                                                            {**batch, "step": 2, "arrival_lag_ms": [None, None]}],
                              "complete", "", 1.0)
     assert trained["group_arrival_lag_ms"] == {"groups": 4, "p50": 19.0, "p90": 27.0, "p99": 29.7, "max": 30,
                                                "mean": 20.0}
