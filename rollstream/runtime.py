@@ -6,11 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 import time
-from typing import Callable, TypeVar
-
-T = TypeVar("T")
 
 DEFAULT_TOPIC_PREFIX = "rollstream."
 
@@ -27,31 +23,3 @@ def now_ms() -> int:
 def worker_id(stage: str) -> str:
     """``<stage>-<host>-<pid>``: names a worker in its events, client ids and metrics."""
     return f"{stage}-{socket.gethostname()}-{os.getpid()}"
-
-
-def at_low_priority(work: Callable[[], T], niceness: int = 10) -> T:
-    """Run ``work()`` in a thread whose CPU priority is ``niceness`` below this thread's and
-    return its result (its exception is raised here). For start-up work off the critical path: a
-    trainer loads its model while the generation workers load theirs on the same cores, and the
-    first generated token waits for those, not for the trainer. Linux lowers one thread's
-    priority (the threads it starts inherit it; those of the caller do not); elsewhere ``work``
-    runs at the caller's priority."""
-    out: dict = {}
-
-    def run() -> None:
-        try:
-            tid = threading.get_native_id()
-            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + niceness)
-        except (AttributeError, OSError):  # no per-thread priority here: run as is
-            pass
-        try:
-            out["result"] = work()
-        except BaseException as exc:  # raised again in the caller
-            out["error"] = exc
-
-    thread = threading.Thread(target=run, name="low-priority", daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in out:
-        raise out["error"]
-    return out["result"]

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 from rollstream.config import Config
 from rollstream.kafka.cluster import Bootstrap
-from rollstream.runtime import at_low_priority
 from rollstream.trainer.distributed import process_group_from_env
 from rollstream.trainer.loop import LoopControl, LoopResult, build_batches
 from rollstream.trainer.rollout_stream import RolloutStream
@@ -37,19 +36,13 @@ __all__ = ["LoopResult", "build_batches", "policy_trainer", "run_trainer"]
 
 def policy_trainer(config: Config, checkpoint_dir: Path) -> PolicyTrainer | None:
     """The PolicyTrainer of ``config`` (loads the model; resumes from the newest checkpoint in
-    ``checkpoint_dir``), or None when ``actor_train.enabled`` is off. The imports and the load run
-    at a low CPU priority: on shared cores the generation workers, loading their models at the
-    same time, come first (the first batch needs their samples before it needs this model)."""
+    ``checkpoint_dir``), or None when ``actor_train.enabled`` is off."""
     if not config.actor_train.enabled:
         return None
+    from rollstream.trainer.checkpoint import CheckpointStore
+    from rollstream.trainer.policy import PolicyTrainer
 
-    def load() -> PolicyTrainer:
-        from rollstream.trainer.checkpoint import CheckpointStore
-        from rollstream.trainer.policy import PolicyTrainer
-
-        return PolicyTrainer.from_config(config, CheckpointStore(checkpoint_dir, config.actor_train.keep_checkpoints))
-
-    return at_low_priority(load)
+    return PolicyTrainer.from_config(config, CheckpointStore(checkpoint_dir, config.actor_train.keep_checkpoints))
 
 
 def run_trainer(config: Config, bootstrap: Bootstrap, run_dir: Path, *, deadline: float | None = None,
