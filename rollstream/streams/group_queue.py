@@ -5,11 +5,11 @@ rollstream.streams.group_queue_processor.GroupQueueProcessor (no faust); this mo
 events and sends what it returns.
 
 Events are handled in batches (``streams.common.BATCH_MAX`` events, or what arrived within
-``BATCH_WITHIN_S``); the processor
-writes through ``HeldWrites``, so a key changed by many events of a batch (a group's queue state)
-is written to the table once, when the batch ends, and a member summary written and deleted in
-the same batch (its group decided) never reaches the changelog. A batch that sent events flushes
-the producer as it ends. faust acknowledges a batch's events only after the batch.
+``BATCH_WITHIN_S``); the processor writes through ``HeldWrites``, so a key changed by many events
+of a batch (a group's queue state) is written to the table once, when the batch ends, and a
+member summary written and deleted in the same batch (its group decided) never reaches the
+changelog. A batch that sent events flushes the producer as it ends. faust acknowledges a
+batch's events only after the batch.
 
 Deadlines: the timer (``punctuate_every``) calls the processor's ``tick`` with the partitions this
 worker owns, taking turns with the agent's batches.
