@@ -211,7 +211,7 @@ class Emitter:
         self.topics = context.topics
         self.worker = context.worker
         self._unflushed = False  # an event was sent since the last flush
-        self._flushing: asyncio.Future | None = None  # the last flush's acknowledgements
+        self._flushing: asyncio.Future | None = None  # the last flush task, referenced so it is not collected
         self.dead_lettered = 0
         self.max_message_bytes = int(app.conf.producer_max_request_size)
 

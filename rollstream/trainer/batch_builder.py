@@ -10,9 +10,10 @@ twice nor skips one (docs/semantics.md, "Guarantees").
 
 One trainer per group id: it owns every partition of ``groups.accepted`` (manual assignment; the
 group id only stores committed offsets). A thread of its own polls the consumer
-(``rollstream.kafka.polling.ConsumerPoller``), so groups are read, and their arrival stamped, while
-the caller trains a step; the builder takes them in at its next call. Data-parallel training ranks share it through
-``rollstream.trainer.rollout_stream.RolloutStream``: rank 0 holds the one builder and scatters each batch.
+(``rollstream.kafka.polling.ConsumerPoller``), so groups are read, and their arrival stamped,
+while the caller trains a step; the builder takes them in at its next call. Data-parallel
+training ranks share it through ``rollstream.trainer.rollout_stream.RolloutStream``: rank 0 holds
+the one builder and scatters each batch.
 
 Each concern has its home: offsets in ``rollstream.kafka.offsets.OffsetTracker``, the fsynced
 manifest in ``rollstream.trainer.manifest``, the ``Batch`` record in
@@ -238,9 +239,9 @@ class BatchBuilder:
         a partial batch; the caller checks the ratio. Polls for up to ``timeout_s`` first (stopping
         early when full, or once ``min_groups`` groups are buffered). Returns None when nothing is
         buffered (groups the consumer has read count as buffered). The manifest status is
-        ``partial``, or ``complete`` if the buffer happened to be
-        full. Payloads are fetched as in ``next_batch``; groups whose payload expired or cannot be
-        trained are replaced by the next buffered ones (None when none is left).
+        ``partial``, or ``complete`` if the buffer happened to be full. Payloads are fetched as in
+        ``next_batch``; groups whose payload expired or cannot be trained are replaced by the next
+        buffered ones (None when none is left).
         """
         if self._fill_started is None:
             self._fill_started = time.monotonic()
@@ -269,8 +270,8 @@ class BatchBuilder:
         ``responses_per_group`` (responses or trajectories per group), ``arrived_ms`` (when
         the consumer read each group, epoch ms), ``arrival_lag_ms`` (each group's arrival minus
         its event's ``created_ms``, when the aggregator or the group queue decided it: the lag of
-        the decision plane, ms; None for an event without ``created_ms``), ``created_ms``, plus the keys of ``report`` (the training
-        step's figures, see PolicyTrainer.train).
+        the decision plane, ms; None for an event without ``created_ms``), ``created_ms``, plus
+        the keys of ``report`` (the training step's figures, see PolicyTrainer.train).
 
         Raises:
             ValueError: ``batch`` is not an outstanding batch of this builder (e.g. committed).
