@@ -165,35 +165,27 @@ def bench_avro(tokens: int, iterations: int, repeats: int = 3) -> dict:
 
 def run_core(events: list[tuple[bytes, bytes]], config, timings: dict | None = None,
              batch: int = 100) -> tuple[int, int]:
-    """What the aggregator agent does, minus Kafka (the same AggregatorProcessor): events in batches of
-    ``batch``, each applied in order, then each changed prompt's table value packed and written
-    once per batch. Returns (accepted, rejected). With ``timings`` (a dict), decode, apply and
-    pack (table value) times are accumulated."""
-    aggregation = AggregatorProcessor(config)
-    table: dict[bytes, bytes] = {}
-    accepted = rejected = 0
+    """What the aggregator agent does, minus Kafka (the same AggregatorProcessor over a
+    MemoryStore): events of ``responses.rewarded`` handled in batches of ``batch``, then
+    ``end_batch`` (each changed prompt's table value packed and written once). Returns
+    (accepted, rejected), counted from the Groups sent. With ``timings`` (a dict), the time in
+    ``handle`` (decode and apply) and in ``end_batch`` (pack and write) is accumulated."""
+    processor = AggregatorProcessor(config)
+    topics = processor.topics
+    counted = {topics.decision_topic("train", True): [0], topics.decision_topic("train", False): [0]}
     clock = time.perf_counter
     for start in range(0, len(events), batch):
-        changed: set[bytes] = set()
-        for key, value in events[start:start + batch]:
-            t0 = clock()
-            _, record = decode(value)
-            t1 = clock()
-            applied = aggregation.apply(table.get(key), value, record)
-            if applied.changed:
-                changed.add(key)
-            if applied.decided is not None:
-                accepted += applied.decided.accepted
-                rejected += not applied.decided.accepted
-            if timings is not None:
-                timings["decode"] += t1 - t0
-                timings["apply"] += clock() - t1
-        t2 = clock()
-        for key in changed:
-            table[key] = aggregation.table_value(key.decode())
+        t0 = clock()
+        for offset, (_, value) in enumerate(events[start:start + batch], start):
+            for send in processor.handle(topics.responses_rewarded, 0, value, offset=offset).sends:
+                if send.topic in counted:
+                    counted[send.topic][0] += 1
+        t1 = clock()
+        processor.end_batch()
         if timings is not None:
-            timings["pack"] += clock() - t2
-    return accepted, rejected
+            timings["handle"] += t1 - t0
+            timings["end_batch"] += clock() - t1
+    return counted[topics.decision_topic("train", True)][0], counted[topics.decision_topic("train", False)][0]
 
 
 def bench_inprocess(events, config, batch: int = 100, repeats: int = 3) -> dict:
@@ -203,7 +195,7 @@ def bench_inprocess(events, config, batch: int = 100, repeats: int = 3) -> dict:
         accepted, rejected = run_core(events, config, batch=batch)
         best = [min(best[0], time.perf_counter() - t0), min(best[1], time.process_time() - c0)]
     elapsed, cpu = best
-    timings = {"decode": 0.0, "apply": 0.0, "pack": 0.0}
+    timings = {"handle": 0.0, "end_batch": 0.0}
     run_core(events, config, timings, batch=batch)
     n = len(events)
     return {

@@ -61,6 +61,11 @@ class TopicNotFound(RollstreamError):
     """The topic to read does not exist."""
 
 
+class StageFault(RollstreamError):
+    """A stage cannot go on in this process (state held in memory is lost): it exits without
+    acknowledging its input, and its restart reprocesses that input. Never dead-lettered."""
+
+
 class StageDied(RollstreamError):
     """A stage process exited while the run needed it."""
 

@@ -285,8 +285,8 @@ def build_admission_app(config: RLVRConfig, context: StageContext, tokenize: Tok
                         store: str = "memory://") -> faust.App:
     topics = context.topics
     app = make_app(names.app_id(topics, names.ADMISSION_APP), context.bootstrap, 1, config.kafka, store)
-    prompts = raw_topic(app, topics.prompts, 1)
-    outcomes = raw_topic(app, topics.prompt_outcomes, 1)
+    prompts = raw_topic(app, topics.prompts, partitions=1)
+    outcomes = raw_topic(app, topics.prompt_outcomes, partitions=1)
     table = app.Table(names.ADMISSION_TABLE, default=None, partitions=1, key_type=bytes, value_type=bytes,
                       help="the AdmissionState (credits, step, budget, epoch) and the seen prompt ids")
     watch_versions = config.max_staleness is not None or config.eval_steps is not None

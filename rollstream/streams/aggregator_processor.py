@@ -1,6 +1,13 @@
-"""What the aggregator does with one rewarded response, without faust: table value in, effects
-and events out, and the prompt's new table value on request. The faust agent, the benchmark and
-replay tools call the same code.
+"""What the aggregator does with its input events and with the passing of time, without faust:
+the processor shape of rollstream.streams.processor over a Store keyed by prompt_id. The faust
+agent (rollstream.streams.aggregator), the benchmark and replay tools call the same code.
+
+Inputs: ``responses.rewarded`` (each RewardedResponse steps its prompt's state machine,
+rollstream.filtering.prompt_state) and ``generation.requests`` (each request gives its prompt's
+open round a deadline). ``tick`` reissues or aborts the prompts of the worker's partitions whose
+deadline passed (an in-memory index of deadlines, rebuilt from the store after a start or a
+rebalance). A decided prompt's table value is deleted ``DECIDED_TTL_S`` after its decision (kept
+that long to answer redeliveries).
 
 A table value is the PromptState (JSON) followed by the accepted responses' original bytes, so
 one changelog record carries everything needed to rebuild the group after a restart, and the
@@ -8,29 +15,28 @@ emitted Group splices those bytes in without decoding them again. Those bytes ar
 RewardedResponse events: summaries with a PayloadRef, a few hundred bytes whatever the
 responses' lengths (the tokens stay on ``responses``).
 
-Deadlines: the open round's GenerationRequest and its deadline live in the state (see
-rollstream.filtering.prompt_state). ``request`` records one seen on ``generation.requests``,
-``due`` lists the prompts whose deadline passed (an in-memory index: ``index`` rebuilds it from
-the table after a restart or rebalance) and ``tick`` reissues or aborts one of them.
-
-The decoded state of each prompt it changed is kept in memory (``AggregatorProcessor``): the caller
-applies any number of events, then asks for each changed prompt's ``table_value`` once and writes
-it (the aggregator does so once per batch of events, not once per response). A table value the
-caller hands back is not decoded again when it is the very object ``table_value`` returned
-(object identity); any other value (a restart, a rebalance) is decoded from its bytes.
+Batches: the decoded state of each prompt an event changed is held in memory, and ``end_batch``
+writes each changed prompt's table value once (one changelog record per prompt and batch, not
+per response: the stage's main cost). A table value read back is not decoded again when it is the
+very object this processor wrote (object identity); any other value (a restart, a rebalance) is
+decoded from its bytes. The lower-level calls (``apply``, ``request``, ``expire`` and
+``table_value``) take and give table values; the store-level ones are built on them.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import struct
+import time
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Collection, Iterable
 
 from kafka.partitioner.default import murmur2
 
 from rollstream.config import RLVRConfig
-from rollstream.exceptions import RollstreamError
+from rollstream.exceptions import StageFault
 from rollstream.filtering.prompt_state import (
     Decided,
     DuplicateResponse,
@@ -44,15 +50,20 @@ from rollstream.filtering.prompt_state import (
     step,
     with_request,
 )
-from rollstream.kafka.events import Send
+from rollstream.kafka.events import Send, decode_expected
 from rollstream.kafka.topics import Topics
-from rollstream.observability.metrics import WorkerMetrics
+from rollstream.observability.metrics import WorkerMetrics, process_metrics
 from rollstream.runtime import now_ms
 from rollstream.schemas import REGISTRY, encode
 from rollstream.schemas.codec import HEADER_LEN
+from rollstream.streams.processor import Handled
 from rollstream.streams.records import decided_group, derive_seed, prompt_outcome, replacement_request
+from rollstream.streams.store import MemoryStore, Store
+
+log = logging.getLogger(__name__)
 
 _U32 = struct.Struct("<I")
+DECIDED_TTL_S = 300.0  # decided prompts' values are kept this long: well beyond the 1 s commit interval
 
 
 def count_effects(metrics: WorkerMetrics, effects: Iterable, mode: str) -> None:
@@ -202,24 +213,30 @@ class _Held:
     stored: dict[str, bytes]
 
 
-class UnwrittenStateLost(RollstreamError):
+class UnwrittenStateLost(StageFault):
     """Applying an event failed for a prompt whose earlier changes were held in memory only (not
     yet written to the table): they cannot be recovered in this process. The caller must not
     acknowledge those events; the aggregator exits and reprocesses them from the table."""
 
 
 class AggregatorProcessor:
-    """The per-prompt transaction of one config, over encoded table values and events.
+    """The per-prompt transactions of one config over ``store`` (see the module doc).
+    ``policy_version()`` returns the newest published policy version (None: unknown), for the
+    staleness bound.
 
-    Usage: ``apply`` each event with the prompt's current table value (what the table holds; the
-    state held here when it is newer), then, for every prompt whose ``Applied.changed`` was
-    True, write ``table_value(prompt_id)`` to the table. Decided prompts are dropped from memory
-    once their final value was taken.
+    Store level (the processor shape): ``handle`` each event, ``end_batch`` after a batch,
+    ``tick`` now and then. Table-value level: ``apply``/``request``/``expire`` an event or a
+    deadline against the prompt's current table value (what the table holds; the state held here
+    when it is newer), then, for every prompt whose ``Applied.changed`` was True, write
+    ``table_value(prompt_id)``. Decided prompts are dropped from memory once their final value
+    was taken.
     """
 
-    def __init__(self, config: RLVRConfig) -> None:
+    def __init__(self, config: RLVRConfig, store: Store | None = None,
+                 policy_version: Callable[[], int | None] = lambda: None) -> None:
         self.topics = Topics(config.kafka.topic_prefix)
         self.seed = config.seed
+        self.prompt_timeout_s = config.prompt_timeout_s
         self.filters = config.domain_filters()
         self.filter_json = {d: config.filter_config_json(d) for d in self.filters}
         self.filter_hash = {d: config.filter_config_hash(d) for d in self.filters}
@@ -227,6 +244,105 @@ class AggregatorProcessor:
         self.state_decodes = 0  # table values decoded from bytes (not held in memory)
         self.deadlines: dict[str, int] = {}  # prompt_id -> its open round's deadline (epoch ms)
         self.partitions = config.kafka.partitions
+        self.store = MemoryStore() if store is None else store
+        self.policy_version = policy_version
+        self.metrics = process_metrics()
+        self._changed: dict[bytes, int] = {}  # key -> partition: prompts changed in this batch
+        self._owned: set[int] = set()  # partitions of this batch's events and ticks: this worker's
+        self._closed: dict[int, deque] = {}  # partition -> [(closed at, monotonic s; key)], oldest first
+        self._reindex = True  # the deadline index is rebuilt from the store before the next tick
+
+    # -- the processor shape ------------------------------------------------------------------
+
+    def handle(self, topic: str, partition: int, value: bytes, now: int | None = None, *, offset: int) -> Handled:
+        """One event read from ``topic`` at ``partition`` (``offset`` is not used: responses
+        have identities of their own). Bad input comes back as ``Handled.error``. Raises
+        UnwrittenStateLost (the process must exit) when an event fails for a prompt with
+        changes held back in this batch."""
+        if topic == self.topics.generation_requests:
+            return self._request_event(partition, value, now)
+        if topic != self.topics.responses_rewarded:
+            return Handled(error=("invalid_event", f"{topic} is not an input of the aggregator"))
+        _, record, problem = decode_expected(value, ("RewardedResponse",))
+        if problem is not None:
+            return Handled(error=problem)
+        response = record["response"]
+        if response["domain"] not in self.filters:
+            return Handled(error=("invalid_event", f"unknown domain {response['domain']!r}; configured: "
+                                                   f"{sorted(self.filters)}"))
+        key = response["prompt_id"].encode()
+        self._owned.add(partition)
+        applied = self.apply(self.store.get(key), value, record, self.policy_version(), now)
+        count_effects(self.metrics, applied.effects, response.get("mode", "train"))
+        self._after(key, partition, applied)
+        return Handled(sends=applied.sends, log=[f"redelivered response of {key.decode()} ignored"]
+                       if applied.duplicates else [])
+
+    def _request_event(self, partition: int, value: bytes, now: int | None) -> Handled:
+        """A GenerationRequest: its prompt's open round gets a deadline. An undecodable request or
+        one of an unknown domain is skipped: the generation worker, its consumer, dead-letters
+        it (a second dead letter would count it twice)."""
+        _, record, problem = decode_expected(value, ("GenerationRequest",))
+        if problem is not None or record["domain"] not in self.filters:
+            return Handled()
+        key = record["prompt_id"].encode()
+        self._after(key, partition, self.request(self.store.get(key), record, now))
+        return Handled()
+
+    def tick(self, partitions: Collection[int], now: int | None = None) -> Handled:
+        """Reissue or abort the prompts of ``partitions`` (those this worker owns) whose deadline
+        passed by ``now`` (epoch ms, default the clock); rebuilds the deadline index from the store
+        first after a start or :meth:`assigned`."""
+        now = now_ms() if now is None else now
+        out = Handled()
+        self._owned.update(partitions)
+        if self._reindex:
+            self._reindex = False
+            indexed = self.index((k, v) for k, v in self.store.items()
+                                 if prompt_partition(k.decode(), self.partitions) in partitions)
+            out.log.append(f"deadline index rebuilt: {indexed} prompts waiting in partitions {sorted(partitions)}")
+        for pid in self.due(now):
+            key, partition = pid.encode(), prompt_partition(pid, self.partitions)
+            if partition not in partitions:  # revoked since it was indexed
+                self.deadlines.pop(pid, None)
+                continue
+            applied = self.expire(pid, self.store.get(key), now)
+            count_effects(self.metrics, applied.effects, applied.mode)
+            for effect in applied.effects:
+                log.warning("prompt %s past its deadline (prompt_timeout_s %.0f): %s", pid, self.prompt_timeout_s,
+                            effect)
+            self._after(key, partition, applied)
+            out.sends += applied.sends
+        return out
+
+    def end_batch(self) -> None:
+        """Write the table value of every prompt changed since the last call (once each), and
+        delete the values of prompts decided more than ``DECIDED_TTL_S`` ago in the partitions
+        this batch's events and ticks came from."""
+        changed, self._changed = self._changed, {}
+        for key, partition in changed.items():
+            if self.unwritten(key.decode()):
+                self.store.put(partition, key, self.table_value(key.decode()))
+        expired = time.monotonic() - DECIDED_TTL_S
+        owned, self._owned = self._owned, set()
+        for partition in owned:  # never a partition revoked since: its changelog is another worker's now
+            closed = self._closed.get(partition)
+            while closed and closed[0][0] < expired:
+                key = closed.popleft()[1]
+                if self.store.get(key) is not None:
+                    self.store.put(partition, key, None)
+        self.store.flush()
+
+    def assigned(self) -> None:
+        self._reindex = True
+
+    def _after(self, key: bytes, partition: int, applied: Applied) -> None:
+        if applied.changed:
+            self._changed[key] = partition
+        if applied.decided is not None:
+            self._closed.setdefault(partition, deque()).append((time.monotonic(), key))
+
+    # -- table values -------------------------------------------------------------------------
 
     def apply(self, table_value: bytes | None, event_value: bytes, record: dict,
               current_version: int | None = None, now: int | None = None) -> Applied:
@@ -274,7 +390,7 @@ class AggregatorProcessor:
 
         return self._transact(record["prompt_id"], table_value, transition)
 
-    def tick(self, prompt_id: str, table_value: bytes | None, now: int | None = None) -> Applied:
+    def expire(self, prompt_id: str, table_value: bytes | None, now: int | None = None) -> Applied:
         """Check ``prompt_id``'s deadline at ``now`` (epoch ms, default the clock): reissue its
         open round's request (to the partition ``reissue`` places away from the prompt's own, so
         a stuck generation worker's requests reach another one) or abort it ``prompt_timeout``."""

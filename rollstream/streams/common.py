@@ -1,6 +1,6 @@
 """What the faust apps share, and every reach into faust's internals: app construction, recovery,
 the table as a Store (TableStore), the timer (punctuate_every), raw topics, the Emitter (sends,
-the size guard, dead letters)."""
+the size guard, dead letters), and the one agent that runs a Processor (serve_processor)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,13 @@ from faust.tables.manager import TableManager
 from faust.tables.recovery import Recovery
 
 from rollstream.config.base import KafkaConfig
+from rollstream.exceptions import StageFault
 from rollstream.kafka.admin import replication_factor
 from rollstream.kafka.cluster import Bootstrap, Cluster, as_cluster
 from rollstream.kafka.context import StageContext
 from rollstream.kafka.events import Send, dead_letter, decode_expected, guard_size
 from rollstream.schemas import encode
+from rollstream.streams.processor import Handled, Processor
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +172,9 @@ class TableStore:
             self.table.send_changelog(partition, key, value)
             self.table.data[key] = value
 
+    def flush(self) -> int:
+        return 0  # every put is queued on the changelog at once
+
 
 def tables_recovered(app: faust.App) -> bool:
     """Whether ``app``'s tables are restored from their changelogs and no rebalance is under way
@@ -198,8 +203,9 @@ def punctuate_every(app: faust.App, interval_s: float, punctuate: Callable[[], A
             await punctuate()
 
 
-def raw_topic(app: faust.App, name: str, partitions: int | None = None) -> faust.TopicT:
-    return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
+def raw_topic(app: faust.App, *names: str, partitions: int | None = None) -> faust.TopicT:
+    """``names`` (one topic, or co-partitioned ones read as one source) as bytes keys and values."""
+    return app.topic(*names, key_type=bytes, value_type=bytes, key_serializer="raw",
                      value_serializer="raw", partitions=partitions)
 
 
@@ -245,9 +251,12 @@ class Emitter:
 
     async def guarded(self, handler, event) -> None:
         """Run ``handler(event)``; an unexpected exception dead-letters the event (bytes kept)
-        instead of killing the agent, whose failed event faust would otherwise just ack."""
+        instead of killing the agent, whose failed event faust would otherwise just ack. A
+        StageFault is raised on: the process exits (StageApp) and its restart reprocesses."""
         try:
             await handler(event)
+        except StageFault:
+            raise
         except Exception as exc:
             log.exception("handler failed on %s[%d]@%d", event.message.topic, event.message.partition,
                           event.message.offset)
@@ -265,3 +274,55 @@ class Emitter:
         if problem is not None:
             await self.dead_letter(event, *problem)
         return record
+
+
+def serve_processor(app: faust.App, source: faust.TopicT, processor: Processor, emit: Emitter, *, name: str,
+                    within_s: float, tick_interval_s: float) -> None:
+    """Run ``processor`` (rollstream.streams.processor) as ``app``'s agent ``name`` over
+    ``source``: events in batches of up to ``BATCH_MAX`` or what arrived within ``within_s``
+    seconds; each event's bytes to ``processor.handle``, what it returns sent (its error
+    dead-lettered), then ``end_batch`` (the batch's table writes) and the producer flushed, so the
+    batch's decisions leave at once. faust acknowledges a batch's events only after the batch and
+    flushes the producer before it commits their offsets, so every committed event's effect is in
+    the changelog. Every ``tick_interval_s`` the timer calls ``processor.tick`` with the
+    partitions of ``source``'s first topic this worker owns, taking turns with the batches; a
+    rebalance calls ``processor.assigned``."""
+    turn = asyncio.Lock()
+    owned_topic = source.topics[0]
+
+    async def send(handled: Handled) -> None:
+        for out in handled.sends:
+            await emit.send_raw(out.topic, out.key, out.value, partition=out.partition)
+        for line in handled.log:
+            log.info("%s", line)
+
+    async def handle(event) -> None:
+        msg = event.message
+        handled = processor.handle(msg.topic, msg.partition, event.value, offset=msg.offset)
+        if handled.error is not None:
+            await emit.dead_letter(event, *handled.error)
+        await send(handled)
+
+    async def agent(stream) -> None:
+        async for events in stream.take_events(BATCH_MAX, within=within_s):
+            async with turn:
+                try:
+                    for event in events:
+                        await emit.guarded(handle, event)
+                finally:
+                    processor.end_batch()
+                    await emit.flush()
+
+    async def tick() -> None:
+        try:
+            await send(processor.tick(active_partitions(app, owned_topic)))
+        finally:
+            processor.end_batch()
+            await emit.flush()
+
+    app.agent(source, name=name)(agent)
+    punctuate_every(app, tick_interval_s, tick, turn, f"{name}.tick")
+
+    @app.on_rebalance_complete.connect
+    async def reassigned(sender, **kwargs) -> None:
+        processor.assigned()

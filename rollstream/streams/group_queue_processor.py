@@ -1,6 +1,6 @@
-"""What the group queue processor does with one input event, and with the passing of time,
-without faust: a Store (rollstream.streams.store) in, sends out. The faust agent
-(rollstream.streams.group_queue), benchmarks and tests share it.
+"""What the group queue does with one input event, and with the passing of time, without faust:
+the processor shape of rollstream.streams.processor, a Store (rollstream.streams.store) in,
+sends out. The faust agent (rollstream.streams.group_queue), benchmarks and tests share it.
 
 Time: ``tick(partitions, now)`` reissues or gives up the runs whose deadlines passed, in the
 queues of the partitions the worker owns; the agent's timer calls it.
@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import dataclass, field
 from typing import Any, Callable, Collection
 
 from rollstream.config import AgenticConfig
@@ -50,16 +49,10 @@ from rollstream.schemas import REGISTRY, decode, encode
 from rollstream.schemas.codec import HEADER_LEN
 from rollstream.schemas.records import STOP_ENGINE_ERROR, payload_ref, trajectory_summary
 from rollstream.schemas.validation import check_trajectory
+from rollstream.streams.processor import Handled
 from rollstream.streams.store import Store
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Handled:
-    sends: list[Send] = field(default_factory=list)
-    error: tuple[str, str] | None = None  # (dead-letter reason, message) for an unusable event
-    log: list[str] = field(default_factory=list)  # what an operator wants to see: decisions, reissues
 
 
 def _state_key(mode: str, group_id: int) -> bytes:
@@ -169,6 +162,13 @@ class GroupQueueProcessor:
                 return self.start(record["mode"], record["group_id"], partition, now)
             return Handled(error=("invalid_event", f"unknown group command {record['command']!r}"))
         return self.trajectory(record, payload_ref(topic, partition, offset, len(value)), now)
+
+    def end_batch(self) -> None:
+        """Write what the store holds back (a HeldWrites: the faust stage's is)."""
+        self.store.flush()
+
+    def assigned(self) -> None:
+        """Nothing kept beside the store depends on the partitions owned."""
 
     def start(self, mode: str, group_id: int, partition: int, now: int) -> Handled:
         manager = self.managers.get(mode)

@@ -22,6 +22,11 @@ class Store(Protocol):
 
     def put(self, partition: int, key: bytes, value: bytes | None) -> None: ...
 
+    def flush(self) -> int:
+        """Write what the store holds back; returns the keys written (a plain store holds
+        nothing back: 0)."""
+        ...
+
 
 class MemoryStore(dict):
     """A :class:`Store` in a dict (key -> value; the partitions a write names are not kept)."""
@@ -31,6 +36,9 @@ class MemoryStore(dict):
             self.pop(key, None)
         else:
             self[key] = value
+
+    def flush(self) -> int:
+        return 0
 
 
 class HeldWrites:

@@ -17,7 +17,7 @@ from rollstream.streams.common import make_app, raw_topic
 
 def main(bootstrap: str, prefix: str) -> None:
     app = make_app(f"{prefix}probe", bootstrap, 1, KafkaConfig())
-    source, sink = raw_topic(app, f"{prefix}in", 1), raw_topic(app, f"{prefix}out", 1)
+    source, sink = raw_topic(app, f"{prefix}in", partitions=1), raw_topic(app, f"{prefix}out", partitions=1)
     table = app.Table("seen", default=None, partitions=1, key_type=bytes, value_type=bytes)
     consumer = app.consumer
     seek = consumer.perform_seek
