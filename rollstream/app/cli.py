@@ -46,6 +46,12 @@ BOOTSTRAP_OPT = typer.Option(..., "--bootstrap", "-b", help="Kafka bootstrap ser
 SECURITY_CONFIG_OPT = typer.Option(None, "--config", "-c", help="A pipeline YAML whose `kafka:` security settings "
                                    "(SASL/TLS) to connect with; plaintext without one.")
 DATA_DIR_OPT = typer.Option(DEFAULT_DATA_DIR, "--data-dir", help="Broker data dir (log, kraft data, broker.json).")
+OVERRIDES_ARG = typer.Argument(None, metavar="[KEY=VALUE]...", show_default=False,
+                               help="Config overrides, e.g. max_steps=4 actor_train.lr=1e-6 "
+                               "rewards.gsm8k.query_filter_config.filter_args.std_threshold=0.1 "
+                               "(dotted keys; values in YAML syntax: lists, booleans, null).")
+PRINT_CONFIG_OPT = typer.Option(False, "--print-config", help="Print the resolved config (file + overrides + "
+                                "defaults) as YAML and exit.")
 
 
 def _fail(exc: Exception) -> None:
@@ -103,13 +109,22 @@ def _reach(bootstrap: str, cfg=None) -> Cluster:
     return cluster
 
 
-def _config(path: Path):
+def _config(path: Path, overrides: Optional[list[str]] = None, print_config: bool = False):
+    """The validated config of ``path`` with ``overrides``; a clear error and exit code 2 when it is
+    not valid. ``print_config``: print it as YAML and exit 0."""
+    import yaml
+
     from rollstream.config import load_config
 
     try:
-        return load_config(path)
+        cfg = load_config(path, overrides or ())
     except RollstreamError as exc:
         _fail(exc)
+    if print_config:
+        console.print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="", markup=False,
+                      highlight=False)
+        raise typer.Exit(0)
+    return cfg
 
 
 @app.command()
@@ -124,6 +139,8 @@ def worker(
                                      help="Serve Prometheus /metrics on this port (0: off; snapshots go to the metrics topic anyway)."),
     concurrency: Optional[int] = typer.Option(None, "--concurrency", min=1,
                                               help="reward: processes running user reward functions (default: reward_concurrency)."),
+    overrides: Optional[list[str]] = OVERRIDES_ARG,
+    print_config: bool = PRINT_CONFIG_OPT,
 ) -> None:
     """Run one stage against any Kafka cluster; start more processes to scale out."""
     from rollstream.app.stages import Stage, run_stage
@@ -132,7 +149,7 @@ def worker(
         stage_enum = Stage(stage)
     except ValueError:
         _fail(ValueError(f"unknown stage {stage!r}; valid: {[s.value for s in Stage]}"))
-    cfg = _config(config)
+    cfg = _config(config, overrides, print_config)
     if not 0 <= instance < instances:
         _fail(ValueError(f"--instance must be in [0, --instances={instances}), got {instance}"))
     cluster = _reach(bootstrap, cfg)
@@ -144,9 +161,14 @@ def worker(
 
 
 @app.command("create-topics")
-def create_topics_cmd(config: Path = typer.Option(..., "--config", "-c", help="Pipeline YAML (topic prefix, partitions)."), bootstrap: str = BOOTSTRAP_OPT) -> None:
+def create_topics_cmd(
+    config: Path = typer.Option(..., "--config", "-c", help="Pipeline YAML (topic prefix, partitions)."),
+    bootstrap: str = BOOTSTRAP_OPT,
+    overrides: Optional[list[str]] = OVERRIDES_ARG,
+    print_config: bool = PRINT_CONFIG_OPT,
+) -> None:
     """Create every topic of the config's prefix (idempotent) and check co-partitioning."""
-    cfg = _config(config)
+    cfg = _config(config, overrides, print_config)
     cluster = _reach(bootstrap, cfg)
     topics = Topics(cfg.kafka.topic_prefix)
     try:
@@ -175,6 +197,8 @@ class ProducePromptsOptions:
     prompt_template: Optional[str] = typer.Option(None, "--prompt-template", help="--file: wraps a text prompt; contains {question}.")
     end: bool = typer.Option(True, "--end/--no-end", help="Write the PromptsEnd marker after the prompts (--no-end: more "
                              "prompts will follow; admission waits for them).")
+    overrides: Optional[list[str]] = OVERRIDES_ARG
+    print_config: bool = PRINT_CONFIG_OPT
 
 
 @app.command("produce-prompts")
@@ -189,7 +213,7 @@ def produce_prompts_cmd(o: ProducePromptsOptions) -> None:
     from rollstream.config import AgenticConfig, DatasetConfig
     from rollstream.exceptions import validation_problems
 
-    cfg = _config(o.config)
+    cfg = _config(o.config, o.overrides, o.print_config)
     if isinstance(cfg, AgenticConfig):
         _fail(ValueError(f"{o.config} is an agentic config: it has no prompts; use start-groups"))
     keys = {k: getattr(o, k) for k in ("domain", "domain_key", "prompt_key", "messages_key", "ground_truth_key",
@@ -217,12 +241,17 @@ def produce_prompts_cmd(o: ProducePromptsOptions) -> None:
 
 
 @app.command("start-groups")
-def start_groups_cmd(config: Path = typer.Option(..., "--config", "-c", help="Agentic pipeline YAML (its env groups)."), bootstrap: str = BOOTSTRAP_OPT) -> None:
+def start_groups_cmd(
+    config: Path = typer.Option(..., "--config", "-c", help="Agentic pipeline YAML (its env groups)."),
+    bootstrap: str = BOOTSTRAP_OPT,
+    overrides: Optional[list[str]] = OVERRIDES_ARG,
+    print_config: bool = PRINT_CONFIG_OPT,
+) -> None:
     """Agentic: open every env group of the config (train and val) on the group queue."""
     from rollstream.app.producer import start_env_groups
     from rollstream.config import AgenticConfig
 
-    cfg = _config(config)
+    cfg = _config(config, overrides, print_config)
     if not isinstance(cfg, AgenticConfig):
         _fail(ValueError(f"{config} is an RLVR config; start-groups needs an agentic one (train_env_manager)"))
     cluster = _reach(bootstrap, cfg)
@@ -238,15 +267,21 @@ def run(
     summary_json: Optional[Path] = typer.Option(None, "--summary-json", help="Also write the summary here."),
     report_html: Optional[Path] = typer.Option(None, "--report", help="Also write the HTML report (`rollstream "
                                                "report`) here, before the local broker stops."),
+    overrides: Optional[list[str]] = OVERRIDES_ARG,
+    print_config: bool = PRINT_CONFIG_OPT,
 ) -> None:
-    """Run every stage on the local default (or the configured cluster) until the batches are built."""
+    """Run every stage on the local default (or the configured cluster) until the batches are built.
+    KEY=VALUE arguments override the config's keys (`rollstream run examples/rlvr_math.yaml max_steps=4`)."""
     from rollstream.app.run import run_pipeline
 
+    overrides = list(overrides or [])
+    if config_arg is not None and "=" in str(config_arg) and config_opt is not None:
+        config_arg, overrides = None, [str(config_arg), *overrides]  # `run -c FILE k=v`: the first override
     if config_arg is None and config_opt is None:
         _fail(ValueError("no config given: `rollstream run -c examples/rlvr_math.yaml` (or the path alone)"))
     if config_arg is not None and config_opt is not None and config_arg != config_opt:
         _fail(ValueError(f"two configs given ({config_arg} and -c {config_opt}); give one"))
-    cfg = _config(config_opt or config_arg)
+    cfg = _config(config_opt or config_arg, overrides, print_config)
     if report_html is not None and report_html.is_dir():
         _fail(ValueError(f"--report {report_html} is a directory; give a file name, e.g. {report_html / 'report.html'}"))
     try:
@@ -275,6 +310,7 @@ class ReplayOptions:
     to_topic: Optional[str] = typer.Option(None, "--to-topic", help="Re-inject the selected records (same key and bytes) into this topic (a full name: --prefix does not apply).")
     payloads: bool = typer.Option(False, "--payloads", help="Fetch the token payloads the shown records reference (one fetch per page) and show each member's token counts and text; JSON lines carry the payload record under `payload`, the reference under `payload_ref`. Without it only references are shown and no payload topic is read.")
     config: Optional[Path] = SECURITY_CONFIG_OPT
+    overrides: Optional[list[str]] = OVERRIDES_ARG
 
 
 @app.command()
@@ -297,7 +333,9 @@ def replay(o: ReplayOptions) -> None:
     name = Topics(o.prefix).name(o.topic) if o.topic in TOPICS else o.topic
     if o.to_topic is not None and o.to_topic == name:
         _fail(ValueError("--to-topic must differ from the topic read"))
-    cluster = _reach(o.bootstrap, _config(o.config) if o.config else None)
+    if o.overrides and o.config is None:
+        _fail(ValueError(f"overrides {' '.join(o.overrides)} given without a config (-c)"))
+    cluster = _reach(o.bootstrap, _config(o.config, o.overrides) if o.config else None)
     _print_replay(cluster, name, selection, o)
 
 
@@ -339,11 +377,13 @@ def whatif(
     bootstrap: str = BOOTSTRAP_OPT,
     prefix: Optional[str] = typer.Option(None, "--prefix", help="Recorded run's topic prefix, if not the config's."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the report here."),
+    overrides: Optional[list[str]] = OVERRIDES_ARG,
+    print_config: bool = PRINT_CONFIG_OPT,
 ) -> None:
     """Re-decide a recorded run with another config's filters, offline; report beside what happened."""
     from rollstream.tools.whatif import run_whatif
 
-    cfg = _config(config)
+    cfg = _config(config, overrides, print_config)
     if prefix is not None:
         cfg = cfg.model_copy(update={"kafka": cfg.kafka.model_copy(update={"topic_prefix": prefix})})
     cluster = _reach(bootstrap, cfg)
@@ -366,11 +406,13 @@ def report(
     bootstrap: str = BOOTSTRAP_OPT,
     out: Path = typer.Option(Path("report.html"), "--out", "-o", help="The HTML file to write (one self-contained page)."),
     prefix: Optional[str] = typer.Option(None, "--prefix", help="Topic prefix, if not the config's."),
+    overrides: Optional[list[str]] = OVERRIDES_ARG,
+    print_config: bool = PRINT_CONFIG_OPT,
 ) -> None:
     """Write an HTML report of a run read back from its topics (plots embedded)."""
     from rollstream.tools.report import write_report
 
-    cfg = _config(config)
+    cfg = _config(config, overrides, print_config)
     if out.is_dir():
         _fail(ValueError(f"--out {out} is a directory; give a file name, e.g. {out / 'report.html'}"))
     cluster = _reach(bootstrap, cfg)
@@ -389,12 +431,14 @@ def audit(
                                            "trainer manifest batches.jsonl, when there is one."),
     no_dead_letters: bool = typer.Option(False, "--no-dead-letters", help="Fail when there is any dead letter."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the report here."),
+    overrides: Optional[list[str]] = OVERRIDES_ARG,
+    print_config: bool = PRINT_CONFIG_OPT,
 ) -> None:
     """Check a run's invariants from its topics and manifest; exit code 1 when one fails."""
     from rollstream.config import AgenticConfig
     from rollstream.tools.audit import audit_summary, run_audit
 
-    cfg = _config(config)
+    cfg = _config(config, overrides, print_config)
     cluster = _reach(bootstrap, cfg)
     manifest = (run_dir or Path("runs") / cfg.name) / "batches.jsonl"
     try:
@@ -419,9 +463,12 @@ def stats(
     interval_s: float = typer.Option(2.0, "--interval", help="Refresh period with --follow."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON instead of a table."),
     config: Optional[Path] = SECURITY_CONFIG_OPT,
+    overrides: Optional[list[str]] = OVERRIDES_ARG,
 ) -> None:
     """The pipeline's live figures from the workers' metric snapshots (topic `metrics`)."""
-    bootstrap = _reach(bootstrap, _config(config) if config else None)
+    if overrides and config is None:
+        _fail(ValueError(f"overrides {' '.join(overrides)} given without a config (-c)"))
+    bootstrap = _reach(bootstrap, _config(config, overrides) if config else None)
     topic = Topics(prefix).metrics
     try:
         records = [r.record.value for r in replay_topic(bootstrap, topic, Selection()) if r.record.value]

@@ -145,3 +145,40 @@ def test_every_option_of_every_command_has_help_text():
     assert len(found) >= 12 and {"replay", "stats", "report", "whatif", "worker"} <= {p for p, _ in found}
     missing = [(path, p.opts) for path, cmd in found for p in cmd.params if p.param_type_name == "option" and not p.help]
     assert missing == []
+
+
+AGENTIC_EXAMPLE = str(ROOT / "examples" / "agentic_frozenlake.yaml")
+NO_BROKER = ["-b", "127.0.0.1:1"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", EXAMPLE], ["run", "-c", EXAMPLE], ["worker", "aggregator", "-c", EXAMPLE, *NO_BROKER],
+    ["create-topics", "-c", EXAMPLE, *NO_BROKER], ["produce-prompts", "-c", EXAMPLE, *NO_BROKER],
+    ["whatif", "-c", EXAMPLE, *NO_BROKER], ["report", "-c", EXAMPLE, *NO_BROKER],
+    ["audit", "-c", EXAMPLE, *NO_BROKER], ["start-groups", "-c", AGENTIC_EXAMPLE, *NO_BROKER],
+])
+def test_every_config_command_takes_overrides_and_prints_the_resolved_config(argv):
+    import yaml
+
+    overrides = ["max_steps=9", "kafka.partitions=3"]
+    result = runner.invoke(app, [*argv, *overrides, "--print-config"])
+    assert result.exit_code == 0, result.output
+    expected = load_config(argv[argv.index("-c") + 1] if "-c" in argv else argv[1], overrides)
+    assert yaml.safe_load(result.stdout) == expected.model_dump(mode="json")
+    assert (expected.max_steps, expected.kafka.partitions) == (9, 3)
+
+
+def test_a_bad_override_is_one_line_with_exit_code_2_and_nothing_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for bad, named in (("max_steps=abc", "override max_steps=abc: max_steps:"),
+                       ("actor_train.nope=1", "override actor_train.nope=1: actor_train.nope:")):
+        result = runner.invoke(app, ["run", EXAMPLE, bad])
+        assert result.exit_code == 2 and named in result.output
+        assert len(result.output.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []  # no run folder, no broker data
+
+
+@pytest.mark.parametrize("argv", [["replay", "groups.accepted", *NO_BROKER], ["stats", *NO_BROKER]])
+def test_overrides_without_a_config_are_refused(argv):
+    result = runner.invoke(app, [*argv, "kafka.sasl_mechanism=PLAIN"])
+    assert result.exit_code == 2 and "given without a config (-c)" in result.output
