@@ -57,12 +57,13 @@ BACKGROUND_NICENESS = 10
 
 
 def _reads_background(item) -> bool:
-    return item.get_closest_marker("vllm") is not None or "benchmark_smoke" in item.fixturenames
+    return item.get_closest_marker("vllm") is not None or bool({"benchmark_smoke", "installed_wheel"}
+                                                               & set(item.fixturenames))
 
 
 def pytest_collection_modifyitems(items) -> None:
-    """The tests that read background work (marked ``vllm``, or using ``benchmark_smoke``) run
-    last, in their order."""
+    """The tests that read background work (marked ``vllm``, or using ``benchmark_smoke`` or
+    ``installed_wheel``) run last, in their order."""
     items.sort(key=_reads_background)
 
 
@@ -184,6 +185,9 @@ def _background(request, tmp_path_factory) -> _Background:
             script = PROJECT_ROOT / "benchmarks" / f"{marker.args[0]}.py"
             bg.jobs.script(name, [sys.executable, str(script), "--smoke", "--out", str(bg.folder / f"{name}.json"), *args],
                         dict(os.environ), timeout_s=marker.kwargs.get("timeout", 600))
+    if "installed_wheel" in needed:
+        bg.jobs.script("installed_wheel", [sys.executable, "-m", "tests.packaging.wheel_probe", str(bg.folder / "wheel")],
+                       dict(os.environ), timeout_s=900)
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONWARNINGS": "ignore"}
     for name, command in _VLLM_JOBS.items():
         if python and name in needed:
@@ -203,6 +207,15 @@ def _background(request, tmp_path_factory) -> _Background:
 def _local_server(python: str, tmp_path_factory) -> LocalInferenceServer:
     return LocalInferenceServer(model_folder(None), tmp_path_factory.mktemp("vllm") / "server.log", python=python,
                                 dtype="bfloat16", max_model_len=1024)
+
+
+@pytest.fixture(scope="session")
+def installed_wheel(_background) -> dict:
+    """What tests/packaging/wheel_probe.py saw (its ``wheel.json``, plus its ``folder``): the
+    wheel built, installed into a new environment and run, in the background."""
+    _background.jobs.output("installed_wheel")
+    folder = _background.folder / "wheel"
+    return {**json.loads((folder / "wheel.json").read_text()), "folder": str(folder)}
 
 
 @pytest.fixture(scope="session")

@@ -54,6 +54,20 @@ PRINT_CONFIG_OPT = typer.Option(False, "--print-config", help="Print the resolve
                                 "defaults) as YAML and exit.")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        console.print(f"rollstream {version('rollstream')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                          help="Print the installed version and exit.")) -> None:
+    """Rollout filtering and dynamic resampling for LLM RL on Kafka."""
+
+
 def _fail(exc: Exception) -> None:
     err.print(f"[bold red]error:[/] {exc}")
     raise typer.Exit(2)

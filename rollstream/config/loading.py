@@ -16,6 +16,28 @@ from rollstream.exceptions import ConfigError, validation_problems
 
 Config = RLVRConfig | AgenticConfig
 
+# The example configs, installed with the package (in a checkout: the repository's examples/)
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def bundled_examples() -> list[str]:
+    """The file names of the bundled example configs, e.g. ``rlvr_math.yaml``."""
+    return sorted(p.name for p in EXAMPLES.glob("*.yaml"))
+
+
+def resolve_config_path(path: str | Path) -> Path:
+    """``path`` when it exists; else the bundled example of its file name, with or without
+    ``.yaml`` (``rlvr_math``, ``rlvr_math.yaml``, ``examples/rlvr_math.yaml``), so an installed
+    package runs its examples from any directory. Raises ConfigError naming the bundled examples
+    when neither exists."""
+    path = Path(path)
+    if path.exists():
+        return path
+    name = path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml"
+    if (EXAMPLES / name).is_file():
+        return EXAMPLES / name
+    raise ConfigError(f"config file not found: {path} (bundled examples: {', '.join(bundled_examples())})")
+
 
 def _error_message(exc: ValidationError) -> str:
     return "invalid config:\n  " + "\n  ".join(validation_problems(exc))
@@ -34,14 +56,14 @@ def parse_config(data: Any) -> Config:
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> Config:
-    """Read and validate a YAML config file, with ``overrides`` (``key.sub=value``, see
+    """Read and validate a YAML config file (or a bundled example: resolve_config_path), with ``overrides`` (``key.sub=value``, see
     rollstream.config.overrides) applied first. Raises ConfigError; a problem under an overridden
     key is one line naming the override."""
-    path = Path(path)
+    path = resolve_config_path(path)
     try:
         data = yaml.safe_load(path.read_text())
-    except FileNotFoundError as exc:
-        raise ConfigError(f"config file not found: {path}") from exc
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
     if not overrides:
