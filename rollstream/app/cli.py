@@ -415,6 +415,36 @@ def whatif(
 
 
 @app.command()
+def export(
+    config: Path = typer.Option(..., "--config", "-c", help="The run's config (its kafka.topic_prefix names the topics)."),
+    bootstrap: str = BOOTSTRAP_OPT,
+    out: Path = typer.Option(..., "--out", "-o", help="The Parquet file to write (replaced when it exists)."),
+    rejected: bool = typer.Option(False, "--rejected", help="Also the rejected groups (column `decision`)."),
+    prefix: Optional[str] = typer.Option(None, "--prefix", help="Topic prefix, if not the config's."),
+    overrides: Optional[list[str]] = OVERRIDES_ARG,
+    print_config: bool = PRINT_CONFIG_OPT,
+) -> None:
+    """Write a run's decided train groups to Parquet, one row per response or trajectory, tokens
+    fetched by reference (loads with the `datasets` Parquet loader)."""
+    from rollstream.config import AgenticConfig
+    from rollstream.tools.export import export_run
+
+    cfg = _config(config, overrides, print_config)
+    if out.is_dir() or not out.parent.is_dir():
+        _fail(ValueError(f"--out {out}: " + ("a directory; give a file name, e.g. " + str(out / "groups.parquet")
+                                               if out.is_dir() else f"its folder {out.parent} does not exist")))
+    cluster = _reach(bootstrap, cfg)
+    try:
+        done = export_run(cluster, Topics(prefix or cfg.kafka.topic_prefix), out,
+                          agentic=isinstance(cfg, AgenticConfig), rejected=rejected)
+    except RollstreamError as exc:
+        _fail(exc)
+    rows = ", ".join(f"{n} {k}" for k, n in done.rows.items() if k == "accepted" or rejected)
+    console.print(f"wrote {out}: {rows} rows from {sum(done.groups.values())} groups"
+                  + (f"; {done.payload_errors} payloads could not be fetched" if done.payload_errors else ""))
+
+
+@app.command()
 def report(
     config: Path = typer.Option(..., "--config", "-c", help="The run's config (its kafka.topic_prefix names the topics)."),
     bootstrap: str = BOOTSTRAP_OPT,

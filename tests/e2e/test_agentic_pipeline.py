@@ -17,6 +17,7 @@ from rollstream.app.run import run_pipeline
 from rollstream.config import AgenticConfig, parse_config
 from rollstream.kafka.topics import Topics
 from rollstream.tools.readback import read_topic, read_values
+from tests.tools.test_export import check_export
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -209,3 +210,5 @@ def test_agentic_example_through_every_stage(kafka_broker, tmp_path):
 
     assert summary["dead_letters"] == 0
     assert read_values(kafka_broker, topics.dead_letter) == []
+    # the recorded run exported: a row per trajectory of every decided group, tokens as fetched
+    check_export(kafka_broker, prefix, True, run_dir / "config.yaml", tmp_path)

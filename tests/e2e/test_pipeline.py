@@ -15,6 +15,7 @@ from rollstream.kafka.payloads import PayloadFetcher, ref_key
 from rollstream.kafka.topics import Topics
 from rollstream.schemas import decode
 from rollstream.tools.readback import read_values
+from tests.tools.test_export import check_export
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -92,3 +93,5 @@ def test_real_model_through_every_stage(kafka_broker, tmp_path):
     assert [m["step"] for m in manifest] == [0]
     assert len(manifest[0]["group_keys"]) == batch["groups"]
     assert set(manifest[0]["group_keys"]) <= {g["group_key"] for g in groups}
+    # the recorded run exported: a row per response of every decided group, tokens as fetched
+    check_export(kafka_broker, prefix, False, tmp_path / "run" / "config.yaml", tmp_path)
