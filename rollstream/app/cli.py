@@ -141,6 +141,16 @@ def _config(path: Path, overrides: Optional[list[str]] = None, print_config: boo
     return cfg
 
 
+def _security_config(path: Optional[Path], overrides: Optional[list[str]]):
+    """The config of a command whose ``-c`` only brings the cluster's security settings: None
+    without one; overrides without a config are a clear error."""
+    if path is None:
+        if overrides:
+            _fail(ValueError(f"overrides {' '.join(overrides)} given without a config (-c)"))
+        return None
+    return _config(path, overrides)
+
+
 @app.command()
 def worker(
     stage: str = typer.Argument(..., help="RLVR: admission | aggregator | generation | reward; agentic: group-queue | env; both: trainer"),
@@ -347,9 +357,7 @@ def replay(o: ReplayOptions) -> None:
     name = Topics(o.prefix).name(o.topic) if o.topic in TOPICS else o.topic
     if o.to_topic is not None and o.to_topic == name:
         _fail(ValueError("--to-topic must differ from the topic read"))
-    if o.overrides and o.config is None:
-        _fail(ValueError(f"overrides {' '.join(o.overrides)} given without a config (-c)"))
-    cluster = _reach(o.bootstrap, _config(o.config, o.overrides) if o.config else None)
+    cluster = _reach(o.bootstrap, _security_config(o.config, o.overrides))
     _print_replay(cluster, name, selection, o)
 
 
@@ -430,9 +438,10 @@ def export(
     from rollstream.tools.export import export_run
 
     cfg = _config(config, overrides, print_config)
-    if out.is_dir() or not out.parent.is_dir():
-        _fail(ValueError(f"--out {out}: " + ("a directory; give a file name, e.g. " + str(out / "groups.parquet")
-                                               if out.is_dir() else f"its folder {out.parent} does not exist")))
+    if out.is_dir():
+        _fail(ValueError(f"--out {out}: a directory; give a file name, e.g. {out / 'groups.parquet'}"))
+    if not out.parent.is_dir():
+        _fail(ValueError(f"--out {out}: its folder {out.parent} does not exist"))
     cluster = _reach(bootstrap, cfg)
     try:
         done = export_run(cluster, Topics(prefix or cfg.kafka.topic_prefix), out,
@@ -510,9 +519,7 @@ def stats(
     overrides: Optional[list[str]] = OVERRIDES_ARG,
 ) -> None:
     """The pipeline's live figures from the workers' metric snapshots (topic `metrics`)."""
-    if overrides and config is None:
-        _fail(ValueError(f"overrides {' '.join(overrides)} given without a config (-c)"))
-    bootstrap = _reach(bootstrap, _config(config, overrides) if config else None)
+    bootstrap = _reach(bootstrap, _security_config(config, overrides))
     topic = Topics(prefix).metrics
     try:
         records = [r.record.value for r in replay_topic(bootstrap, topic, Selection()) if r.record.value]

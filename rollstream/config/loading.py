@@ -56,9 +56,9 @@ def parse_config(data: Any) -> Config:
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> Config:
-    """Read and validate a YAML config file (or a bundled example: resolve_config_path), with ``overrides`` (``key.sub=value``, see
-    rollstream.config.overrides) applied first. Raises ConfigError; a problem under an overridden
-    key is one line naming the override."""
+    """Read and validate a YAML config file (or a bundled example: resolve_config_path), with
+    ``overrides`` (``key.sub=value``, see rollstream.config.overrides) applied first. Raises
+    ConfigError; a problem under an overridden key is one line naming the override."""
     path = resolve_config_path(path)
     try:
         data = yaml.safe_load(path.read_text())
@@ -83,10 +83,10 @@ def _blame_override(exc: ConfigError, overrides: Sequence[str]) -> ConfigError:
     cause = exc.__cause__
     if not isinstance(cause, ValidationError):
         return exc
+    keys = [(text, ".".join(parse_override(text)[0])) for text in reversed(overrides)]
     for problem in validation_problems(cause):
         where = problem.partition(": ")[0]
-        for text in reversed(overrides):
-            key = ".".join(parse_override(text)[0])
+        for text, key in keys:
             if where == key or where.startswith(key + ".") or key.startswith(where + "."):
                 return ConfigError(f"override {text}: {problem}")
     return exc

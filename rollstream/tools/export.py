@@ -24,10 +24,8 @@ import pyarrow.parquet as pq
 
 from rollstream.exceptions import RollstreamError
 from rollstream.kafka.cluster import Bootstrap
-from rollstream.kafka.payloads import ref_key
-from rollstream.schemas.records import is_payload_ref
 from rollstream.kafka.topics import Topics
-from rollstream.tools.replay import Replayed, Selection, replay
+from rollstream.tools.replay import Replayed, Selection, member_payload, replay
 
 ROW_GROUP_ROWS = 1024
 
@@ -72,24 +70,18 @@ class Exported:
     payload_errors: int = 0
 
 
-def _array(values) -> list | None:
-    return None if values is None else np.asarray(values).tolist()
-
-
-def _payload(member: dict, replayed: Replayed) -> tuple[dict | None, str | None]:
-    """The member's resolved payload record, or (None, why not)."""
-    ref = member["payload"]
-    if not is_payload_ref(ref):
-        return ref, None  # inline (events written before references)
-    found = (replayed.payloads or {}).get(ref_key(ref))
-    if found is None or found.value is None:
-        return None, found.error if found is not None else "not fetched"
-    return found.value, None
+def _array(values) -> list:
+    return np.asarray(values).tolist()
 
 
 def _decision(group: dict, decision: str) -> dict:
     return {"decision": decision, "reason": group["reason"], "filter_config_hash": group.get("filter_config_hash"),
             "group_key": group["group_key"], "mode": group.get("mode"), "policy_version": group.get("policy_version")}
+
+
+_RESPONSE_PAYLOAD = ("response_text", "prompt_token_ids", "response_token_ids", "infer_logprobs")
+_TRAJECTORY_PAYLOAD = ("response_texts", "turn_prompt_token_ids", "turn_response_token_ids", "turn_infer_logprobs",
+                       "response_mask")
 
 
 def response_rows(replayed: Replayed, decision: str) -> Iterator[dict]:
@@ -100,15 +92,13 @@ def response_rows(replayed: Replayed, decision: str) -> Iterator[dict]:
             "messages": group.get("messages") or []}
     for member in sorted(group["responses"], key=lambda rr: rr["response"]["sample_index"]):
         summary = member["response"]
-        payload, error = _payload(member, replayed)
+        found, error = member_payload(member, replayed.payloads)
+        tokens = dict.fromkeys(_RESPONSE_PAYLOAD) if found is None else {
+            "response_text": found.value.get("response_text"),
+            **{name: _array(found.value[name]) for name in _RESPONSE_PAYLOAD[1:]}}
         yield {**head, "sample_index": summary["sample_index"], "round": summary.get("round"),
                "reward": member["response_level_reward"], "finish_reason": summary.get("finish_reason"),
-               "response_policy_version": summary.get("policy_version"),
-               "response_text": None if payload is None else payload.get("response_text"),
-               "prompt_token_ids": None if payload is None else _array(payload["prompt_token_ids"]),
-               "response_token_ids": None if payload is None else _array(payload["response_token_ids"]),
-               "infer_logprobs": None if payload is None else _array(payload["infer_logprobs"]),
-               "payload_error": error}
+               "response_policy_version": summary.get("policy_version"), **tokens, "payload_error": error}
 
 
 def trajectory_rows(replayed: Replayed, decision: str) -> Iterator[dict]:
@@ -116,19 +106,30 @@ def trajectory_rows(replayed: Replayed, decision: str) -> Iterator[dict]:
     group = replayed.record.value
     head = _decision(group, decision)
     for traj in sorted(group["trajectories"], key=lambda t: t["traj_index"]):
-        payload, error = _payload(traj, replayed)
-        turns = None if payload is None else payload["turns"]
+        found, error = member_payload(traj, replayed.payloads)
+        if found is None:
+            tokens = dict.fromkeys(_TRAJECTORY_PAYLOAD)
+        else:
+            turns = found.value["turns"]
+            tokens = {"response_texts": [t.get("response_text") for t in turns],
+                      **{f"turn_{name}": [_array(t[name]) for t in turns]
+                         for name in ("prompt_token_ids", "response_token_ids", "infer_logprobs")},
+                      "response_mask": _array(found.value["response_mask"])}
         yield {**head, **{k: traj.get(k) for k in ("group_id", "episode_id", "traj_index", "tag", "env_type", "seed",
                                                     "success", "stop_reason", "env_timeout", "env_failed", "drop_flag",
                                                     "num_turns")},
                "reward": traj["response_level_rewards"], "step_rewards": list(traj.get("step_rewards") or []),
-               "trajectory_policy_version": traj.get("policy_version"),
-               "response_texts": None if turns is None else [t.get("response_text") for t in turns],
-               "turn_prompt_token_ids": None if turns is None else [_array(t["prompt_token_ids"]) for t in turns],
-               "turn_response_token_ids": None if turns is None else [_array(t["response_token_ids"]) for t in turns],
-               "turn_infer_logprobs": None if turns is None else [_array(t["infer_logprobs"]) for t in turns],
-               "response_mask": None if payload is None else _array(payload["response_mask"]),
-               "payload_error": error}
+               "trajectory_policy_version": traj.get("policy_version"), **tokens, "payload_error": error}
+
+
+def _decided_rows(bootstrap: Bootstrap, topic: str, decision: str, rows_of, result: Exported) -> Iterator[dict]:
+    """The rows of every group on ``topic``, read a page at a time with its payloads; counts the
+    groups in ``result``."""
+    for replayed in replay(bootstrap, topic, Selection(), payloads=True, idle_timeout_s=30.0):
+        if replayed.record.value is None:
+            continue  # undecodable: not a group
+        result.groups[decision] += 1
+        yield from rows_of(replayed, decision)
 
 
 def _chunks(rows: Iterable[dict], size: int) -> Iterator[list[dict]]:
@@ -160,14 +161,7 @@ def export_run(bootstrap: Bootstrap, topics: Topics, out: Path, *, agentic: bool
     try:
         sources = [("accepted", topics.groups_accepted)] + ([("rejected", topics.groups_rejected)] if rejected else [])
         for decision, topic in sources:
-            def rows(decision=decision, topic=topic) -> Iterator[dict]:
-                for replayed in replay(bootstrap, topic, Selection(), payloads=True, idle_timeout_s=30.0):
-                    if replayed.record.value is None:
-                        continue  # undecodable: not a group
-                    result.groups[decision] += 1
-                    yield from rows_of(replayed, decision)
-
-            for chunk in _chunks(rows(), row_group_rows):
+            for chunk in _chunks(_decided_rows(bootstrap, topic, decision, rows_of, result), row_group_rows):
                 writer.write_table(pa.Table.from_pylist(chunk, schema=schema))
                 result.rows[decision] += len(chunk)
                 result.payload_errors += sum(row["payload_error"] is not None for row in chunk)

@@ -229,6 +229,19 @@ def payload_figures(schema: str | None, payload: Mapping) -> dict:
             "response_text": payload.get("response_text", "")}
 
 
+def member_payload(member: Mapping, payloads: Mapping[RefKey, Payload] | None) -> tuple[Payload | None, str | None]:
+    """What a member's ``payload`` is: (the Payload its reference resolved to in ``payloads``, None),
+    or (None, why not: the fetch's error, or "not fetched"). An inline payload (events written
+    before references) comes back as itself, schema unknown."""
+    payload = member["payload"]
+    if not is_payload_ref(payload):
+        return Payload(None, payload), None
+    found = (payloads or {}).get(ref_key(payload))
+    if found is None or found.value is None:
+        return None, found.error if found is not None else "not fetched"
+    return found, None
+
+
 def with_payloads(value: Mapping, payloads: Mapping[RefKey, Payload], full: bool = True) -> dict:
     """A copy of ``value`` in which every member naming a payload (``payload_members``) also
     carries ``payload_figures`` of it; ``full``: its ``payload`` is the payload record itself and
@@ -241,9 +254,9 @@ def with_payloads(value: Mapping, payloads: Mapping[RefKey, Payload], full: bool
         if not is_payload_ref(payload):
             out.update(payload_figures(None, payload))
             return out
-        found = payloads.get(ref_key(payload))
-        if found is None or found.value is None:
-            out["payload_error"] = found.error if found is not None else "not fetched"
+        found, error = member_payload(member, payloads)
+        if found is None:
+            out["payload_error"] = error
             return out
         out.update(payload_figures(found.schema, found.value))
         if full:
