@@ -194,3 +194,4 @@ class ActorTrainConfig(FrozenModel):
     pg_clip_high: float = Field(0.2, ge=0.0, description="The ratio is clipped above at 1 + pg_clip_high.")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
     keep_checkpoints: int = Field(2, gt=0, le=1000, description="Policy-version checkpoints kept on disk (runs/<name>/checkpoints); older ones are deleted.")
+    async_save: bool = Field(True, description="Write each checkpoint on a thread of its own while the next step trains (a copy in memory first); the batch is committed once it is durable. False: the step waits for the write. Under torchrun the write is always waited for.")

@@ -8,14 +8,23 @@ optimisation) and ``trainer_state.json`` (version, step, the batch's group keys 
 A checkpoint is written to a hidden temporary folder, every file fsynced, then renamed into
 place: a folder named ``v*`` is always complete. The trainer's exactly-once rule builds on that:
 a batch is trained once its checkpoint folder exists, whatever happened to the offsets after.
+
+``CheckpointWriter`` takes the write off the training step's path: the caller copies the
+weights and AdamW state into CPU memory (``snapshot``, ~0.5 s for 135M parameters against ~4.5 s
+for the write), and a thread of its own writes the copy while the next step trains. The copy
+is what makes that safe: the next step's optimiser update never reaches a file being written.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
 import shutil
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -45,6 +54,37 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """A policy version's checkpoint content, copied off the live model: ``weights`` (name ->
+    CPU tensor, the model's ``state_dict``), ``optimizer`` (AdamW's ``state_dict`` with every
+    tensor copied; None without an optimiser) and the trainer ``state`` (JSON-able)."""
+
+    version: int
+    weights: dict[str, torch.Tensor]
+    optimizer: dict | None
+    state: dict
+    seconds: float  # how long the copy took (on the caller's path)
+
+
+def snapshot(version: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+             state: dict) -> Snapshot:
+    """Copy ``model``'s weights and ``optimizer``'s state to CPU memory (peak memory: one more
+    model plus its AdamW moments), so they can be written while training goes on."""
+    started = time.perf_counter()
+
+    def copied(value):
+        return value.detach().to("cpu", copy=True) if torch.is_tensor(value) else copy.deepcopy(value)
+
+    weights = {name: copied(tensor) for name, tensor in model.state_dict().items()}
+    opt = None
+    if optimizer is not None:
+        full = optimizer.state_dict()
+        opt = {"state": {k: {n: copied(v) for n, v in s.items()} for k, s in full["state"].items()},
+               "param_groups": copy.deepcopy(full["param_groups"])}
+    return Snapshot(version, weights, opt, dict(state), time.perf_counter() - started)
+
+
 class CheckpointStore:
     """Versioned checkpoints under ``root``; keeps the newest ``keep_last`` folders. The folders
     are published by path, so ``root`` must be on a filesystem every worker sees (a shared
@@ -72,16 +112,26 @@ class CheckpointStore:
         space of the disk) when a file cannot be written, a full disk say; the partial folder is
         removed first, so a failed save costs no disk and leaves the previous checkpoints as
         they were."""
+        return self._write(version, model, None, optimizer.state_dict() if optimizer is not None else None,
+                           state, tokenizer)
+
+    def write(self, snap: Snapshot, model: torch.nn.Module, tokenizer=None) -> Path:
+        """``save`` of a ``Snapshot`` (``model`` gives only its config and the names of tied
+        weights, so it may be training meanwhile). Raises as ``save``."""
+        return self._write(snap.version, model, snap.weights, snap.optimizer, snap.state, tokenizer)
+
+    def _write(self, version: int, model: torch.nn.Module, weights: dict | None, optimizer_state: dict | None,
+               state: dict, tokenizer) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.path_of(version)
         tmp = self.root / f".{final.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            model.save_pretrained(tmp, safe_serialization=True)
+            model.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
-            if optimizer is not None:
-                torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+            if optimizer_state is not None:
+                torch.save(optimizer_state, tmp / OPTIMIZER_FILE)
             (tmp / STATE_FILE).write_text(json.dumps({**state, "version": version}, sort_keys=True))
             _fsync_tree(tmp)
         except Exception as err:  # safetensors and torch wrap the OSError in errors of their own
@@ -130,3 +180,21 @@ class CheckpointStore:
         for stale in self.root.glob(".v*.tmp-*"):  # left by a crash mid-save
             if not stale.name.endswith(f"-{os.getpid()}"):
                 shutil.rmtree(stale, ignore_errors=True)
+
+
+class CheckpointWriter:
+    """Writes ``Snapshot``s into ``store`` on a thread of its own, one at a time, in order.
+
+    ``submit`` returns a Future of the folder; it raises (from ``result()``) what
+    ``CheckpointStore.write`` raised. ``close`` waits for the writes submitted.
+    """
+
+    def __init__(self, store: CheckpointStore) -> None:
+        self.store = store
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
+
+    def submit(self, snap: Snapshot, model: torch.nn.Module, tokenizer=None) -> Future:
+        return self._pool.submit(self.store.write, snap, model, tokenizer)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)

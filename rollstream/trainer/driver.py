@@ -67,9 +67,19 @@ def run_trainer(config: Config, bootstrap: Bootstrap, run_dir: Path, *, deadline
         resume = None if trainer is None or trainer.resumed is None else {**trainer.resumed,
                                                                           "checkpoint": trainer.checkpoint}
         control = LoopControl(deadline=deadline, check=check, should_stop=should_stop, on_progress=on_progress)
-        with RolloutStream.from_config(config, bootstrap, run_dir, resume=resume, control=control) as stream:
-            for batch in stream:
-                report = None if trainer is None else trainer.train(
-                    batch.rollout, group_keys=batch.group_keys, policy_versions=batch.policy_versions)
-                batch.commit(report=report)
+        try:
+            with RolloutStream.from_config(config, bootstrap, run_dir, resume=resume, control=control) as stream:
+                deferred = trainer is not None and config.actor_train.async_save and not stream.ranks.distributed
+                for batch in stream:
+                    report = None if trainer is None else trainer.train(
+                        batch.rollout, group_keys=batch.group_keys, policy_versions=batch.policy_versions,
+                        defer_save=deferred)
+                    if deferred:  # the previous batch is committed before this checkpoint can be durable
+                        stream.settle()
+                        batch.commit(report=report, durable=trainer.save_deferred())
+                    else:
+                        batch.commit(report=report)
+        finally:
+            if trainer is not None:
+                trainer.close()
         return stream.result

@@ -20,13 +20,17 @@ Policy version v = the weights after v consumed batches (0 = the initial weights
 step still makes a version (same weights), so versions and steps stay in lockstep and the
 admission's staleness bound never waits for a version that cannot come. With a
 CheckpointStore, every version is saved before ``train`` returns, and a new PolicyTrainer
-resumes from the newest one (weights, AdamW state, version).
+resumes from the newest one (weights, AdamW state, version). ``train(batch, defer_save=True)``
+only copies the version off the model (rollstream.trainer.checkpoint.snapshot); ``save_deferred``
+then writes the copy on a thread of its own while the caller goes on to the next step, and
+returns a Future of the folder (the caller commits the batch once it is durable).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
@@ -34,7 +38,7 @@ import torch
 from rollstream.config import ActorTrainConfig, PipelineConfig
 from rollstream.policy.model import load_model, resolve_device
 from rollstream.trainer.batch import RolloutBatch
-from rollstream.trainer.checkpoint import CheckpointStore
+from rollstream.trainer.checkpoint import CheckpointStore, CheckpointWriter, Snapshot, snapshot
 from rollstream.trainer.corrections import (
     AGG_TYPES,
     METRIC_PREFIX,
@@ -96,6 +100,8 @@ class PolicyTrainer:
         self.policy_version = 0
         self.checkpoint = ""  # folder of the current weights ("" = the initial weights)
         self.checkpoints = checkpoints
+        self._unsaved: Snapshot | None = None  # copied by train(defer_save=True), not yet written
+        self._writer: CheckpointWriter | None = None
         self.resumed: dict | None = None
         latest = checkpoints.latest() if checkpoints is not None else None
         if latest is not None:
@@ -130,8 +136,9 @@ class PolicyTrainer:
                    checkpoints=checkpoints, tokenizer=tokenizer)
 
     def train(self, batch: RolloutBatch, *, group_keys: list[str] | None = None,
-              policy_versions: list[int] | None = None) -> dict:
-        """One step on ``batch``, then its checkpoint (when a store is set). Returns ``loss``,
+              policy_versions: list[int] | None = None, defer_save: bool = False) -> dict:
+        """One step on ``batch``, then its checkpoint (when a store is set; with ``defer_save``
+        only its copy in memory: write it with ``save_deferred``). Returns ``loss``,
         ``skipped``, ``policy_version``, ``checkpoint``, ``final_mask_mean``, ``pass_rates``
         (metric key -> share of valid tokens kept by that filter check), ``ratio_means`` and
         ``diff_means`` (agg type -> the train/infer ratio or logprob difference averaged over
@@ -203,16 +210,39 @@ class PolicyTrainer:
             "pg_clipfrac": round(report.metrics.get("pg_clipfrac", 0.0), 6),
             "old_log_probs_pass": "fused" if fused else "separate",
         }
-        if self.checkpoints is not None and ranks.is_main:
-            path = self.checkpoints.save(
-                self.policy_version, self.model, self.optimizer, tokenizer=self.tokenizer,
-                state={"step": batch.step, "group_keys": group_keys, "report": out})
+        state = {"step": batch.step, "group_keys": group_keys, "report": out}
+        if self.checkpoints is not None and ranks.is_main and defer_save:
+            if ranks.distributed:
+                raise ValueError("defer_save is for a single training process: under torchrun every rank "
+                                 "waits for rank 0's checkpoint")
+            self._unsaved = snapshot(self.policy_version, self.model, self.optimizer, state)
+            self.checkpoint = str(self.checkpoints.path_of(self.policy_version))
+        elif self.checkpoints is not None and ranks.is_main:
+            path = self.checkpoints.save(self.policy_version, self.model, self.optimizer, state,
+                                         tokenizer=self.tokenizer)
             self.checkpoint = str(path)
         elif self.checkpoints is not None:  # rank 0's folder; the other ranks only name it
             self.checkpoint = str(self.checkpoints.path_of(self.policy_version))
         out["checkpoint"] = self.checkpoint
         out["train_seconds"] = round(time.perf_counter() - started, 2)
         return out
+
+    def save_deferred(self) -> Future:
+        """Write the version ``train(..., defer_save=True)`` copied, on the writer's thread;
+        returns a Future of its folder (``result()`` raises what ``CheckpointStore.save`` does).
+        Raises ValueError when no copy waits."""
+        if self._unsaved is None or self.checkpoints is None:
+            raise ValueError("no deferred checkpoint: call train(batch, defer_save=True) first")
+        if self._writer is None:
+            self._writer = CheckpointWriter(self.checkpoints)
+        snap, self._unsaved = self._unsaved, None
+        return self._writer.submit(snap, self.model, self.tokenizer)
+
+    def close(self) -> None:
+        """Wait for the checkpoints being written."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
 
 def _has_dropout(model: torch.nn.Module) -> bool:

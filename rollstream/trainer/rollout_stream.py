@@ -27,6 +27,13 @@ The contract:
   Commit each batch before taking the next. If your checkpoint can be written and the process
   die before ``commit``, save ``batch.trainer_state`` with the checkpoint and pass it back as
   ``resume=`` on restart: that batch is then recorded as trained instead of redelivered.
+- **A checkpoint written while the next step trains** (one process, no ranks):
+  ``batch.commit(checkpoint=path, durable=future)`` with a Future that completes once the
+  folder is durable. The stream publishes the version from the writer's thread as soon as the
+  Future completes, and commits the batch then (between polls) or at the latest before the next
+  commit; meanwhile the next batch may be taken. Call ``stream.settle()`` (commit the held
+  batch, waiting for its Future) before starting the next checkpoint's write, so that at most
+  the newest checkpoint is ever uncommitted: the one ``resume=`` recovers.
 - **Policy versions.** After each commit a ``PolicyVersion`` is published on
   ``policy.versions``: version ``step + 1`` naming the checkpoint folder you passed (a Hugging
   Face model folder, ``save_pretrained``, on a filesystem the generation workers see; they load
@@ -70,7 +77,9 @@ columns, ``T`` response columns; all on the CPU until ``to(device)``):
 
 from __future__ import annotations
 
+import logging
 import os
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
@@ -89,6 +98,8 @@ from rollstream.trainer.logprobs import response_log_probs
 from rollstream.trainer.loop import BatchLoop, LoopControl, LoopResult
 from rollstream.trainer.publisher import PolicyPublisher
 from rollstream.trainer.verdicts import AgenticBatchEvents, BatchEvents
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -187,24 +198,31 @@ class StreamBatch:
         """A copy with every tensor on ``device``; ``commit`` it like the original."""
         return replace(self, rollout=self.rollout.to(device))
 
-    def commit(self, checkpoint: str | os.PathLike | None = None, report: Mapping | None = None) -> dict:
+    def commit(self, checkpoint: str | os.PathLike | None = None, report: Mapping | None = None, *,
+               durable: Future | None = None) -> dict | None:
         """Confirm this batch was trained; call on every rank (see the module doc).
 
         Args:
             checkpoint: the folder of the weights this batch produced (a Hugging Face model
                 folder), published as policy version ``step + 1``; None: none published.
             report: JSON-able figures of your step (loss, ...) joined to the manifest entry.
+            durable: a Future that completes once ``checkpoint`` (or ``report["checkpoint"]``)
+                is written and durable; the commit then waits for it, off the caller's path
+                (module doc). One process only.
 
         Returns:
             The manifest entry (``step``, ``status``, ``group_keys``, ``offsets``, ...; see
-            ``BatchBuilder.commit``), the same on every rank.
+            ``BatchBuilder.commit``), the same on every rank; None with ``durable`` (the entry
+            joins ``stream.result.batches`` once committed).
 
         Raises:
-            ValueError: the batch is not the stream's current one (committed already), or
-                ``checkpoint`` is not a folder.
+            ValueError: the batch is not the stream's current one (committed already),
+                ``checkpoint`` is not a folder, or ``durable`` under several ranks.
         """
         if self._stream is None:
             raise ValueError(f"step {self.step} does not belong to a stream")
+        if durable is not None:
+            return self._stream._hold(self, checkpoint, report, durable)
         return self._stream._commit(self, checkpoint, report)
 
 
@@ -279,6 +297,7 @@ class RolloutStream:
         self.ranks = ranks or Ranks.current()
         self.groups_per_batch = settings.groups_per_batch
         self.result = LoopResult()
+        self._held: _Held | None = None  # a batch whose checkpoint is being written
         self._current: StreamBatch | None = None
         self._whole: RolloutBatch | None = None  # rank 0: the whole batch of ``_current``
         self._done = False
@@ -303,6 +322,7 @@ class RolloutStream:
         except BaseException:
             self.close()
             raise
+        control = replace(control, check=self._checking(control.check))
         self._loop = BatchLoop(self._builder, self._events, max_steps=settings.max_steps,
                                min_fill_ratio=settings.min_fill_ratio, control=control,
                                publish=self._publisher.publish_batch, batch_timeout_s=settings.batch_timeout_s)
@@ -344,6 +364,7 @@ class RolloutStream:
                 self.ranks.scatter([("error", f"rank 0: {exc!r}")] * self.ranks.world_size)
                 raise
             if item is None:
+                self.settle()
                 messages = [("end", self.result.outcome, self.result.detail)] * self.ranks.world_size
             else:
                 whole, end_of_data = item
@@ -363,10 +384,61 @@ class RolloutStream:
                                     self.ranks.rank, self.ranks.world_size, self)
         return self._current
 
-    def _commit(self, batch: StreamBatch, checkpoint, report: Mapping | None) -> dict:
+    def settle(self) -> dict | None:
+        """Commit the batch held for its checkpoint (``commit(durable=...)``), waiting for the
+        checkpoint first; returns its manifest entry, or None when none is held. Raises what the
+        Future raised (the batch stays uncommitted: a restart trains it again)."""
+        held, self._held = self._held, None
+        if held is None:
+            return None
+        held.durable.result()
+        return self._loop.commit(held.whole, held.report, held.batch.end_of_data)
+
+    def _hold(self, batch: StreamBatch, checkpoint, report: Mapping | None, durable: Future) -> None:
+        self._check_current(batch)
+        if self.ranks.distributed:
+            raise ValueError("commit(durable=...) is for one training process; under several ranks commit "
+                             "once the checkpoint is written")
+        self.settle()  # batches are committed in order
+        report = dict(report or {})
+        path = checkpoint if checkpoint is not None else report.pop("checkpoint", None)
+        if path is None:
+            raise ValueError(f"step {batch.step}: commit(durable=...) needs the checkpoint folder")
+        report.update(checkpoint=str(Path(path).absolute()))
+        report.setdefault("policy_version", batch.step + 1)
+        self._held = _Held(batch, self._whole, report, durable)
+        self._current = self._whole = None
+        durable.add_done_callback(lambda done: self._publish_durable(done, report, batch.step))
+
+    def _publish_durable(self, done: Future, report: dict, step: int) -> None:
+        """On the writer's thread: the version's folder is durable, so workers may load it now
+        instead of after the commit (a failed write publishes nothing)."""
+        if done.cancelled() or done.exception() is not None:
+            return
+        try:
+            self._publisher.publish(report["policy_version"], step, report["checkpoint"],
+                                    not report.get("skipped", False))
+        except Exception:  # the commit publishes it again
+            log.exception("publishing policy version %s early failed", report["policy_version"])
+
+    def _checking(self, check):
+        """``check`` that also commits a held batch whose checkpoint became durable (the loop
+        calls it between polls, so a waiting stream does not sit on a finished batch)."""
+        def checked() -> None:
+            check()
+            if self._held is not None and self._held.durable.done():
+                self.settle()
+        return checked
+
+    def _check_current(self, batch: StreamBatch) -> None:
         current = self._current
         if current is None or batch.step != current.step or batch._stream is not self:
             raise ValueError(f"step {batch.step} is not this stream's current batch; was it committed already?")
+
+    def _commit(self, batch: StreamBatch, checkpoint, report: Mapping | None) -> dict:
+        self._check_current(batch)
+        if self.ranks.is_main:
+            self.settle()
         self.ranks.barrier()  # every rank's step (and rank 0's checkpoint) is done
         entry: dict | tuple | None = None
         if self.ranks.is_main:
@@ -393,7 +465,13 @@ class RolloutStream:
         self._publisher.publish(version, builder.step - 1, checkpoint, version > 0 and bool(checkpoint))
 
     def close(self) -> None:
-        """Close the Kafka clients (rank 0); an uncommitted batch is delivered again later."""
+        """Commit a held batch once its checkpoint is durable, then close the Kafka clients
+        (rank 0); an uncommitted batch is delivered again later."""
+        if self._held is not None:
+            try:
+                self.settle()
+            except Exception:  # a restart recovers or retrains it
+                log.exception("the held batch was not committed")
         for client in (self._events, self._builder, self._publisher):
             if client is not None:
                 client.close()
@@ -404,6 +482,16 @@ class RolloutStream:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A trained batch waiting for its checkpoint to be durable before its commit."""
+
+    batch: StreamBatch
+    whole: RolloutBatch
+    report: dict
+    durable: Future
 
 
 def _trained_state(resume: Mapping) -> dict:

@@ -185,3 +185,57 @@ def test_a_batch_checkpointed_but_not_committed_is_recorded_on_resume_not_redeli
     # the first stream announced version 0; the second republished the recovered checkpoint,
     # then version 2 untrained (no checkpoint given)
     assert versions == [(0, "", False), (1, str(folder), True), (2, "", False)]
+
+
+def test_a_commit_held_for_its_checkpoint_lets_the_next_batch_train_and_publishes_once_durable(
+        kafka_broker, topic_factory, tmp_path):
+    """``commit(durable=future)``: the next batch may be taken before the checkpoint is written;
+    the version is published as soon as the Future completes, the batch is committed then (or at
+    the next commit), in step order; a write that fails leaves its batch uncommitted, and a new
+    stream delivers it again."""
+    from concurrent.futures import Future
+
+    topics = topic_factory()
+    produce(kafka_broker, topics, [dp_group(key, [1.0, 0.0], 2) for key in ("p", "q", "r")])
+    run_dir = tmp_path / "run"
+    folders = [tmp_path / "ckpt" / f"v{v:06d}" for v in (1, 2, 3)]
+
+    def stream(max_steps: int) -> RolloutStream:
+        return RolloutStream(kafka_broker, run_dir, groups_per_batch=1, max_steps=max_steps,
+                             topic_prefix=topics.prefix)
+
+    def published() -> list[int]:
+        return [v["version"] for v in read_values(kafka_broker, topics.policy_versions)]
+
+    def manifest() -> list[tuple[int, list[str], int]]:
+        return [(e["step"], e["group_keys"], e["policy_version"]) for e in map(
+            json.loads, (run_dir / "batches.jsonl").read_text().splitlines())]
+
+    with stream(max_steps=3) as s:
+        writes = [Future(), Future(), Future()]
+        first = next(s)
+        assert first.commit(checkpoint=folders[0], report={"loss": 0.1}, durable=writes[0]) is None
+        second = next(s)  # taken while the checkpoint of step 0 is still being written
+        assert (second.step, second.group_keys) == (1, ["q"]) and published() == [0]
+        folders[0].mkdir(parents=True)
+        writes[0].set_result(folders[0])  # durable: version 1 goes out at once ...
+        assert published() == [0, 1]
+        assert not (run_dir / "batches.jsonl").exists()  # ... the commit at the next chance
+        second.commit(checkpoint=folders[1], durable=writes[1])  # commits step 0 first
+        assert manifest() == [(0, ["p"], 1)]
+        third = next(s)
+        writes[1].set_exception(OSError("disk full"))  # step 1's checkpoint never lands
+        with pytest.raises(OSError, match="disk full"):
+            s.settle()
+        assert published() == [0, 1, 1] and manifest() == [(0, ["p"], 1)]  # the commit republished 1
+        assert third.group_keys == ["r"]
+    with stream(max_steps=2) as again:  # step 1 was not committed: "q" comes again
+        batch = next(again)
+        assert (batch.step, batch.group_keys) == (1, ["q"])
+        folders[1].mkdir(parents=True)
+        done = Future()
+        done.set_result(folders[1])
+        batch.commit(checkpoint=folders[1], durable=done)
+        assert list(again) == []  # the end of the run commits the held batch
+    assert manifest() == [(0, ["p"], 1), (1, ["q"], 2)]
+    assert published() == [0, 1, 1, 1, 2, 2]  # each start republishes the last commit's version

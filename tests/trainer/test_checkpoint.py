@@ -64,6 +64,35 @@ def test_a_resumed_trainer_continues_bit_for_bit(tmp_path):
     assert all(torch.equal(expected[k], got[k]) for k in expected)
 
 
+
+def test_a_deferred_save_writes_the_version_trained_not_the_weights_the_model_has_by_then(tmp_path):
+    """``train(defer_save=True)`` copies the version; ``save_deferred`` writes that copy even
+    though the next step changes the model first; a trainer resumed from it continues exactly as
+    one resumed from a checkpoint written before the step returned (weights and AdamW moments)."""
+    synchronous = CheckpointStore(tmp_path / "sync")
+    reference = trainer(synchronous)
+    reference.train(batch(0))
+    deferred_store = CheckpointStore(tmp_path / "deferred")
+    deferred = trainer(deferred_store)
+    report = deferred.train(batch(0), defer_save=True)
+    assert report["checkpoint"] == str(deferred_store.path_of(1)) and deferred_store.versions() == []
+    moved_on = weights(deferred.model)
+    pending = deferred.save_deferred()
+    deferred.train(batch(1), defer_save=True)  # the live weights move on while v1 is written
+    assert pending.result() == deferred_store.path_of(1)
+    deferred.close()
+    with pytest.raises(ValueError, match="no deferred checkpoint"):
+        trainer(None).save_deferred()
+    for store in (synchronous, deferred_store):
+        resumed = trainer(store)
+        assert resumed.policy_version == 1 and resumed.resumed["group_keys"] == ["g0a", "g0b"]
+        assert all(torch.equal(moved_on[k], v) for k, v in resumed.model.state_dict().items())
+        resumed.train(batch(1))
+    first, second = (weights(trainer(store).model) for store in (synchronous, deferred_store))
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    files = {store: sorted(p.name for p in store.path_of(2).iterdir()) for store in (synchronous, deferred_store)}
+    assert files[synchronous] == files[deferred_store]
+
 def test_the_report_carries_mask_means_per_agg_type_and_the_policy_lag(tmp_path):
     t = trainer(None)
     t.policy_version = 3
