@@ -11,7 +11,9 @@ the other on the same machine:
   step, float32) over a batch of 4 groups x 4 responses of 32 tokens,
 
 and reports the median step seconds and the generator's calls per second. A third row measures
-the training step alone (no generator) as the floor. Prints JSON; never asserts.
+the training step alone (no generator) as the floor. Two more ask how a generator (validation
+rounds, say) could yield to the step: generating with one torch thread, or at the lowest CPU
+priority (nice 19). Prints JSON; never asserts.
 
     .venv/bin/python benchmarks/cpu_sharing.py --out runs/bench/cpu_sharing.json   # ~10 min on 2 cores
 """
@@ -32,8 +34,13 @@ from pathlib import Path
 from filter_stage import parse_args, write_result
 
 
-def generate_forever(stop_file: str, counter_file: str, new_tokens: int) -> None:
+def generate_forever(stop_file: str, counter_file: str, new_tokens: int, threads: int | None = None,
+                     nice: int = 0) -> None:
     import torch
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    os.nice(nice)
 
     from rollstream.policy.model import chat_prompt_ids
     from rollstream.workers.engines import SamplingParams, TransformersBackend
@@ -80,8 +87,8 @@ def child(args) -> None:
     work = Path(args.work)
     gen = None
     if args.with_generator:
-        gen = mp.get_context("spawn").Process(target=generate_forever,
-                                              args=(str(work / "stop"), str(work / "calls"), args.tokens))
+        gen = mp.get_context("spawn").Process(target=generate_forever, args=(
+            str(work / "stop"), str(work / "calls"), args.tokens, args.gen_threads, args.gen_nice))
         gen.start()
         while not (work / "calls").exists():  # the generator is loaded and running
             time.sleep(0.2)
@@ -97,8 +104,11 @@ def child(args) -> None:
                       "generator_calls_per_s": round(calls / elapsed, 3) if gen else None}))
 
 
-VARIANTS = {"alone": ("PASSIVE", False), "shared_unset": (None, True), "shared_active": ("ACTIVE", True),
-            "shared_passive": ("PASSIVE", True)}  # name: (OMP_WAIT_POLICY, with the generator)
+VARIANTS = {"alone": ("PASSIVE", False, None, 0), "shared_unset": (None, True, None, 0),
+            "shared_active": ("ACTIVE", True, None, 0), "shared_passive": ("PASSIVE", True, None, 0),
+            # how a generator could yield to the step: one torch thread, or the lowest CPU priority
+            "shared_passive_gen_1_thread": ("PASSIVE", True, 1, 0), "shared_passive_gen_nice": ("PASSIVE", True, None, 19)}
+"""name: (OMP_WAIT_POLICY, with the generator, the generator's torch threads (None: all), its nice value)."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -112,6 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--with-generator", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
+    parser.add_argument("--gen-threads", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--gen-nice", type=int, default=0, help=argparse.SUPPRESS)
     args = parse_args(parser, argv, {"steps": 1, "groups": 1, "group_size": 2, "tokens": 4,
                                      "variants": "shared_passive"})  # the generator and the trainer, once
     if args.child:
@@ -126,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
               "steps": args.steps, "groups": args.groups, "group_size": args.group_size, "tokens": args.tokens,
               "variants": {}}
     for name in variants:
-        policy, with_gen = VARIANTS[name]
+        policy, with_gen, gen_threads, gen_nice = VARIANTS[name]
         with tempfile.TemporaryDirectory() as work:
             env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
             if policy is not None:
@@ -134,11 +146,14 @@ def main(argv: list[str] | None = None) -> None:
             cmd = [sys.executable, __file__, "--child", "--steps", str(args.steps), "--groups", str(args.groups),
                    "--group-size", str(args.group_size), "--tokens", str(args.tokens), "--work", work]
             if with_gen:
-                cmd.append("--with-generator")
+                cmd += ["--with-generator", "--gen-nice", str(gen_nice)]
+            if gen_threads is not None:
+                cmd += ["--gen-threads", str(gen_threads)]
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=Path(__file__).parent.parent)
             if out.returncode != 0:
                 raise RuntimeError(f"variant {name} failed:\n{out.stderr[-3000:]}")
-            result["variants"][name] = {"omp_wait_policy": policy, **json.loads(out.stdout.strip().splitlines()[-1])}
+            result["variants"][name] = {"omp_wait_policy": policy, "generator_threads": gen_threads,
+                                        "generator_nice": gen_nice, **json.loads(out.stdout.strip().splitlines()[-1])}
     write_result(result, args.out)
 
 

@@ -23,3 +23,21 @@ def now_ms() -> int:
 def worker_id(stage: str) -> str:
     """``<stage>-<host>-<pid>``: names a worker in its events, client ids and metrics."""
     return f"{stage}-{socket.gethostname()}-{os.getpid()}"
+
+
+def lower_cpu_priority(increment: int) -> None:
+    """Add ``increment`` (0-19) to the nice value of every thread of this process, capped at 19.
+    Linux keeps a nice value per thread, so ``os.nice`` alone would leave the threads already
+    running (torch's OpenMP workers, started by a model load) at their old priority; threads
+    started later inherit their creator's. Elsewhere: ``os.nice``."""
+    if increment <= 0:
+        return
+    tasks = "/proc/self/task"
+    if not os.path.isdir(tasks):
+        os.nice(increment)
+        return
+    for tid in map(int, os.listdir(tasks)):
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment))
+        except ProcessLookupError:  # the thread ended meanwhile
+            pass

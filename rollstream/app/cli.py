@@ -17,6 +17,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import typer
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 
 from rollstream.app.options import command_options
 from rollstream.app.render import print_audit, print_whatif, replay_row, replay_table, stats_table
@@ -69,7 +70,7 @@ def _options(version: bool = typer.Option(False, "--version", callback=_print_ve
 
 
 def _fail(exc: Exception) -> None:
-    err.print(f"[bold red]error:[/] {exc}")
+    err.print(f"[bold red]error:[/] {escape(str(exc))}")  # escaped: `trainer.loggers=[nope]` is no markup
     raise typer.Exit(2)
 
 
@@ -296,8 +297,11 @@ def run(
 ) -> None:
     """Run every stage on the local default (or the configured cluster) until the batches are built.
     KEY=VALUE arguments override the config's keys (`rollstream run examples/rlvr_math.yaml max_steps=4`)."""
+    import psutil
+
     from rollstream.app.run import run_pipeline
 
+    started_ms = int(psutil.Process().create_time() * 1000)  # the start-up figures count from the command
     overrides = list(overrides or [])
     if config_arg is not None and "=" in str(config_arg) and config_opt is not None:
         config_arg, overrides = None, [str(config_arg), *overrides]  # `run -c FILE k=v`: the first override
@@ -309,7 +313,8 @@ def run(
     if report_html is not None and report_html.is_dir():
         _fail(ValueError(f"--report {report_html} is a directory; give a file name, e.g. {report_html / 'report.html'}"))
     try:
-        summary = run_pipeline(cfg, summary_json=summary_json, console=console, report_html=report_html)
+        summary = run_pipeline(cfg, summary_json=summary_json, console=console, report_html=report_html,
+                               started_ms=started_ms)
     except RollstreamError as exc:
         _fail(exc)
     if summary["outcome"] not in ("complete", "end_of_data"):  # the data running out is a normal end

@@ -18,6 +18,7 @@ import json
 import shutil
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 from rich.console import Console
@@ -26,7 +27,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rollstream.app.processes import StageProcesses
 from rollstream.app.producer import produce_prompts, start_env_groups
 from rollstream.app.render import print_summary
-from rollstream.app.stages import pipeline_stages, preflight, start_metrics
+from rollstream.app.stages import pipeline_stages, preflight, start_metrics, start_trackers
 from rollstream.config import AgenticConfig, Config
 from rollstream.exceptions import StageDied
 from rollstream.kafka.admin import create_pipeline_topics, wait_for_broker
@@ -34,23 +35,26 @@ from rollstream.kafka.broker import EmbeddedBroker
 from rollstream.kafka.cluster import Cluster
 from rollstream.kafka.context import StageContext
 from rollstream.kafka.topics import Topics
-from rollstream.policy.model import model_folder
 from rollstream.runtime import now_ms
 from rollstream.tools.learning import final_round_done
-from rollstream.tools.readback import read_values
-from rollstream.tools.report import write_report
+from rollstream.tools.readback import first_record_ms, read_values
 from rollstream.tools.summary import startup_seconds, summarize_agentic, summarize_rlvr
-from rollstream.trainer.driver import LoopResult, run_trainer
 from rollstream.workers.local_server import LocalInferenceServer, vllm_python
+
+if TYPE_CHECKING:  # the trainer imports torch: only once the broker and the stages are starting
+    from rollstream.trainer.loop import LoopResult
 
 
 def run_pipeline(config: Config, summary_json: Path | None = None, console: Console | None = None,
-                 run_dir: Path | None = None, report_html: Path | None = None) -> dict:
+                 run_dir: Path | None = None, report_html: Path | None = None, started_ms: int | None = None) -> dict:
     """Run the pipeline; returns the summary dict (also written to ``summary_json``), and writes
-    the HTML report (rollstream.tools.report) to ``report_html`` when given."""
+    the HTML report (rollstream.tools.report) to ``report_html`` when given. ``started_ms``
+    (epoch ms; default: now) is where the summary's ``startup_seconds`` count from: `rollstream
+    run` passes its process's start."""
     console = console or Console()
     preflight(config)  # a bad env type or group filter fails now, before the broker starts
-    started, started_ms = time.monotonic(), now_ms()
+    started = time.monotonic()
+    started_ms = now_ms() if started_ms is None else started_ms
     run_dir = run_dir or Path("runs") / config.name
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -65,7 +69,7 @@ def run_pipeline(config: Config, summary_json: Path | None = None, console: Cons
     else:
         bootstrap = Cluster.from_config(config.kafka.bootstrap_servers, config.kafka)
         wait_for_broker(bootstrap)
-    broker_s = round(time.monotonic() - started, 2)
+    broker_s = round((now_ms() - started_ms) / 1000, 2)
     if server is not None:
         try:
             with console.status("starting the local vLLM server"):
@@ -82,10 +86,13 @@ def run_pipeline(config: Config, summary_json: Path | None = None, console: Cons
     stages = StageProcesses(config_path, bootstrap, run_dir / "logs", max_restarts=config.max_stage_restarts,
                             backoff_s=config.stage_restart_backoff_s,
                             on_restart=lambda line: console.print(f"[yellow]{line}[/]"))
+    trackers, summary = start_trackers(config, bootstrap, run_dir), None
     try:
         try:
             result = _build(config, bootstrap, topics, Supervised(stages, server, console), run_dir, console, started)
         except StageDied as exc:
+            from rollstream.trainer.loop import LoopResult
+
             result = LoopResult(outcome="stage_failed", detail=str(exc))
         finally:
             stages.close()
@@ -100,9 +107,12 @@ def run_pipeline(config: Config, summary_json: Path | None = None, console: Cons
         if server is not None:
             summary["stage_restarts"]["vllm-server"] = server.restarts
         if report_html is not None:
+            from rollstream.tools.report import write_report
+
             plots, with_data = write_report(bootstrap, topics, report_html, f"rollstream run {config.name}")
             console.print(f"report: {report_html} ({plots} plots, {with_data} with data)")
     finally:
+        trackers.close(summary)  # the summary's figures end each series; reads the topics: before the broker stops
         if broker is not None:
             broker.stop()
     print_summary(summary, console)
@@ -118,11 +128,13 @@ def local_inference_server(config: Config, log_path: Path) -> LocalInferenceServ
     actor_infer = config.actor_infer
     if actor_infer.backend != "vllm_server" or actor_infer.servers:
         return None
+    from rollstream.policy.model import model_folder
+
     server = actor_infer.server
     return LocalInferenceServer(
         model_folder(config.infer_model_path), log_path, python=vllm_python(server.python), dtype=actor_infer.dtype,
         port=server.port, max_model_len=server.max_model_len, kv_cache_gb=server.kv_cache_gb,
-        max_num_seqs=actor_infer.max_num_seqs, extra_args=server.extra_args)
+        max_num_seqs=actor_infer.max_num_seqs, extra_args=server.extra_args, nice=actor_infer.nice)
 
 
 def with_servers(config: Config, servers: list[str]) -> Config:
@@ -169,9 +181,15 @@ def _build(config: Config, bootstrap: Cluster, topics: Topics, stages: Supervise
             progress.update(bar, completed=min(target, done + buffered), description=last)
 
         metrics = start_metrics(StageContext(bootstrap, topics, "trainer"))
+        # imported now, not with this module: torch's import would delay the broker and the stages
+        from rollstream.trainer.driver import run_trainer
+
         try:
+            first_output = topics.trajectories if isinstance(config, AgenticConfig) else topics.responses
             result = run_trainer(config, bootstrap, run_dir, deadline=started + config.time_limit_s,
-                                 check=stages.check, on_progress=show)
+                                 check=stages.check, on_progress=show,
+                                 # the model loads once generation has started, not against its start
+                                 load_when=lambda: first_record_ms(bootstrap, first_output) is not None)
         finally:
             metrics.close()
     if not isinstance(config, AgenticConfig) and config.eval_steps and result.outcome in ("complete", "end_of_data"):

@@ -19,6 +19,8 @@ from rollstream.kafka.admin import create_changelog_topics
 from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.context import StageContext
+from rollstream.kafka.topics import Topics
+from rollstream.observability.trackers import Trackers, check_installed
 from rollstream.workers.envs import resolve_env
 
 log = logging.getLogger(__name__)
@@ -52,8 +54,10 @@ def run_faust_app(app: faust.App) -> None:
 
 
 def preflight(config: Config) -> None:
-    """Check what the config names but cannot check itself (environment types, group filter
-    classes and their arguments), before any process or broker starts. Raises ConfigError."""
+    """Check what the config names but cannot check itself (the trackers' packages, environment
+    types, group filter classes and their arguments), before any process or broker starts.
+    Raises ConfigError."""
+    check_installed(config.trainer.loggers)
     if not isinstance(config, AgenticConfig):
         return
     for env in config.custom_envs.values():
@@ -106,6 +110,24 @@ def start_metrics(context: StageContext, port: int = 0):
     return metrics
 
 
+def start_trackers(config: Config, bootstrap: Bootstrap, run_dir: Path) -> Trackers:
+    """The trainer process's experiment trackers (``trainer.loggers``; rollstream.observability.trackers),
+    started (the run name and resolved config logged) and installed, so each committed step's
+    figures reach them (PolicyPublisher.publish_batch), with the run summary so far read from the
+    topics after each step (rollstream.tools.summary.LiveSummary). None configured, or a rank
+    other than 0 under torchrun: trackers that log nothing. They write under ``trainer.log_dir``,
+    default ``run_dir``. Close them at the end. Raises ConfigError when a tracker's package is not
+    installed."""
+    if not config.trainer.loggers or int(os.environ.get("RANK", "0")) > 0:
+        return Trackers()
+    from rollstream.tools.summary import LiveSummary
+
+    summary = LiveSummary(config, bootstrap, Topics(config.kafka.topic_prefix))
+    settings = config.trainer
+    trackers = Trackers.of(settings.loggers, settings.project, Path(settings.log_dir or run_dir), summary)
+    return trackers.start(config.name, config.model_dump(mode="json")).install()
+
+
 def run_stage(stage: Stage, config: Config, bootstrap: Bootstrap, max_idle_s: float | None = None,
               instance: int = 0, instances: int = 1, metrics_port: int = 0, concurrency: int | None = None) -> None:
     """Run ``stage`` on the cluster ``bootstrap`` (a Cluster carries the client security).
@@ -119,6 +141,8 @@ def run_stage(stage: Stage, config: Config, bootstrap: Bootstrap, max_idle_s: fl
         kind = "agentic" if isinstance(config, AgenticConfig) else "RLVR"
         raise ConfigError(f"stage {stage.value!r} is not part of the {kind} pipeline: "
                           f"{[s.value for s in pipeline_stages(config)] + ['trainer']}")
+    if stage is Stage.trainer:
+        check_installed(config.trainer.loggers)
     context = StageContext.of(config.kafka, bootstrap, stage.value, instance, instances)
     if stage is Stage.trainer and int(os.environ.get("RANK", "0")) > 0:
         metrics_port = 0  # under torchrun the ranks share a host: rank 0 serves /metrics
@@ -154,7 +178,7 @@ def _run(stage: Stage, config: Config, context: StageContext, max_idle_s: float 
         run_generation_worker(context, params, backend=config.actor_infer.backend,
                               group_id=names.consumer_group(topics, "generation"), max_batch=config.actor_infer.max_batch,
                               max_idle_s=max_idle_s, backend_kwargs=backend_kwargs(config, instance, instances),
-                              domains=config.rewards)
+                              domains=config.rewards, nice=config.actor_infer.nice)
     elif stage is Stage.reward:
         from rollstream.workers.rewards import RewardSpec, run_reward_worker
 
@@ -169,11 +193,16 @@ def _run(stage: Stage, config: Config, context: StageContext, max_idle_s: float 
         from rollstream.workers.env_worker import run_env_worker
 
         run_env_worker(context, config, group_id=names.consumer_group(topics, "env"), max_idle_s=max_idle_s,
-                       backend_kwargs=backend_kwargs(config, instance, instances))
+                       backend_kwargs=backend_kwargs(config, instance, instances), nice=config.actor_infer.nice)
     elif stage is Stage.trainer:
         from rollstream.trainer.driver import run_trainer
 
         stop = threading.Event()  # SIGTERM stops the trainer between polls
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        result = run_trainer(config, bootstrap, Path("runs") / config.name, should_stop=stop.is_set)
+        run_dir = Path("runs") / config.name
+        trackers = start_trackers(config, bootstrap, run_dir)
+        try:
+            result = run_trainer(config, bootstrap, run_dir, should_stop=stop.is_set)
+        finally:
+            trackers.close()
         log.info("trainer finished: %s %s (%d batches)", result.outcome, result.detail, len(result.batches))

@@ -18,7 +18,14 @@ from rollstream.config.agentic import (
     EnvManagerConfig,
     RefillConfig,
 )
-from rollstream.config.base import ActorInferConfig, ActorTrainConfig, FrozenModel, GeneratingArgs, KafkaConfig
+from rollstream.config.base import (
+    ActorInferConfig,
+    ActorTrainConfig,
+    FrozenModel,
+    GeneratingArgs,
+    KafkaConfig,
+    TrainerConfig,
+)
 from rollstream.config.corrections import (
     AGG_TYPES,
     AggType,
@@ -36,5 +43,5 @@ __all__ = [
     "CorrectionFilterConfig", "DEFAULT_GROUP_FILTER", "DatasetConfig", "EnvConfig", "EnvManagerConfig",
     "FilterConfig", "FrozenModel", "GeneratingArgs", "ISWeightConfig", "KafkaConfig", "PipelineConfig",
     "REWARD_SCORE_KEYS", "RLVRConfig", "RefillConfig", "RewardDomainConfig",
-    "TrainInferCorrectionConfig", "load_config", "parse_config", "parse_correction_config",
+    "TrainInferCorrectionConfig", "TrainerConfig", "load_config", "parse_config", "parse_correction_config",
 ]

@@ -167,6 +167,7 @@ class ActorInferConfig(FrozenModel):
     generating_args: GeneratingArgs = Field(default_factory=GeneratingArgs)
     max_batch: int = Field(16, gt=0, description="Generation requests a generation worker takes per poll, generated in one engine call (each request is one prompt's num_return_sequences samples).")
     max_num_seqs: int | None = Field(None, gt=0, le=65536, description="Sequences (rows) per engine batch: per transformers generate call, in generation and env workers (None: 32); vLLM's max_num_seqs (None: vLLM's default).")
+    nice: int = Field(10, ge=0, le=19, description="CPU priority the model's generators give up (os.nice): a generation or env worker once its engine is loaded, the local vLLM server from its start. A trainer sharing their cores then trains at full speed while they use the CPU it leaves (validation rounds included); 0: same priority as the trainer. No effect on cores nothing else uses.")
 
     @field_validator("servers")
     @classmethod
@@ -195,3 +196,38 @@ class ActorTrainConfig(FrozenModel):
     loss_agg_mode: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
     keep_checkpoints: int = Field(2, gt=0, le=1000, description="Policy-version checkpoints kept on disk (runs/<name>/checkpoints); older ones are deleted.")
     async_save: bool = Field(True, description="Write each checkpoint on a thread of its own while the next step trains (a copy in memory first); the batch is committed once it is durable. False: the step waits for the write. Under torchrun the write is always waited for.")
+
+
+Logger = Literal["console", "tensorboard", "wandb", "mlflow"]
+"""The experiment trackers `trainer.loggers` may name (rollstream.observability.trackers)."""
+
+
+class TrainerConfig(FrozenModel):
+    """The trainer process's experiment trackers: every committed step's figures, the run's
+    retention, rejections and validation figures, and once at the start the run name and the
+    resolved config (rollstream.observability.trackers)."""
+
+    loggers: list[Logger] = Field(
+        default_factory=list, description="Experiment trackers the trainer logs to: any of console, tensorboard, "
+                                          "wandb, mlflow (each needs its extra: pip install 'rollstream[wandb]'). "
+                                          "Empty: none. A tracker that fails mid-run warns once and is dropped; "
+                                          "training goes on.")
+    log_dir: str | None = Field(
+        None, description="Where trackers write locally: TensorBoard event files (<log_dir>/tensorboard), the wandb "
+                          "run folder (<log_dir>/wandb) and, without MLFLOW_TRACKING_URI, MLflow's file store "
+                          "(<log_dir>/mlruns). null: the run folder, runs/<name> (`rollstream run` empties it at "
+                          "start: set a folder of your own to keep runs side by side).")
+    project: str = Field("rollstream", min_length=1, description="The wandb project and the MLflow experiment the "
+                                                                 "run is logged under; the run is named `name`.")
+
+    @field_validator("loggers", mode="before")
+    @classmethod
+    def _one_name_is_a_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value  # `trainer.loggers=wandb`
+
+    @field_validator("loggers")
+    @classmethod
+    def _once_each(cls, loggers: list[str]) -> list[str]:
+        if len(set(loggers)) != len(loggers):
+            raise ValueError("a logger is listed twice")
+        return loggers

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from rollstream.config.base import ActorInferConfig, ActorTrainConfig, FrozenModel, KafkaConfig
+from rollstream.config.base import ActorInferConfig, ActorTrainConfig, FrozenModel, KafkaConfig, TrainerConfig
 from rollstream.config.corrections import TrainInferCorrectionConfig
 from rollstream.config.model_paths import check_model_path
 from rollstream.filtering.decision import config_hash
@@ -58,6 +58,7 @@ class PipelineConfig(FrozenModel):
     actor_infer: ActorInferConfig = Field(default_factory=ActorInferConfig)
     actor_train: ActorTrainConfig = Field(default_factory=ActorTrainConfig)
     train_infer_correction: TrainInferCorrectionConfig = Field(default_factory=TrainInferCorrectionConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
 
     @field_validator("adv_estimator")
     @classmethod

@@ -5,7 +5,8 @@ Each process keeps one prometheus-client registry, exposed over HTTP on request 
 periodic snapshots (``Metric`` events, key = worker id) to the ``metrics`` topic, which
 `rollstream stats` and `rollstream report` read back. Some stages also publish per-event
 ``Metric`` records there (the group queue's decisions, the trainer's step figures). Every name
-is in ``METRICS`` below, with its labels and meaning.
+is in ``METRICS`` below, with its labels and meaning, the names the experiment trackers log
+(rollstream.observability.trackers) included.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ METRICS: dict[str, str] = {
     "rollstream_version_correct_count": "{mode, policy_version} of them with a reward > 0",
     "rollstream_batch_fill_seconds": "histogram of the time to fill a trainer batch",
     "rollstream_events_total": "{stage} events a worker handled",
+    "rollstream_first_token_ms": "epoch ms at which this generation worker's engine drew its first token (after "
+                                 "the first prefill; engines that sample in the worker: transformers)",
     "rollstream_weight_update_ms": "{server, version, mode} an inference server's in-place load of a policy "
                                    "version, pause to resume (the vllm_server backend)",
     # per-event records of the agentic group queue (labels mode, group_id)
@@ -63,18 +66,36 @@ METRICS: dict[str, str] = {
     "trainer/pass_rate": "{check} share of valid tokens a correction filter kept",
     "trainer/ratio_mean": "{agg} mean train/infer probability ratio per aggregation level",
     "trainer/diff_mean": "{agg} mean train/infer probability difference per aggregation level",
+    # the run summary's figures (rollstream.tools.summary) so far, for the experiment trackers only
+    # (rollstream.observability.trackers; no Metric record): after every committed step, and the
+    # summary's own at the end of `rollstream run`
+    "run/groups_accepted": "groups the filters accepted",
+    "run/groups_rejected": "{reason} groups the filters rejected, by reason",
+    "run/retention_rate": "accepted / decided groups (prompts skipped by the history filter not counted)",
+    "run/responses_per_accepted_response": "train responses (agentic: trajectories) generated per accepted one",
+    "validation/accuracy": "{policy_version} a validation round's accuracy: share of correct responses",
+    "validation/reward_mean": "{policy_version} a validation round's mean reward",
+    "validation/pass_at_k": "{k, policy_version} a validation round's unbiased pass@k (k = 1 and n)",
+    "global_step": "the trackers' x axis: steps committed (a step's figures are logged at its step + 1, the "
+                   "policy version it made; validation of version v at v); a column of its own in wandb",
 }
 """Every metric name rollstream publishes -> "{labels} meaning"."""
 
 HISTOGRAM_SAMPLES = ("_bucket", "_sum", "_count")  # the samples prometheus-client makes of a histogram
 
 
-def metric_record(worker: str, name: str, value: float, labels: dict[str, str], created_ms: int) -> dict:
-    """A ``Metric`` event (schemas/metric.avsc). Raises KeyError for a name missing from METRICS,
-    so no undocumented metric is ever published."""
+def check_name(name: str) -> str:
+    """``name`` when METRICS has it (a histogram's ``_bucket``/``_sum``/``_count`` samples
+    included); raises KeyError otherwise, so no undocumented metric is ever published or logged."""
     if name not in METRICS and not any(name == f"{base}{part}" for base in METRICS
                                        for part in HISTOGRAM_SAMPLES):
         raise KeyError(f"metric {name!r} is not in rollstream.observability.metrics.METRICS")
+    return name
+
+
+def metric_record(worker: str, name: str, value: float, labels: dict[str, str], created_ms: int) -> dict:
+    """A ``Metric`` event (schemas/metric.avsc). Raises KeyError for a name missing from METRICS."""
+    check_name(name)
     return {"worker": worker, "name": name, "value": float(value), "labels": labels, "created_ms": created_ms}
 
 
@@ -118,6 +139,8 @@ class WorkerMetrics:
         self.batch_fill = Histogram("rollstream_batch_fill_seconds", "Time to fill a trainer batch", registry=r,
                                     buckets=(1, 5, 10, 30, 60, 120, 300, 600, 1800))
         self.events = Counter("rollstream_events", "Events handled", ["stage"], registry=r)
+        self.first_token_ms = Gauge("rollstream_first_token_ms", "Epoch ms of the first generated token",
+                                    registry=r)
         self.weight_update_ms = Gauge("rollstream_weight_update_ms", "In-place weight load of an inference server, "
                                       "pause to resume", ["server", "version", "mode"], registry=r)
         self._producer = None

@@ -10,32 +10,43 @@ the TrajectorySummary members of the group events (see ``summarize_agentic``).""
 
 from __future__ import annotations
 
+import time
+from functools import partial
+from typing import Callable
+
 from rollstream.config import AgenticConfig, RLVRConfig
 from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.topics import Topics
 from rollstream.schemas.records import is_set_aside
-from rollstream.tools.readback import count_records, filter_decisions, first_record_ms, read_values
+from rollstream.tools.readback import TopicTail, count_records, filter_decisions, first_record_ms, read_values
 from rollstream.tools.learning import SKIPPED, learning_curve, pass_at_ks
 from rollstream.tools.learning import mean as _mean
+from rollstream.tools.stats import PREFIX as SNAPSHOT_PREFIX
 from rollstream.tools.stats import percentiles
 
 
+Reader = Callable[[str], list[dict]]
+"""A topic's decoded values (``read_values`` on a cluster, or a ``TopicTail``'s ``values``)."""
+
+
 def summarize_rlvr(config: RLVRConfig, bootstrap: Bootstrap, topics: Topics, batches: list[dict], outcome: str,
-              detail: str, elapsed: float) -> dict:
-    """The run summary, derived from the durable events on the topics.
+              detail: str, elapsed: float, read: Reader | None = None) -> dict:
+    """The run summary, derived from the durable events on the topics (each read with ``read``;
+    default ``read_values`` on ``bootstrap``).
 
     Response figures (``responses_generated``, ``responses_per_accepted_response``,
     ``finish_reasons``, ``response_tokens_mean``, ``generated_by_policy_version``) count the
     RewardedResponse events on ``responses.rewarded``: the reward worker writes one for every
     Response it reads (NaN reward and ``reward_error`` when it could not score one), so they are
     the generated responses, bar a Response dead-lettered as undecodable."""
-    requests = read_values(bootstrap, topics.generation_requests)
-    rewarded = read_values(bootstrap, topics.responses_rewarded)
+    read = read or partial(read_values, bootstrap)
+    requests = read(topics.generation_requests)
+    rewarded = read(topics.responses_rewarded)
     responses = [r["response"] for r in rewarded]
-    accepted = read_values(bootstrap, topics.groups_accepted)
-    rejected, stale_at_trainer = filter_decisions(accepted, read_values(bootstrap, topics.groups_rejected))
-    validation = read_values(bootstrap, topics.groups_validation)
-    dead = read_values(bootstrap, topics.dead_letter)
+    accepted = read(topics.groups_accepted)
+    rejected, stale_at_trainer = filter_decisions(accepted, read(topics.groups_rejected))
+    validation = read(topics.groups_validation)
+    dead = read(topics.dead_letter)
     prompts_admitted = len({r["prompt_id"] for r in requests if r["round"] == 0})
     domains = {d: {"accepted": 0, "rejected": 0} for d in config.rewards}
     by_reason: dict[str, int] = {}
@@ -89,9 +100,9 @@ def summarize_rlvr(config: RLVRConfig, bootstrap: Bootstrap, topics: Topics, bat
         "finish_reasons": _counts(r["finish_reason"] for r in responses),
         "response_tokens_mean": round(sum(r["response_length"] for r in responses) / len(responses), 1)
         if responses else 0.0,
-        **_policy(bootstrap, topics, [r["policy_version"] for r in responses]),
+        **_policy(read, topics, [r["policy_version"] for r in responses]),
         "engine": config.actor_infer.backend,
-        "weight_updates": weight_updates(read_values(bootstrap, topics.metrics)),
+        "weight_updates": weight_updates(read(topics.metrics)),
     }
 
 
@@ -109,7 +120,7 @@ def weight_updates(metrics: list[dict]) -> list[dict]:
 
 
 def summarize_agentic(config: AgenticConfig, bootstrap: Bootstrap, topics: Topics, batches: list[dict], outcome: str,
-                      detail: str, elapsed: float) -> dict:
+                      detail: str, elapsed: float, read: Reader | None = None) -> dict:
     """The agentic run summary: the RLVR summary's keys (a prompt is an episode, a response a
     trajectory, a domain an env tag) plus the group queue's own figures.
 
@@ -122,13 +133,15 @@ def summarize_agentic(config: AgenticConfig, bootstrap: Bootstrap, topics: Topic
     tokens), ``turns_mean``, ``generated_by_policy_version``) cover the trajectories in group
     events: a late run (arrived after its episode was decided; ``late_trajectories``) and the runs
     of episodes still open when the run ended are in none. ``responses_per_accepted_response``
-    counts the train trajectories in group events plus the late train runs."""
-    requests = read_values(bootstrap, topics.episodes_requests)
-    accepted = read_values(bootstrap, topics.groups_accepted)
-    rejected_all, stale_at_trainer = filter_decisions(accepted, read_values(bootstrap, topics.groups_rejected))
-    validation = read_values(bootstrap, topics.groups_validation)
-    metrics = [m for m in read_values(bootstrap, topics.metrics) if m["name"].startswith(("group_queue/", "scheduler/"))]
-    dead = read_values(bootstrap, topics.dead_letter)
+    counts the train trajectories in group events plus the late train runs. ``read`` as for
+    ``summarize_rlvr``."""
+    read = read or partial(read_values, bootstrap)
+    requests = read(topics.episodes_requests)
+    accepted = read(topics.groups_accepted)
+    rejected_all, stale_at_trainer = filter_decisions(accepted, read(topics.groups_rejected))
+    validation = read(topics.groups_validation)
+    metrics = [m for m in read(topics.metrics) if m["name"].startswith(("group_queue/", "scheduler/"))]
+    dead = read(topics.dead_letter)
     # single trajectories set aside (unit "trajectory") are not group decisions
     aside = [g for g in rejected_all if is_set_aside(g)]
     rejected = [g for g in rejected_all if not is_set_aside(g)]
@@ -196,7 +209,7 @@ def summarize_agentic(config: AgenticConfig, bootstrap: Bootstrap, topics: Topic
         "finish_reasons": _counts(t["stop_reason"] for t in trajectories),
         "response_tokens_mean": round(sum(model_tokens) / len(model_tokens), 1) if model_tokens else 0.0,
         "turns_mean": round(sum(t["num_turns"] for t in trajectories) / len(trajectories), 2) if trajectories else 0.0,
-        **_policy(bootstrap, topics, [t["policy_version"] for t in trajectories]),
+        **_policy(read, topics, [t["policy_version"] for t in trajectories]),
     }
 
 
@@ -212,12 +225,12 @@ def _decided_trajectories(groups: list[dict]) -> list[dict]:
 
 TRAINING_KEYS = ("loss", "skipped", "policy_version", "final_mask_mean", "pass_rates", "ratio_means", "diff_means",
                  "mask_collapse", "reward_mean", "grad_norm", "pg_clipfrac", "policy_lag_max", "generator_versions",
-                 "train_seconds", "old_log_probs_pass")
+                 "train_seconds", "trained_ms", "old_log_probs_pass")
 
 
-def _policy(bootstrap: Bootstrap, topics: Topics, generated_by: list[int]) -> dict:
+def _policy(read: Reader, topics: Topics, generated_by: list[int]) -> dict:
     """The policy versions published and how many responses/trajectories each one generated."""
-    published = read_values(bootstrap, topics.policy_versions)
+    published = read(topics.policy_versions)
     return {"policy_versions_published": sorted({p["version"] for p in published}),
             "generated_by_policy_version": {str(k): v for k, v in sorted(_counts(generated_by).items())}}
 
@@ -234,6 +247,9 @@ def startup_seconds(bootstrap: Bootstrap, topics: Topics, agentic: bool, started
     for name, topic in (("first_request", requests), ("first_response", responses)):
         first = first_record_ms(bootstrap, topic)
         out[name] = None if first is None else round((first - started_ms) / 1000, 2)
+    stamps = [m["value"] for m in read_values(bootstrap, topics.metrics)
+              if m.get("name") == "rollstream_first_token_ms" and m["value"] > 0]
+    out["first_token"] = round((min(stamps) - started_ms) / 1000, 2) if stamps else None
     return out
 
 
@@ -255,3 +271,35 @@ def _counts(items) -> dict[str, int]:
     for item in items:
         out[item] = out.get(item, 0) + 1
     return dict(sorted(out.items()))
+
+
+class LiveSummary:
+    """The run summary so far, for the experiment trackers (rollstream.observability.trackers):
+    ``summarize_rlvr`` / ``summarize_agentic`` over the topics read on from call to call (a
+    TopicTail: a record is fetched and decoded once), taken after each committed step on the
+    trackers' reading thread, off the training step's path. The workers' periodic snapshots on
+    ``metrics`` (``rollstream_*`` samples) are not kept: no tracker figure needs them and they
+    are most of that topic, so its ``weight_updates`` stays empty. The other decision-plane
+    records are held for the run, as the end-of-run summary reads them. Connects on its first
+    call; one caller thread."""
+
+    def __init__(self, config: RLVRConfig | AgenticConfig, bootstrap: Bootstrap, topics: Topics) -> None:
+        self.config, self.bootstrap, self.topics = config, bootstrap, topics
+        self._started = time.monotonic()
+        self._tail: TopicTail | None = None
+
+    def __call__(self) -> dict:
+        """The summary of the records on the topics now (outcome ``running``, no batches)."""
+        if self._tail is None:
+            self._tail = TopicTail(self.bootstrap, keep={self.topics.metrics: _not_a_snapshot})
+        summarize = summarize_agentic if isinstance(self.config, AgenticConfig) else summarize_rlvr
+        return summarize(self.config, self.bootstrap, self.topics, [], "running", "",
+                         time.monotonic() - self._started, read=self._tail.values)
+
+    def close(self) -> None:
+        if self._tail is not None:
+            self._tail.close()
+
+
+def _not_a_snapshot(metric: dict) -> bool:
+    return not metric["name"].startswith(SNAPSHOT_PREFIX)

@@ -30,7 +30,6 @@ from pathlib import Path
 import torch
 
 from rollstream.exceptions import RollstreamError
-from rollstream.policy.model import load_weights_into
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +167,8 @@ class CheckpointStore:
         """Load the checkpoint at ``path`` into ``model`` (and ``optimizer`` when it was saved);
         returns its trainer state. Raises FileNotFoundError or RollstreamError (weights that do
         not fit the model)."""
+        from rollstream.policy.model import load_weights_into  # model code: only a trainer that trains
+
         load_weights_into(model, path)
         if optimizer is not None and (path / OPTIMIZER_FILE).is_file():
             device = next(model.parameters()).device

@@ -37,6 +37,7 @@ import torch
 
 from rollstream.config import ActorTrainConfig, PipelineConfig
 from rollstream.policy.model import load_model, resolve_device
+from rollstream.runtime import now_ms
 from rollstream.trainer.batch import RolloutBatch
 from rollstream.trainer.checkpoint import CheckpointStore, CheckpointWriter, Snapshot, snapshot
 from rollstream.trainer.corrections import (
@@ -146,7 +147,7 @@ class PolicyTrainer:
         ``pg_clipfrac``, ``tokens_valid`` / ``tokens_kept`` (response tokens before and after the
         correction masks), ``policy_lag_max`` (the trained version minus the oldest generating
         version in the batch), ``generator_versions`` (the versions that generated the batch),
-        ``train_seconds``.
+        ``train_seconds``, ``trained_ms`` (epoch ms when the new weights existed, before any write).
 
         Data-parallel (``ranks.distributed``; rollstream.trainer.distributed): every rank calls
         this at once with its shard of the step's batch (possibly empty), ``group_keys`` and
@@ -210,6 +211,7 @@ class PolicyTrainer:
             "pg_clipfrac": round(report.metrics.get("pg_clipfrac", 0.0), 6),
             "old_log_probs_pass": "fused" if fused else "separate",
         }
+        trained_ms = now_ms()
         state = {"step": batch.step, "group_keys": group_keys, "report": out}
         if self.checkpoints is not None and ranks.is_main and defer_save:
             if ranks.distributed:
@@ -225,6 +227,7 @@ class PolicyTrainer:
             self.checkpoint = str(self.checkpoints.path_of(self.policy_version))
         out["checkpoint"] = self.checkpoint
         out["train_seconds"] = round(time.perf_counter() - started, 2)
+        out["trained_ms"] = trained_ms
         return out
 
     def save_deferred(self) -> Future:

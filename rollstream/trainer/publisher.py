@@ -1,5 +1,6 @@
 """The trainer's side of policy versions: after each committed batch, its step figures as
-``Metric`` records on ``metrics``, then the ``PolicyVersion`` it made on the compacted
+``Metric`` records on ``metrics`` and to this process's experiment trackers
+(rollstream.observability.trackers), then the ``PolicyVersion`` it made on the compacted
 ``policy.versions`` topic (read by rollstream.policy.versions' watcher and followers)."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from rollstream.kafka.clients import make_producer
 from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.topics import Topics
 from rollstream.observability.metrics import step_metrics
+from rollstream.observability.trackers import process_trackers
 from rollstream.policy.versions import POLICY_KEY
 from rollstream.runtime import now_ms, worker_id
 from rollstream.schemas import encode
@@ -30,11 +32,14 @@ class PolicyPublisher:
 
     def publish_batch(self, entry: dict) -> dict:
         """What a committed manifest ``entry`` made: its step's Metric events on ``metrics``
-        (``step_metrics``), then its policy version: the trainer report's, or (training off) one
-        per batch with the initial weights. Raises ValueError for trained weights without a
+        (``step_metrics``), the same figures handed to ``process_trackers()`` (which log them on
+        threads of their own), then its policy version: the trainer report's, or (training off)
+        one per batch with the initial weights. Raises ValueError for trained weights without a
         checkpoint (workers would stamp a version they do not have)."""
-        for record in step_metrics(entry, self.worker):
+        records = step_metrics(entry, self.worker)
+        for record in records:
             self.producer.send(self.topics.metrics, key=self.worker.encode(), value=encode(record, "Metric"))
+        process_trackers().log_step(entry["step"], records)
         if "policy_version" in entry:
             if entry["policy_version"] > 0 and not entry.get("checkpoint"):
                 raise ValueError(f"step {entry['step']}: policy version {entry['policy_version']} has no checkpoint "

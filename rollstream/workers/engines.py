@@ -21,6 +21,7 @@ from transformers import GenerationConfig, LogitsProcessorList
 
 from rollstream.exceptions import ConfigError, RollstreamError
 from rollstream.policy.model import load_model, load_tokenizer, load_weights_into, model_folder, resolve_device
+from rollstream.runtime import now_ms
 from rollstream.schemas.records import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
 from rollstream.workers.vllm_extension import WORKER_EXTENSION
 
@@ -143,9 +144,12 @@ class _SeededSampler:
         self.generators = [torch.Generator(device="cpu").manual_seed(s) for _, _, s in rows]
         self._noise: torch.Tensor | None = None  # reused (rows, vocab) buffer: no per-step allocs
         self.logprobs: list[torch.Tensor] = []
+        self.first_token_ms: int | None = None  # epoch ms when the first token was drawn (after prefill)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         # ``scores``: this step's raw logits (no processor runs before this one); read only.
+        if self.first_token_ms is None:
+            self.first_token_ms = now_ms()
         if self._noise is None or self._noise.shape != scores.shape:
             self._noise = torch.empty(scores.shape, dtype=torch.float32)
         noise = self._noise
@@ -206,6 +210,7 @@ class TransformersBackend:
         self.policy_version = 0
         self.eos_id = self.tokenizer.eos_token_id
         self.pad_id = self.tokenizer.pad_token_id
+        self.first_token_ms: int | None = None  # epoch ms of the first token this backend drew
 
     # -- generation ---------------------------------------------------------------------
 
@@ -278,6 +283,8 @@ class TransformersBackend:
             # one entry per step: the drawn token of a live row is the one generate emitted
             # (rows that finished are cut at their eos below)
             lp = torch.stack(sampler.logprobs, dim=1).cpu()
+        if self.first_token_ms is None:
+            self.first_token_ms = sampler.first_token_ms
         samples = []
         for r in range(len(prompts)):
             ids = new_tokens[r].tolist()

@@ -32,6 +32,7 @@ from rollstream.kafka.context import StageContext
 from rollstream.kafka.worker import PartitionWorker
 from rollstream.observability.metrics import process_metrics
 from rollstream.policy.versions import PolicyFollower, PolicyVersionWatcher
+from rollstream.runtime import lower_cpu_priority
 from rollstream.schemas.records import STOP_ENV_FAILED
 from rollstream.workers.engines import GenerationBackend, make_backend
 from rollstream.workers.envs import TextEnv, make_env, resolve_env
@@ -258,6 +259,7 @@ def run_env_worker(
     backend_kwargs: dict[str, Any] | None = None,
     group_id: str = "rollstream-env",
     max_idle_s: float | None = None,
+    nice: int = 0,
 ) -> EnvWorker:
     """Run an env worker until SIGTERM/SIGINT or ``max_idle_s`` idle seconds; returns the
     finished EnvWorker (``emitted``, ``dead_lettered``, ``duplicates_skipped``,
@@ -268,7 +270,8 @@ def run_env_worker(
     (``EnvSampling.of``), the backend name, ``max_num_seqs`` and ``device`` from
     ``config.actor_infer``, the model from ``config.infer_model_path`` (None: the bundled one);
     every ``custom_envs`` env_type is resolved up front. ``backend``: a GenerationBackend
-    instance, or a backend name built with ``make_backend(name, **backend_kwargs)``.
+    instance, or a backend name built with ``make_backend(name, **backend_kwargs)``. ``nice``:
+    added to the process's nice value once the backend is loaded (``actor_infer.nice``).
     Raises ConfigError for an unknown env_type in ``config.custom_envs`` or an unknown backend.
     """
     for env in getattr(config, "custom_envs", {}).values():
@@ -284,6 +287,7 @@ def run_env_worker(
         if actor is not None and name == "transformers":
             kwargs.setdefault("device", actor.device)
         backend = make_backend(name, **kwargs)
+    lower_cpu_priority(nice)
     worker = EnvWorker(context, backend=backend, sampling=EnvSampling.of(config), group_id=group_id)
     worker.install_signal_handlers()
     worker.run(max_idle_s=max_idle_s)

@@ -22,7 +22,7 @@ from rollstream.kafka.worker import EventWorker
 from rollstream.observability.metrics import process_metrics
 from rollstream.policy.model import chat_prompt_ids, load_tokenizer
 from rollstream.policy.versions import PolicyFollower, PolicyVersionWatcher
-from rollstream.runtime import PAYLOAD_MAX_MESSAGE_BYTES, now_ms
+from rollstream.runtime import PAYLOAD_MAX_MESSAGE_BYTES, lower_cpu_priority, now_ms
 from rollstream.schemas.packed import packed_array
 from rollstream.schemas.records import FINISH_ERROR
 from rollstream.workers.engines import GenerationBackend, Sample, SamplingParams, error_samples, make_backend
@@ -102,6 +102,9 @@ class GenerationWorker:
         job = self._prepare(inputs)
         t0 = time.perf_counter()
         samples = self.backend.generate(*job.arguments()) if job.live else []
+        first = getattr(self.backend, "first_token_ms", None)  # an engine that samples here stamps it
+        if first is not None:
+            process_metrics().first_token_ms.set(first)
         return self._outputs(job, samples, (time.perf_counter() - t0) * 1000.0)
 
     def submit(self, inputs: Sequence[Input]) -> "_InFlight":
@@ -280,6 +283,7 @@ def run_generation_worker(
     max_idle_s: float | None = None,
     backend_kwargs: dict[str, Any] | None = None,
     domains: Iterable[str] | None = None,
+    nice: int = 0,
 ) -> EventWorker:
     """Consume ``generation.requests``, produce ``responses`` until stopped (SIGTERM/SIGINT)
     or idle for ``max_idle_s``. ``max_batch`` caps requests per poll (each may ask for many
@@ -287,10 +291,12 @@ def run_generation_worker(
     partitions (see EventWorker), ``max_message_bytes`` (larger Responses become error
     Responses, see GenerationWorker) and the payload producer's ``compression_type``;
     ``domains``: the run's reward domains (a request of another one is dead-lettered, never
-    generated). The worker follows ``policy.versions`` (PolicyFollower). Returns the finished
+    generated); ``nice``: added to the process's nice value once the engine is loaded
+    (``actor_infer.nice``). The worker follows ``policy.versions`` (PolicyFollower). Returns the finished
     EventWorker (its ``processed``/``dead_lettered`` counts). Raises ConfigError for an unknown
     backend name."""
     engine = make_backend(backend, **(backend_kwargs or {})) if isinstance(backend, str) else backend
+    lower_cpu_priority(nice)  # after the load: the start-up keeps its priority, the generation yields
     policy = PolicyFollower(PolicyVersionWatcher(context.bootstrap, context.topics), engine)
     handler = GenerationWorker(engine, params, context.topics, policy=policy,
                                max_message_bytes=context.max_message_bytes)

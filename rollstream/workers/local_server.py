@@ -59,8 +59,9 @@ class LocalInferenceServer:
 
     def __init__(self, model_dir: str | os.PathLike, log_path: Path, *, python: str, dtype: str = "bfloat16",
                  port: int = 0, max_model_len: int = 2048, kv_cache_gb: int = 1, max_num_seqs: int | None = None,
-                 extra_args: Sequence[str] = ()) -> None:
+                 extra_args: Sequence[str] = (), nice: int = 0) -> None:
         self.model_dir = str(model_dir)
+        self.nice = nice
         self.log_path = Path(log_path)
         self.python = python
         self.port = port
@@ -103,7 +104,10 @@ class LocalInferenceServer:
         with open(self.log_path, "ab") as log:
             log.write(f"---- {' '.join(command)}\n".encode())
             self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                          env=self.env, start_new_session=True)
+                                          env=self.env, start_new_session=True, preexec_fn=self._lower_priority)
+
+    def _lower_priority(self) -> None:
+        os.nice(self.nice)  # in the child before exec: vLLM's engine processes inherit it
 
     def wait_ready(self, timeout_s: float) -> str:
         """Wait until ``/health`` answers 200; returns ``url``. Raises InferenceServerError (with

@@ -182,3 +182,24 @@ def test_a_bad_override_is_one_line_with_exit_code_2_and_nothing_written(tmp_pat
 def test_overrides_without_a_config_are_refused(argv):
     result = runner.invoke(app, [*argv, "kafka.sasl_mechanism=PLAIN"])
     assert result.exit_code == 2 and "given without a config (-c)" in result.output
+
+
+def test_an_unknown_or_missing_tracker_is_one_line_with_exit_code_2_and_nothing_started(tmp_path, monkeypatch):
+    from rollstream.observability import trackers
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(trackers.PACKAGES, "mlflow", "rollstream_no_such_package")
+    missing = ("trainer.loggers: mlflow needs the rollstream_no_such_package package, which is not installed: "
+               "pip install 'rollstream[mlflow]'")
+    for override, expected in (
+            ("trainer.loggers=[nope]", "override trainer.loggers=[nope]: trainer.loggers.0: Input should be "
+                                       "'console', 'tensorboard', 'wandb' or 'mlflow'"),
+            ("trainer.loggers=[tensorboard, mlflow]", missing)):
+        result = runner.invoke(app, ["run", EXAMPLE, override])
+        assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+        assert one_line(result.output) == f"error: {expected}"
+    assert list(tmp_path.iterdir()) == []  # no run folder, no broker data, no tracker files
+    # `worker trainer` refuses before it touches Kafka (nothing listens on port 1)
+    with pytest.raises(ConfigError) as info:
+        run_stage(Stage.trainer, load_config(EXAMPLE, ["trainer.loggers=[mlflow]"]), "127.0.0.1:1")
+    assert str(info.value) == missing

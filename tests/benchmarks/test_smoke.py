@@ -133,7 +133,12 @@ def test_learning(benchmark_smoke):
         assert run["outcome"] in ("complete", "end_of_data"), (name, run)
         assert [v["policy_version"] for v in run["validation"]] == [0, 1], name
         assert run["responses_generated"] == 2, name
-        assert {"seconds_to_val_0_9", "responses_to_val_0_9", "wall_seconds"} <= set(run)
+        assert {"seconds_to_val_0_9", "seconds_to_val_0_9_validation_inside", "responses_to_val_0_9",
+                "wall_seconds"} <= set(run)
+        # both clocks at every round: the version was made before its score was known
+        assert all(0 <= v["seconds"] <= v["validated_seconds"] for v in run["validation"]), (name, run["validation"])
+    assert r["variants"]["trl_grpo"]["runs"][0]["engine"].startswith("transformers")
+    assert r["variants"]["no_filter"]["runs"][0]["startup_seconds"]["first_token"] > 0
 
 
 @pytest.mark.vllm

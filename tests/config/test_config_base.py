@@ -13,7 +13,7 @@ from rollstream.exceptions import ConfigError
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ["name", "seed", "pretrain", "kafka", "rollout_batch_size", "max_steps", "max_staleness", "min_fill_ratio",
           "time_limit_s", "batch_timeout_s", "max_stage_restarts", "stage_restart_backoff_s", "adv_estimator", "actor_infer", "actor_train",
-          "train_infer_correction"]
+          "train_infer_correction", "trainer"]
 RLVR_KEYS = SHARED + ["num_return_sequences_in_group", "val_num_return_sequences", "max_running_prompts",
                       "max_additional_running_prompts", "max_response_rounds", "prompt_timeout_s",
                       "max_reissues_per_prompt", "max_prompts_per_batch",
@@ -95,3 +95,16 @@ def test_payload_settings_are_checked_where_the_config_loads(kafka, match):
 def test_payload_settings_default_to_a_64k_token_response_with_room_to_spare():
     kafka = parse_config(rlvr()).kafka
     assert (kafka.max_message_bytes, kafka.compression_type, kafka.payload_retention_ms) == (16 * 1024 * 1024, "lz4", None)
+
+
+def test_experiment_trackers_are_off_by_default_and_named_once_each():
+    for cfg in (parse_config(rlvr()), parse_config(agentic())):
+        assert cfg.trainer.model_dump() == {"loggers": [], "log_dir": None, "project": "rollstream"}
+    assert parse_config(rlvr(trainer={"loggers": "wandb"})).trainer.loggers == ["wandb"]  # one name: a list
+    assert parse_config(rlvr(trainer={"loggers": ["console", "tensorboard", "wandb", "mlflow"]})).trainer.loggers == [
+        "console", "tensorboard", "wandb", "mlflow"]
+    for loggers, problem in ((["nope"], "trainer.loggers.0: Input should be 'console', 'tensorboard', 'wandb' or 'mlflow'"),
+                             (["wandb", "wandb"], "trainer.loggers: a logger is listed twice")):
+        with pytest.raises(ConfigError) as info:
+            parse_config(rlvr(trainer={"loggers": loggers}))
+        assert problem in str(info.value)

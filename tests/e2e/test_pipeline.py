@@ -15,13 +15,27 @@ from rollstream.kafka.payloads import PayloadFetcher, ref_key
 from rollstream.kafka.topics import Topics
 from rollstream.schemas import decode
 from rollstream.tools.readback import read_values
+from tests.observability.tracker_files import (
+    assert_holds,
+    expected_points,
+    mlflow_points,
+    mlflow_run,
+    tensorboard_points,
+    wandb_points,
+    wandb_records,
+)
 from tests.tools.test_export import check_export
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 
-def test_real_model_through_every_stage(kafka_broker, tmp_path):
+def test_real_model_through_every_stage(kafka_broker, tmp_path, monkeypatch):
     prefix = f"e2e-{uuid.uuid4().hex[:8]}."
+    # every experiment tracker, offline: wandb's run folder and MLflow's default file store
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     config = parse_config({
         "name": "e2e",
         "kafka": {"bootstrap_servers": kafka_broker, "topic_prefix": prefix, "partitions": 2},
@@ -49,6 +63,8 @@ def test_real_model_through_every_stage(kafka_broker, tmp_path):
         "domain_interleave_probs": {"arithmetic": 0.5, "gsm8k": 0.5},
         "actor_train": {"lr": 1e-5, "micro_batch_size": 2},
         "train_infer_correction": {"filters": [{"enabled": True, "agg_type": "token", "ratio_low": 0.8, "ratio_high": 1.2}]},
+        "trainer": {"loggers": ["console", "tensorboard", "wandb", "mlflow"], "log_dir": str(tmp_path / "trackers"),
+                    "project": "rollstream-e2e"},
     })
     summary_path = tmp_path / "summary.json"
     summary = run_pipeline(config, summary_json=summary_path, run_dir=tmp_path / "run")
@@ -93,5 +109,16 @@ def test_real_model_through_every_stage(kafka_broker, tmp_path):
     assert [m["step"] for m in manifest] == [0]
     assert len(manifest[0]["group_keys"]) == batch["groups"]
     assert set(manifest[0]["group_keys"]) <= {g["group_key"] for g in groups}
+    # the step's figures (the manifest entry's) and the summary's reached every tracker, each read
+    # back with its library's own reader
+    expected = expected_points(manifest, summary)
+    assert ("trainer/loss", 1) in expected and ("run/retention_rate", 1) in expected
+    points, texts = tensorboard_points(tmp_path / "trackers" / "tensorboard")
+    assert_holds(points, expected)
+    assert texts["run_name"] == "e2e" and f"topic_prefix: {prefix}" in texts["config"]
+    assert_holds(wandb_points(wandb_records(tmp_path / "trackers")), expected)
+    client, run = mlflow_run(tmp_path / "trackers" / "mlruns", "rollstream-e2e")
+    assert_holds(mlflow_points(client, run), expected)
+    assert (run.info.run_name, run.data.params["kafka.topic_prefix"]) == ("e2e", prefix)
     # the recorded run exported: a row per response of every decided group, tokens as fetched
     check_export(kafka_broker, prefix, False, tmp_path / "run" / "config.yaml", tmp_path)

@@ -13,7 +13,7 @@ from rollstream.observability.metrics import metric_record
 from rollstream.schemas import encode
 from rollstream.schemas.records import payload_ref, response_summary, trajectory_summary
 from rollstream.tools.readback import count_records, filter_decisions, first_record_ms
-from rollstream.tools.summary import startup_seconds, summarize_agentic, summarize_rlvr
+from rollstream.tools.summary import LiveSummary, startup_seconds, summarize_agentic, summarize_rlvr
 
 
 def test_groups_accepted_by_the_filters_then_stale_at_the_trainer_are_not_filter_rejections():
@@ -88,20 +88,66 @@ def test_rlvr_response_figures_come_from_responses_rewarded(kafka_broker, topic_
 
 
 @pytest.mark.integration
+def test_the_trackers_live_summary_is_the_summary_of_the_records_so_far_each_read_once(kafka_broker, topic_factory):
+    """LiveSummary (what the experiment trackers read after each step) reads on from its last
+    call and gives summarize_rlvr's figures of what the topics hold at that moment; the workers'
+    metric snapshots are not kept (no tracker figure needs them)."""
+    topics = topic_factory(partitions=2)
+    config = parse_config({"name": "s", "rollout_batch_size": 1, "num_return_sequences_in_group": 2,
+                           "max_prompts_per_batch": 8, "datasets": [], "rewards": {"synth": {"reward_type": "gsm8k"}}})
+    live = LiveSummary(config, kafka_broker, topics)
+
+    def check(expected_accepted: int) -> dict:
+        summary, full = live(), summarize_rlvr(config, kafka_broker, topics, [], "running", "", 0.0)
+        assert summary["groups_accepted"] == expected_accepted and summary["weight_updates"] == []
+        drop = ("elapsed_seconds", "weight_updates")
+        assert {k: v for k, v in summary.items() if k not in drop} == {k: v for k, v in full.items() if k not in drop}
+        return full
+
+    try:
+        assert check(0)["validation"]["by_policy_version"] == {}  # nothing yet: no topic read fails
+        p0 = [rewarded(topics, "p0", 0, 4, "stop", 0, 1.0), rewarded(topics, "p0", 1, 2, "length", 0, 0.0)]
+        val = [rewarded(topics, "v0", i, 3, "stop", 0, float(i == 0), mode="val") for i in range(2)]
+        send(kafka_broker, topics.responses_rewarded, "RewardedResponse", p0 + val)
+        send(kafka_broker, topics.groups_accepted, "Group", [rlvr_group("p0", p0, True, "accepted")])
+        send(kafka_broker, topics.groups_validation, "Group", [rlvr_group("v0", val, True, "accepted", "val")])
+        check(1)
+        p1 = [rewarded(topics, "p1", i, 6, "stop", 1, 0.0) for i in range(2)]
+        val1 = [rewarded(topics, "v0#v1", i, 3, "stop", 1, 1.0, mode="val") for i in range(2)]
+        send(kafka_broker, topics.responses_rewarded, "RewardedResponse", p1 + val1)
+        send(kafka_broker, topics.groups_rejected, "Group", [rlvr_group("p1", p1, False, "zero_std")])
+        send(kafka_broker, topics.groups_validation, "Group", [rlvr_group("v0#v1", val1, True, "accepted", "val")])
+        send(kafka_broker, topics.metrics, "Metric", [metric_record("gen-0", "rollstream_weight_update_ms", 42.0, {
+            "server": "s0", "version": "1", "mode": "keep"}, 1)])
+        full = check(1)
+        assert full["weight_updates"] != [] and full["retention_rate"] == 0.5
+        assert {v: row["accuracy"] for v, row in full["validation"]["by_policy_version"].items()} == {"0": 0.5, "1": 1.0}
+        assert live._tail.values(topics.metrics) == []  # the snapshot was read and not kept
+    finally:
+        live.close()
+
+
+@pytest.mark.integration
 def test_startup_seconds_come_from_the_first_record_timestamps(kafka_broker, topic_factory):
     """The earliest record over every partition, read from the time index (nothing fetched); an
-    empty topic gives None."""
-    topics = topic_factory(["generation.requests", "responses"], partitions=2)
+    empty topic gives None. The first token: the earliest stamp a generation worker published
+    (a worker whose engine never sampled reports 0, and is not counted)."""
+    topics = topic_factory(["generation.requests", "responses", "metrics"], partitions=2)
     assert first_record_ms(kafka_broker, topics.generation_requests) is None
     producer = make_producer(kafka_broker)
     for partition, stamp in ((0, 1_007_500), (1, 1_003_250), (0, 1_009_000)):
         producer.send(topics.generation_requests, value=b"x", partition=partition, timestamp_ms=stamp)
     producer.flush()
-    producer.close()
     assert first_record_ms(kafka_broker, topics.generation_requests) == 1_003_250
     assert first_record_ms(kafka_broker, "t-no-such-topic") is None
     assert startup_seconds(kafka_broker, topics, False, started_ms=1_000_000) == {
-        "first_request": 3.25, "first_response": None}
+        "first_request": 3.25, "first_response": None, "first_token": None}
+    for worker, stamp in (("gen-a", 1_006_000), ("gen-b", 1_004_500), ("gen-c", 0)):
+        record = metric_record(worker, "rollstream_first_token_ms", stamp, {}, 1_010_000)
+        producer.send(topics.metrics, value=encode(record, "Metric"))
+    producer.flush()
+    producer.close()
+    assert startup_seconds(kafka_broker, topics, False, started_ms=1_000_000)["first_token"] == 4.5
 
 
 # -- agentic ------------------------------------------------------------------------------------

@@ -1,0 +1,40 @@
+"""Process helpers: the CPU priority a generator gives up reaches every thread it already runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+CODE = """
+import os, threading
+from rollstream.runtime import lower_cpu_priority
+
+started, done = threading.Event(), threading.Event()
+tids = []
+
+def wait():
+    tids.append(threading.get_native_id())
+    started.set()
+    done.wait()
+
+early = threading.Thread(target=wait)  # a thread running before (as torch's OpenMP workers)
+early.start()
+started.wait()
+lower_cpu_priority(4)
+print([os.getpriority(os.PRIO_PROCESS, t) for t in (threading.get_native_id(), *tids)])
+lower_cpu_priority(30)  # capped at 19
+started.clear()
+late = threading.Thread(target=wait)  # started after: inherits
+late.start()
+started.wait()
+print([os.getpriority(os.PRIO_PROCESS, t) for t in (threading.get_native_id(), *tids)])
+done.set()
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a nice value per thread is Linux's")
+def test_lower_cpu_priority_reaches_the_threads_already_running_and_those_started_after():
+    out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == ["[4, 4]", "[19, 19, 19]"]
