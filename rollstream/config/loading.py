@@ -40,7 +40,10 @@ def resolve_config_path(path: str | Path) -> Path:
 
 
 def _error_message(exc: ValidationError) -> str:
-    return "invalid config:\n  " + "\n  ".join(validation_problems(exc))
+    problems = validation_problems(exc)
+    if len(problems) == 1:  # one problem, one line
+        return f"invalid config: {problems[0]}"
+    return "invalid config:\n  " + "\n  ".join(problems)
 
 
 def parse_config(data: Any) -> Config:

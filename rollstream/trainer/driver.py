@@ -61,13 +61,12 @@ class TrainerLoader:
     POLL_S = 0.5
 
     def __init__(self, config: Config, checkpoint_dir: Path, ready: Callable[[], bool] | None = None) -> None:
-        self.enabled = config.actor_train.enabled
         self.resume = None
         self._stop = threading.Event()  # closed before the load: load nothing
         self._now = threading.Event()  # wait no longer for ``ready``
         self._future: Future | None = None
         self._pool: ThreadPoolExecutor | None = None
-        if not self.enabled:
+        if not config.actor_train.enabled:
             return
         latest = _checkpoints(config, checkpoint_dir).latest()
         if latest is not None:
@@ -86,8 +85,8 @@ class TrainerLoader:
 
     def trainer(self) -> PolicyTrainer | None:
         """The loaded trainer (waits for the load, which starts now if ``ready`` has not held
-        yet); None when training is off. Raises what the load raised (ConfigError for weights
-        that cannot be loaded)."""
+        yet); None when training is off, or after ``close`` came first. Raises what the load
+        raised (ConfigError for weights that cannot be loaded)."""
         if self._future is None:
             return None
         self._now.set()

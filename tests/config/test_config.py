@@ -118,4 +118,4 @@ def test_query_filter_args_are_checked(query_filter, message):
 def test_a_check_across_fields_is_reported_in_its_own_words_without_a_root_label():
     with pytest.raises(ConfigError) as err:
         parse_config(base(max_prompts_per_batch=2))
-    assert str(err.value) == "invalid config:\n  max_prompts_per_batch must be >= rollout_batch_size"
+    assert str(err.value) == "invalid config: max_prompts_per_batch must be >= rollout_batch_size"

@@ -175,7 +175,7 @@ def set_in(*path_and_value):
 def test_invalid_agentic_config_names_field_and_reason(mutate, expected):
     with pytest.raises(ConfigError) as info:
         parse_modified(mutate)
-    assert str(info.value) == "invalid config:\n  " + expected
+    assert str(info.value) == "invalid config: " + expected
 
 
 def test_several_mistakes_are_reported_together():

@@ -66,7 +66,7 @@ def test_shared_defaults_are_the_same_in_both_pipelines():
     ("min_fill_ratio", 0.0), ("max_staleness", -1), ("time_limit_s", 0), ("max_steps", 0), ("rollout_batch_size", 0),
 ])
 def test_shared_validation_applies_to_both_pipelines(make, field, value):
-    with pytest.raises(ConfigError, match=rf"\n  {field}: "):
+    with pytest.raises(ConfigError, match=rf"^invalid config: {field}: "):
         parse_config(make(**{field: value}))
 
 

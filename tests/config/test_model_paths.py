@@ -55,16 +55,16 @@ def test_pretrain_names_both_roles_and_each_role_may_override(tmp_path):
 def test_a_missing_folder_is_a_config_error_naming_the_key(tmp_path):
     missing = tmp_path / "no-such-model"
     assert config_error(example(pretrain=str(missing))) == (
-        f"invalid config:\n  pretrain: model folder '{missing}' does not exist")
+        f"invalid config: pretrain: model folder '{missing}' does not exist")
     message = config_error(example(actor_infer={"model_args": {"model_name_or_path": str(missing)}}))
-    assert message.startswith("invalid config:\n  actor_infer.model_args.model_name_or_path: "
+    assert message.startswith("invalid config: actor_infer.model_args.model_name_or_path: "
                               f"model folder '{missing}' does not exist")
 
 
 def test_a_folder_without_weights_names_what_is_missing(tmp_path):
     folder = model_folder(tmp_path / "m", weights=())
     assert config_error(example(pretrain=str(folder))) == (
-        f"invalid config:\n  pretrain: model folder '{folder}' is incomplete, it lacks: weights (one of "
+        f"invalid config: pretrain: model folder '{folder}' is incomplete, it lacks: weights (one of "
         "model.safetensors, pytorch_model.bin, model.safetensors.index.json, pytorch_model.bin.index.json)")
 
 
@@ -111,7 +111,7 @@ def test_a_hub_id_resolves_from_the_local_cache_offline(tmp_path, monkeypatch):
     config = parse_config(example(pretrain="my-org/tiny-qwen2"))
     assert config.infer_model_path == config.train_model_path == "my-org/tiny-qwen2"
     assert config_error(example(pretrain="my-org/not-downloaded")) == (
-        "invalid config:\n  pretrain: 'my-org/not-downloaded' is not a folder, and hub id "
+        "invalid config: pretrain: 'my-org/not-downloaded' is not a folder, and hub id "
         f"'my-org/not-downloaded' is not in the local Hugging Face cache {tmp_path / 'hf' / 'hub'} (rollstream never "
         "downloads: fetch it first with `hf download my-org/not-downloaded`, or give a folder)")
 

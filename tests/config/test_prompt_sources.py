@@ -207,7 +207,7 @@ def test_bad_dataset_configs_fail_when_the_config_loads(qa, dataset, message):
     dataset = {k: v.format(qa=qa) if isinstance(v, str) else v for k, v in dataset.items()}
     with pytest.raises(ConfigError) as err:
         parse_config(rlvr([dataset]))
-    assert str(err.value) == "invalid config:\n  " + message.format(qa=qa)
+    assert str(err.value) == "invalid config: " + message.format(qa=qa)
 
 
 def test_a_dataset_config_without_the_rewards_check():
