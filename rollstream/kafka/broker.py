@@ -101,11 +101,35 @@ def render_server_properties(data_dir: Path, port: int, controller_port: int, no
     return text
 
 
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port the OS says is free on 127.0.0.1 right now (bind to port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on 127.0.0.1 right now, for a server to bind a moment later; never the
+    same one twice in this process.
+
+    Picked below the kernel's ephemeral range where the system tells it (Linux): outgoing
+    connections and binds to port 0 take their ports from that range, so a port picked there could
+    be taken before the server binds it (three brokers dialling each other while a fourth
+    listener is not bound yet: "Address already in use"). Elsewhere: a port the OS gives to a
+    bind to port 0."""
+    try:
+        low = int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    for _ in range(1000):
+        port = secrets.choice(range(10_000, low)) if low > 11_000 else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # in use now
+                continue
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise BrokerStartError("no free TCP port found on 127.0.0.1")
 
 
 def new_cluster_id() -> str:

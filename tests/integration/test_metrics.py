@@ -4,7 +4,6 @@ publish snapshots to `metrics`; `rollstream stats` reads them back with exact co
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -13,6 +12,7 @@ import pytest
 
 from rollstream.app.processes import StageProcesses
 from rollstream.app.stages import Stage
+from rollstream.kafka.broker import free_port
 from rollstream.tools.readback import read_values
 
 from .harness import SyntheticRollout, produce, prompt, wait_for, write_config
@@ -22,10 +22,6 @@ pytestmark = pytest.mark.integration
 REWARDS = {"p0": [1, 0, 0, 0], "p1": [0, 0, 0, 0], "p2": [1, 1, 0, 0], "p3": [1, 0, 1, 0]}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stats(bootstrap: str, prefix: str) -> dict:

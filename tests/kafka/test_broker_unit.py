@@ -22,10 +22,15 @@ def test_properties_render_ports_and_log_dir(tmp_path):
     assert "{" not in text  # every placeholder filled
 
 
-def test_free_port_is_bindable():
-    port = b.free_port()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", port))
+def test_free_ports_are_bindable_distinct_and_below_the_ephemeral_range():
+    ports = [b.free_port() for _ in range(50)]
+    assert len(set(ports)) == 50  # never handed out twice
+    for port in ports[:5]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+    if b.EPHEMERAL_RANGE_FILE.exists():  # no outgoing connection can take them first
+        low = int(b.EPHEMERAL_RANGE_FILE.read_text().split()[0])
+        assert all(port < low for port in ports)
 
 
 def test_cluster_id_shape():
