@@ -404,8 +404,7 @@ class RolloutStream:
         path = checkpoint if checkpoint is not None else report.pop("checkpoint", None)
         if path is None:
             raise ValueError(f"step {batch.step}: commit(durable=...) needs the checkpoint folder")
-        report.update(checkpoint=str(Path(path).absolute()))
-        report.setdefault("policy_version", batch.step + 1)
+        report = _report(batch.step, path, report, written=False)
         self._held = _Held(batch, self._whole, report, durable)
         self._current = self._whole = None
         durable.add_done_callback(lambda done: self._publish_durable(done, report, batch.step))
@@ -509,14 +508,15 @@ def _trained_state(resume: Mapping) -> dict:
     return state
 
 
-def _report(step: int, checkpoint, report: Mapping | None) -> dict:
+def _report(step: int, checkpoint, report: Mapping | None, written: bool = True) -> dict:
     """The manifest additions of a commit: the caller's ``report``, plus the ``checkpoint`` folder
     (absolute: it is published to other processes) as policy version ``step + 1``. Raises
-    ValueError when ``checkpoint`` is not a folder."""
+    ValueError when ``checkpoint`` is not a folder (``written``; a checkpoint still being written
+    is not checked)."""
     out = dict(report or {})
     if checkpoint is not None:
         path = Path(checkpoint).absolute()
-        if not path.is_dir():
+        if written and not path.is_dir():
             raise ValueError(f"checkpoint {str(path)!r} of step {step} is not a folder")
         out.setdefault("policy_version", step + 1)
         out["checkpoint"] = str(path)
