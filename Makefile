@@ -12,6 +12,10 @@ PY := .venv/bin/python
 VLLM_PY := .venv-vllm/bin/python
 export UV_CACHE_DIR ?= $(HOME)/.cache/uv
 export UV_LINK_MODE ?= hardlink
+# Every installed module is compiled to bytecode at install: Python only writes its .pyc cache when
+# it may (not under PYTHONDONTWRITEBYTECODE=1, as on some CI machines), and without one every
+# process compiles torch and transformers again: ~10 CPU-s per stage process, most of the start-up.
+export UV_COMPILE_BYTECODE ?= 1
 export PYTHONWARNINGS ?= ignore::SyntaxWarning,ignore::DeprecationWarning
 
 .PHONY: env vllm-env browser docs demo demo-byo demo-agentic demo-learn demo-vllm test test-unit chaos bench gpu-check clean
@@ -36,8 +40,10 @@ $(UV):
 
 vllm-env: .venv-vllm/.installed
 
-# Kafka jars and the dequantised model are cached under ~/.cache/rollstream.
+# Kafka jars and the dequantised model are cached under ~/.cache/rollstream; rollstream's own
+# modules are compiled like the installed ones (only those changed since are compiled again).
 env: .venv/.installed
+	$(PY) -m compileall -q rollstream
 	$(PY) -c "from rollstream.kafka.jars import ensure_kafka_libs; ensure_kafka_libs()"
 	$(PY) -c "from rollstream.policy.model import ensure_model_cache; ensure_model_cache()"
 

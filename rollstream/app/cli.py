@@ -168,7 +168,7 @@ def worker(
     print_config: bool = PRINT_CONFIG_OPT,
 ) -> None:
     """Run one stage against any Kafka cluster; start more processes to scale out."""
-    from rollstream.app.stages import Stage, run_stage
+    from rollstream.app.stages import Stage, load_engine, run_stage
 
     try:
         stage_enum = Stage(stage)
@@ -177,10 +177,14 @@ def worker(
     cfg = _config(config, overrides, print_config)
     if not 0 <= instance < instances:
         _fail(ValueError(f"--instance must be in [0, --instances={instances}), got {instance}"))
+    try:
+        engine = load_engine(stage_enum, cfg, instance, instances)  # a model loads while the broker may still start
+    except RollstreamError as exc:
+        _fail(exc)
     cluster = _reach(bootstrap, cfg)
     try:
         run_stage(stage_enum, cfg, cluster, max_idle_s=max_idle_s, instance=instance, instances=instances,
-                  metrics_port=metrics_port, concurrency=concurrency)
+                  metrics_port=metrics_port, concurrency=concurrency, engine=engine)
     except RollstreamError as exc:
         _fail(exc)
 

@@ -8,12 +8,13 @@ operators find a stage's process there)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from rollstream.app.stages import Stage
 from rollstream.exceptions import StageDied
@@ -25,13 +26,15 @@ class StageProcesses:
     ``max_restarts``: restarts per stage before a death is fatal (0: the first death raises);
     ``backoff_s``: the wait before the first restart, doubled per later one; ``on_restart``:
     called with a line about each restart; ``cwd``: the processes' working directory (the
-    trainer keeps ``runs/<name>`` there). ``restarts`` counts them per stage name.
+    trainer keeps ``runs/<name>`` there); ``env``: variables set for them beside this process's.
+    ``restarts`` counts them per stage name.
     """
 
     def __init__(self, config_path: Path, bootstrap, log_dir: Path, max_restarts: int = 0,
                  backoff_s: float = 1.0, on_restart: Callable[[str], None] | None = None,
-                 cwd: Path | None = None) -> None:
+                 cwd: Path | None = None, env: Mapping[str, str] | None = None) -> None:
         self.config_path, self.bootstrap, self.log_dir, self.cwd = config_path, bootstrap, log_dir, cwd
+        self.env = {**os.environ, **env} if env else None
         self.max_restarts, self.backoff_s, self.on_restart = max_restarts, backoff_s, on_restart
         self.procs: dict[str, subprocess.Popen] = {}
         self.restarts: dict[str, int] = {}
@@ -58,7 +61,7 @@ class StageProcesses:
     def _spawn(self, name: str, mode: str) -> None:
         with open(self.log_dir / f"{name}.log", mode) as log:  # the child keeps its own copy
             self.procs[name] = subprocess.Popen(self._commands[name], stdout=log, stderr=subprocess.STDOUT,
-                                                start_new_session=True, cwd=self.cwd)
+                                                start_new_session=True, cwd=self.cwd, env=self.env)
         tmp = self.pid_file.with_suffix(".tmp")
         tmp.write_text(json.dumps({n: p.pid for n, p in self.procs.items()}, indent=2))
         tmp.replace(self.pid_file)

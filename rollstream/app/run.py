@@ -27,14 +27,15 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rollstream.app.processes import StageProcesses
 from rollstream.app.producer import produce_prompts, start_env_groups
 from rollstream.app.render import print_summary
-from rollstream.app.stages import pipeline_stages, preflight, start_metrics, start_trackers
+from rollstream.app.stages import MODEL_STAGES, Stage, pipeline_stages, preflight, start_metrics, start_trackers
 from rollstream.config import AgenticConfig, Config
 from rollstream.exceptions import StageDied
 from rollstream.kafka.admin import create_pipeline_topics, wait_for_broker
-from rollstream.kafka.broker import EmbeddedBroker
+from rollstream.kafka.broker import EmbeddedBroker, free_port
 from rollstream.kafka.cluster import Cluster
 from rollstream.kafka.context import StageContext
 from rollstream.kafka.topics import Topics
+from rollstream.observability.trackers import Trackers
 from rollstream.runtime import now_ms
 from rollstream.tools.learning import final_round_done
 from rollstream.tools.readback import first_record_ms, read_values
@@ -60,36 +61,36 @@ def run_pipeline(config: Config, summary_json: Path | None = None, console: Cons
         shutil.rmtree(run_dir)
     (run_dir / "logs").mkdir(parents=True)
     server = local_inference_server(config, run_dir / "logs" / "vllm-server.log")
-    broker = None
-    if config.kafka.bootstrap_servers is None:
-        broker = EmbeddedBroker(run_dir / "kafka")
-        with console.status("starting the local Kafka broker"):
-            bootstrap = Cluster(broker.start())
-        console.print(f"local Kafka broker at {bootstrap} (log {broker.log_path})")
-    else:
-        bootstrap = Cluster.from_config(config.kafka.bootstrap_servers, config.kafka)
-        wait_for_broker(bootstrap)
-    broker_s = round((now_ms() - started_ms) / 1000, 2)
-    if server is not None:
-        try:
-            with console.status("starting the local vLLM server"):
-                url = server.start(config.actor_infer.server.startup_timeout_s)
-        except BaseException:
-            if broker is not None:
-                broker.stop()
-            raise
-        console.print(f"local vLLM server at {url} (log {server.log_path})")
-        config = with_servers(config, [url])
+    # The embedded broker's port is chosen now, so the stages that load a model can start before it is up.
+    broker = EmbeddedBroker(run_dir / "kafka", port=free_port()) if config.kafka.bootstrap_servers is None else None
+    bootstrap = broker.cluster if broker is not None else Cluster.from_config(config.kafka.bootstrap_servers,
+                                                                              config.kafka)
     config_path = run_dir / "config.yaml"  # what every stage process reads
-    config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-    topics = Topics(config.kafka.topic_prefix)
     stages = StageProcesses(config_path, bootstrap, run_dir / "logs", max_restarts=config.max_stage_restarts,
                             backoff_s=config.stage_restart_backoff_s,
-                            on_restart=lambda line: console.print(f"[yellow]{line}[/]"))
-    trackers, summary = start_trackers(config, bootstrap, run_dir), None
+                            on_restart=lambda line: console.print(f"[yellow]{line}[/]"),
+                            env={BROKER_WAIT_ENV: str(BROKER_START_S)})
+    trackers, summary = Trackers(), None
     try:
         try:
-            result = _build(config, bootstrap, topics, Supervised(stages, server, console), run_dir, console, started)
+            # Without a vLLM server to wait for, the model stages start first: their engine loads
+            # (the longest start-up) while the broker starts.
+            early = () if server is not None else tuple(s for s in pipeline_stages(config) if s in MODEL_STAGES)
+            if early:
+                _write_config(config_path, config)
+                for stage in early:
+                    stages.start(stage)
+            _start_broker(broker, bootstrap, console)
+            broker_s = round((now_ms() - started_ms) / 1000, 2)
+            if server is not None:
+                with console.status("starting the local vLLM server"):
+                    url = server.start(config.actor_infer.server.startup_timeout_s)
+                console.print(f"local vLLM server at {url} (log {server.log_path})")
+                config = with_servers(config, [url])
+                _write_config(config_path, config)
+            trackers = start_trackers(config, bootstrap, run_dir)
+            result = _build(config, bootstrap, Topics(config.kafka.topic_prefix), Supervised(stages, server, console),
+                            run_dir, console, started, early)
         except StageDied as exc:
             from rollstream.trainer.loop import LoopResult
 
@@ -98,6 +99,7 @@ def run_pipeline(config: Config, summary_json: Path | None = None, console: Cons
             stages.close()
             if server is not None:
                 server.stop()
+        topics = Topics(config.kafka.topic_prefix)
         summarize = summarize_agentic if isinstance(config, AgenticConfig) else summarize_rlvr
         summary = summarize(config, bootstrap, topics, result.batches, result.outcome, result.detail,
                             time.monotonic() - started)
@@ -120,6 +122,26 @@ def run_pipeline(config: Config, summary_json: Path | None = None, console: Cons
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(summary, indent=2))
     return summary
+
+
+# How long the embedded broker may take to answer, and so how long a stage started before it waits.
+BROKER_START_S = 60
+BROKER_WAIT_ENV = "ROLLSTREAM_BROKER_WAIT_S"
+
+
+def _start_broker(broker: EmbeddedBroker | None, bootstrap: Cluster, console: Console) -> None:
+    """Start the embedded ``broker`` (None: wait for the configured cluster ``bootstrap``).
+    Raises BrokerStartError / BrokerUnreachableError."""
+    if broker is None:
+        wait_for_broker(bootstrap)
+        return
+    with console.status("starting the local Kafka broker"):
+        broker.start(BROKER_START_S)
+    console.print(f"local Kafka broker at {bootstrap} (log {broker.log_path})")
+
+
+def _write_config(path: Path, config: Config) -> None:
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
 
 
 def local_inference_server(config: Config, log_path: Path) -> LocalInferenceServer | None:
@@ -159,10 +181,11 @@ class Supervised:
 
 
 def _build(config: Config, bootstrap: Cluster, topics: Topics, stages: Supervised, run_dir: Path,
-           console: Console, started: float) -> LoopResult:
+           console: Console, started: float, early: tuple[Stage, ...] = ()) -> LoopResult:
     create_pipeline_topics(bootstrap, config.kafka)
     for stage in pipeline_stages(config):
-        stages.start(stage)
+        if stage not in early:  # those started before the broker wait for the topics themselves
+            stages.start(stage)
     if isinstance(config, AgenticConfig):
         n_groups = start_env_groups(config, bootstrap)
         console.print(f"started {n_groups} env groups on {topics.episodes_control}")

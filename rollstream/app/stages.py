@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from enum import Enum
 from pathlib import Path
 
@@ -39,6 +40,9 @@ class Stage(str, Enum):
 # What `rollstream run` starts as processes; it is the trainer itself.
 RLVR_STAGES = (Stage.admission, Stage.aggregator, Stage.generation, Stage.reward)
 AGENTIC_STAGES = (Stage.group_queue, Stage.env)
+# The stages that hold a generation engine: their model loads before they reach Kafka, so
+# `rollstream run` starts them first, beside the broker's start.
+MODEL_STAGES = (Stage.generation, Stage.env)
 
 
 def pipeline_stages(config: Config) -> tuple[Stage, ...]:
@@ -128,34 +132,67 @@ def start_trackers(config: Config, bootstrap: Bootstrap, run_dir: Path) -> Track
     return trackers.start(config.name, config.model_dump(mode="json")).install()
 
 
-def run_stage(stage: Stage, config: Config, bootstrap: Bootstrap, max_idle_s: float | None = None,
-              instance: int = 0, instances: int = 1, metrics_port: int = 0, concurrency: int | None = None) -> None:
-    """Run ``stage`` on the cluster ``bootstrap`` (a Cluster carries the client security).
-    ``instance``/``instances`` split the input partitions of the plain workers (generation,
-    reward, env); the faust stages share theirs through their consumer group. ``concurrency``:
-    the reward stage's processes for user reward functions (None: ``reward_concurrency``).
-    Raises ConfigError when the stage does not belong to the config's pipeline."""
+def _log_to_stderr() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)  # kafka-python is chatty at INFO
+
+
+def check_stage(stage: Stage, config: Config) -> None:
+    """Raise ConfigError when ``stage`` is not one of the config's pipeline (or the trainer)."""
     if stage is not Stage.trainer and stage not in pipeline_stages(config):
         kind = "agentic" if isinstance(config, AgenticConfig) else "RLVR"
         raise ConfigError(f"stage {stage.value!r} is not part of the {kind} pipeline: "
                           f"{[s.value for s in pipeline_stages(config)] + ['trainer']}")
+
+
+def load_engine(stage: Stage, config: Config, instance: int = 0, instances: int = 1):
+    """The generation engine (a GenerationBackend, rollstream.workers.engines) of a stage in
+    MODEL_STAGES, built from ``config.actor_infer`` (backend_kwargs); None for any other stage.
+    Loading it needs no broker: `rollstream worker` does it before waiting for one. Raises
+    ConfigError when the stage does not belong to the config's pipeline, or for a bad backend
+    configuration."""
+    check_stage(stage, config)
+    if stage not in MODEL_STAGES:
+        return None
+    _log_to_stderr()
+    from rollstream.workers.engines import make_backend
+
+    started = time.monotonic()
+    engine = make_backend(config.actor_infer.backend, **backend_kwargs(config, instance, instances))
+    log.info("%s engine %s loaded in %.1f s", stage.value, config.actor_infer.backend, time.monotonic() - started)
+    return engine
+
+
+def run_stage(stage: Stage, config: Config, bootstrap: Bootstrap, max_idle_s: float | None = None,
+              instance: int = 0, instances: int = 1, metrics_port: int = 0, concurrency: int | None = None,
+              engine=None) -> None:
+    """Run ``stage`` on the cluster ``bootstrap`` (a Cluster carries the client security).
+    ``instance``/``instances`` split the input partitions of the plain workers (generation,
+    reward, env); the faust stages share theirs through their consumer group. ``concurrency``:
+    the reward stage's processes for user reward functions (None: ``reward_concurrency``).
+    ``engine``: a MODEL_STAGES stage's engine already loaded (load_engine; None: loaded here);
+    closed when the stage ends. Raises ConfigError when the stage does not belong to the
+    config's pipeline."""
+    _log_to_stderr()
+    check_stage(stage, config)
     if stage is Stage.trainer:
         check_installed(config.trainer.loggers)
     context = StageContext.of(config.kafka, bootstrap, stage.value, instance, instances)
     if stage is Stage.trainer and int(os.environ.get("RANK", "0")) > 0:
         metrics_port = 0  # under torchrun the ranks share a host: rank 0 serves /metrics
+    engine = engine or load_engine(stage, config, instance, instances)
     metrics = start_metrics(context, metrics_port)
     try:
-        _run(stage, config, context, max_idle_s, concurrency)
+        _run(stage, config, context, max_idle_s, concurrency, engine)
     finally:
         metrics.close()
+        if hasattr(engine, "close"):
+            engine.close()  # an inference-server backend's HTTP client and loop thread
 
 
 def _run(stage: Stage, config: Config, context: StageContext, max_idle_s: float | None,
-         concurrency: int | None = None) -> None:
-    bootstrap, topics, instance, instances = context.bootstrap, context.topics, context.instance, context.instances
+         concurrency: int | None = None, engine=None) -> None:
+    bootstrap, topics = context.bootstrap, context.topics
     # Each stage process imports only its own stage module and what that pulls in (model code,
     # environments, reward libraries): ~3 CPU-s for a stage that holds no model (no torch, no
     # transformers), ~20 for one that does, on 2 cores.
@@ -175,10 +212,9 @@ def _run(stage: Stage, config: Config, context: StageContext, max_idle_s: float 
 
         args = config.actor_infer.generating_args
         params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens)
-        run_generation_worker(context, params, backend=config.actor_infer.backend,
-                              group_id=names.consumer_group(topics, "generation"), max_batch=config.actor_infer.max_batch,
-                              max_idle_s=max_idle_s, backend_kwargs=backend_kwargs(config, instance, instances),
-                              domains=config.rewards, nice=config.actor_infer.nice)
+        run_generation_worker(context, params, backend=engine, group_id=names.consumer_group(topics, "generation"),
+                              max_batch=config.actor_infer.max_batch, max_idle_s=max_idle_s, domains=config.rewards,
+                              nice=config.actor_infer.nice)
     elif stage is Stage.reward:
         from rollstream.workers.rewards import RewardSpec, run_reward_worker
 
@@ -192,8 +228,8 @@ def _run(stage: Stage, config: Config, context: StageContext, max_idle_s: float 
     elif stage is Stage.env:
         from rollstream.workers.env_worker import run_env_worker
 
-        run_env_worker(context, config, group_id=names.consumer_group(topics, "env"), max_idle_s=max_idle_s,
-                       backend_kwargs=backend_kwargs(config, instance, instances), nice=config.actor_infer.nice)
+        run_env_worker(context, config, backend=engine, group_id=names.consumer_group(topics, "env"),
+                       max_idle_s=max_idle_s, nice=config.actor_infer.nice)
     elif stage is Stage.trainer:
         from rollstream.trainer.driver import run_trainer
 
