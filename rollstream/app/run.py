@@ -14,6 +14,7 @@ ends the run at once with outcome ``end_of_data``, after a final partial batch w
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import time
@@ -101,10 +102,11 @@ def run_pipeline(config: Config, summary_json: Path | None = None, console: Cons
                 server.stop()
         topics = Topics(config.kafka.topic_prefix)
         summarize = summarize_agentic if isinstance(config, AgenticConfig) else summarize_rlvr
+        read = functools.cache(functools.partial(read_values, bootstrap))  # each topic read once
         summary = summarize(config, bootstrap, topics, result.batches, result.outcome, result.detail,
-                            time.monotonic() - started)
+                            time.monotonic() - started, read)
         summary["startup_seconds"] = {"broker": broker_s, **startup_seconds(
-            bootstrap, topics, isinstance(config, AgenticConfig), started_ms)}
+            bootstrap, topics, isinstance(config, AgenticConfig), started_ms, read)}
         summary["stage_restarts"] = dict(stages.restarts)
         if server is not None:
             summary["stage_restarts"]["vllm-server"] = server.restarts

@@ -235,20 +235,22 @@ def _policy(read: Reader, topics: Topics, generated_by: list[int]) -> dict:
             "generated_by_policy_version": {str(k): v for k, v in sorted(_counts(generated_by).items())}}
 
 
-def startup_seconds(bootstrap: Bootstrap, topics: Topics, agentic: bool, started_ms: int) -> dict:
+def startup_seconds(bootstrap: Bootstrap, topics: Topics, agentic: bool, started_ms: int,
+                    read: Reader | None = None) -> dict:
     """Seconds from a run's start (``started_ms``, epoch ms) to its first request for generation
     (``first_request``: a GenerationRequest; agentic, an EpisodeRequest) and to its first generated
     response (``first_response``: a Response; agentic, a finished Trajectory), from the first
-    record timestamps of their topics (the producers' clocks, one machine's for `rollstream run`);
-    None where a topic stayed empty."""
+    record timestamps of their topics (the producers' clocks, one machine's for `rollstream run`),
+    and to the first token an engine sampled (``first_token``, from the ``metrics`` topic read
+    with ``read``, as the summary reads it); None where a topic stayed empty."""
+    read = read or partial(read_values, bootstrap)
     requests, responses = ((topics.episodes_requests, topics.trajectories) if agentic
                            else (topics.generation_requests, topics.responses))
     out = {}
     for name, topic in (("first_request", requests), ("first_response", responses)):
         first = first_record_ms(bootstrap, topic)
         out[name] = None if first is None else round((first - started_ms) / 1000, 2)
-    stamps = [m["value"] for m in read_values(bootstrap, topics.metrics)
-              if m.get("name") == "rollstream_first_token_ms" and m["value"] > 0]
+    stamps = [m["value"] for m in read(topics.metrics) if m.get("name") == "rollstream_first_token_ms" and m["value"] > 0]
     out["first_token"] = round((min(stamps) - started_ms) / 1000, 2) if stamps else None
     return out
 
