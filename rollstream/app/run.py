@@ -1,7 +1,8 @@
 """`rollstream run`: the whole RLVR or agentic pipeline on one machine.
 
-Starts the embedded broker unless one is configured, creates the topics, starts one process per
-stage (RLVR: admission, aggregator, generation, reward; agentic: group-queue, env), publishes the
+Starts one process per stage (RLVR: admission, aggregator, generation, reward; agentic:
+group-queue, env), those that load a model first (unless they need the local vLLM server's address)
+so their load overlaps the embedded broker's start, the others once the topics exist; publishes the
 config's prompts or starts its env groups, and acts as the trainer's batch builder until
 ``max_steps`` batches are built. It cannot loop forever: RLVR's resampling budget
 (``max_prompts_per_batch``) and the agentic replacement budget (``max_replaced_episodes`` per
