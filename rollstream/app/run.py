@@ -68,6 +68,7 @@ def run_pipeline(config: Config, summary_json: Path | None = None, console: Cons
     bootstrap = broker.cluster if broker is not None else Cluster.from_config(config.kafka.bootstrap_servers,
                                                                               config.kafka)
     config_path = run_dir / "config.yaml"  # what every stage process reads
+    topics = Topics(config.kafka.topic_prefix)
     stages = StageProcesses(config_path, bootstrap, run_dir / "logs", max_restarts=config.max_stage_restarts,
                             backoff_s=config.stage_restart_backoff_s,
                             on_restart=lambda line: console.print(f"[yellow]{line}[/]"),
@@ -91,8 +92,8 @@ def run_pipeline(config: Config, summary_json: Path | None = None, console: Cons
                 config = with_servers(config, [url])
                 _write_config(config_path, config)
             trackers = start_trackers(config, bootstrap, run_dir)
-            result = _build(config, bootstrap, Topics(config.kafka.topic_prefix), Supervised(stages, server, console),
-                            run_dir, console, started, early)
+            result = _build(config, bootstrap, topics, Supervised(stages, server, console), run_dir, console, started,
+                            early)
         except StageDied as exc:
             from rollstream.trainer.loop import LoopResult
 
@@ -101,7 +102,6 @@ def run_pipeline(config: Config, summary_json: Path | None = None, console: Cons
             stages.close()
             if server is not None:
                 server.stop()
-        topics = Topics(config.kafka.topic_prefix)
         summarize = summarize_agentic if isinstance(config, AgenticConfig) else summarize_rlvr
         read = functools.cache(functools.partial(read_values, bootstrap))  # each topic read once
         summary = summarize(config, bootstrap, topics, result.batches, result.outcome, result.detail,

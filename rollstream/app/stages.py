@@ -180,7 +180,8 @@ def run_stage(stage: Stage, config: Config, bootstrap: Bootstrap, max_idle_s: fl
     context = StageContext.of(config.kafka, bootstrap, stage.value, instance, instances)
     if stage is Stage.trainer and int(os.environ.get("RANK", "0")) > 0:
         metrics_port = 0  # under torchrun the ranks share a host: rank 0 serves /metrics
-    engine = engine or load_engine(stage, config, instance, instances)
+    if engine is None:
+        engine = load_engine(stage, config, instance, instances)
     metrics = start_metrics(context, metrics_port)
     try:
         _run(stage, config, context, max_idle_s, concurrency, engine)
