@@ -88,13 +88,17 @@ def test_a_request_in_flight_across_an_update_records_the_right_versions(vllm_se
         backend.generate([PROBE], [1], [SamplingParams(max_new_tokens=1)])  # in rotation
         version = backend.policy_version + 1
         result = {}
+        # One request of 8 sequences: the engine admits them in one step, so every one runs from
+        # the first gauge reading that shows 8 until its 300th token, seconds later. (Four requests
+        # of 2 reached the engine one by one on a loaded machine: the window with all 8 running
+        # could close before the update began.)
         long = threading.Thread(target=lambda: result.setdefault("out", backend.generate(
-            [PROBE] * 4, [2] * 4, [SamplingParams(temperature=1.0, max_new_tokens=160, seed=i) for i in range(4)])))
+            [PROBE], [8], [SamplingParams(temperature=1.0, max_new_tokens=300, seed=7)])))
         long.start()
         deadline = time.monotonic() + 120
-        while _running(vllm_server.url) < 8 and time.monotonic() < deadline:
+        while (running := _running(vllm_server.url)) < 8 and time.monotonic() < deadline:
             time.sleep(0.05)  # the server's own gauge: every sequence is in its engine, generating
-        assert _running(vllm_server.url) == 8
+        assert running == 8
         backend.load_weights(str(model_folder(None)), version)
         long.join(600)
         samples = [s for row in result["out"] for s in row]
