@@ -160,7 +160,7 @@ class RLVRConfig(PipelineConfig):
     num_return_sequences_in_group: int = Field(..., gt=0, description="Responses per prompt (group size).")
     val_num_return_sequences: int = Field(1, gt=0)
     max_running_prompts: int = Field(8, gt=0, description="Train prompts in flight at most (a validation round is "
-                                     "admitted whole, then fills these slots until it is decided).")
+                                     "admitted whole, beside them: it takes none of these slots).")
     max_additional_running_prompts: int = Field(0, ge=0, description="Over-provisioning beyond the batch's deficit.")
     max_response_rounds: int = Field(5, gt=0, le=100, description="Generation rounds per prompt in total (1 + retries).")
     prompt_timeout_s: float = Field(600.0, gt=0, le=7 * 86400, description="A round's samples not all back this long after "

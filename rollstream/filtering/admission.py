@@ -313,7 +313,9 @@ def can_admit(state: AdmissionState, limits: AdmissionLimits, mode: str = "train
     published one (None: none yet)."""
     if mode == "val":  # a round is admitted whole, so the version it validates generates all of it
         return True
-    if len(state.in_flight) >= limits.max_running_prompts:
+    # A round never takes the train slots: holding them until it was decided made the next
+    # batch's prompts wait for every sample of the round (its size is the validation set's).
+    if state.train_in_flight() >= limits.max_running_prompts:
         return False
     if state.finished or state.ended or not may_start_step(state.step, policy_version, limits.max_staleness):
         return False

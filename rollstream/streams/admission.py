@@ -55,6 +55,9 @@ EPOCHS_CHECK_S = 2.0  # how often a restored admission checks that its epochs ta
 STALL_WARNING_S = 60.0  # a prompt waiting for a credit or a policy version this long is logged, again and again
 OUTCOME_RECHECK_S = 10.0  # credits waited for this long without an outcome: read the topic itself
 CLOCK_SKEW_MS = 60_000  # how far an outcome's timestamp may lag its admission (other machines' clocks)
+# a validation round waits this long without a train admission before it takes the train slots'
+# turn (no train prompt is waiting for them); the prompts agent rechecks the version every VERSION_POLL_S
+TRAIN_FIRST_S = 4 * VERSION_POLL_S
 
 
 def _read_partition(bootstrap: Bootstrap, topic: str, schemas: tuple[str, ...], end_offset: int | None = None,
@@ -131,6 +134,7 @@ class AdmissionAgents:
         self.topics = processor.topics
         self.domains = set(processor.config.rewards)
         self.credit = asyncio.Event()
+        self.train_admitted = asyncio.Event()  # set after each train prompt's decision is sent
         self.watch_versions = watch_versions
         # credits arrive as events; policy versions are polled while the staleness bound holds a step
         self.recheck_s = VERSION_POLL_S if watch_versions else None
@@ -175,6 +179,8 @@ class AdmissionAgents:
                 last_warning = time.monotonic()
                 log.warning("%s", self.processor.stall_message(prompt, last_warning - waiting_since))
         await self.send(self.processor.admit(prompt, prompt_ids, take, offset, history_of))
+        if prompt.get("mode", "train") != "val":
+            self.train_admitted.set()
 
     async def end_of_data(self, offset: int) -> None:
         """The PromptsEnd marker at ``offset``: record the end (or ignore a later marker), then
@@ -236,9 +242,11 @@ class AdmissionAgents:
 
     async def run_eval(self) -> None:
         running = self.processor.eval_running()  # a round resumed after a restart
-        version = None if running else self.processor.eval_version_due()
-        if not running and version is None:
-            return
+        if not running:
+            if self.processor.eval_version_due() is None:
+                return
+            await self.train_first()
+        version = None if running else self.processor.eval_version_due()  # the newest, after the wait
         val = await asyncio.to_thread(read_prompts, self.bootstrap, self.topics.prompts,
                                       self.processor.load().end_offset, self.domains, "val")
         if not running:
@@ -246,6 +254,19 @@ class AdmissionAgents:
         while (prompt := self.processor.next_eval(val)) is not None:
             await self.admit(prompt, core.take_eval)
         await self.send(self.processor.settle())  # the end of data may have waited for this round
+
+    async def train_first(self) -> None:
+        """Before a validation round starts, let the train prompts that the new version (or a
+        returned credit) lets in be admitted first: a round is admitted whole at once, and the
+        generation workers take requests in topic order, so a round admitted first would make
+        the next training batch wait behind all its samples. Returns once no train prompt can
+        be admitted, or when none was for ``TRAIN_FIRST_S`` while one could (none is waiting)."""
+        while self.processor.can_admit("train"):
+            self.train_admitted.clear()
+            try:
+                await asyncio.wait_for(self.train_admitted.wait(), timeout=TRAIN_FIRST_S)
+            except asyncio.TimeoutError:
+                return
 
     # -- outcomes
     async def settle_event(self, event) -> None:

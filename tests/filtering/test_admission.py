@@ -79,22 +79,24 @@ def test_prompt_rejected_before_generation_spends_budget_not_a_slot():
     assert effects == [core.BatchUnderfilled(0, 0, 1, 2, {"prompt_too_long": 2})]
 
 
-def test_a_validation_round_is_admitted_whole_fills_train_slots_and_never_counts_towards_a_batch():
-    lim = limits(rollout_batch_size=1, max_running_prompts=2)
+def test_a_validation_round_is_admitted_whole_takes_no_train_slot_and_never_counts_towards_a_batch():
+    lim = limits(rollout_batch_size=2, max_running_prompts=2)
     state = core.AdmissionState()
     core.admit(state, "v0", "val")
     assert core.can_admit(state, lim) and core.can_admit(state, lim, "val")
     core.admit(state, "p0")
+    assert core.can_admit(state, lim)  # the round in flight holds no train slot
+    core.admit(state, "p1")
     assert not core.can_admit(state, lim)  # the train slots are full
     for k in (1, 2, 3):  # the rest of the round does not wait for them: one version generates it
         assert core.can_admit(state, lim, "val")
         core.admit(state, f"v0-{k}", "val")
     state, eff = core.on_outcome(state, lim, "p0", False, "mean_too_high")
-    assert not core.can_admit(state, lim)  # validation in flight fills the train slots until decided
+    assert core.can_admit(state, lim) and len(state.in_flight) == 5  # a train slot is free, the round still runs
     for vid in ("v0", "v0-1", "v0-2"):
         state, eff = core.on_outcome(state, lim, vid, True, "accepted")
         assert eff == [] and state.accepted_in_step == 0
-    assert core.can_admit(state, lim) and state.val_admitted == 4
+    assert state.val_admitted == 4 and state.train_in_flight() == 1
 
 
 def test_unknown_or_repeated_outcome_is_ignored():
@@ -113,7 +115,7 @@ def test_in_flight_never_exceeds_max_running_prompts(seed):
     state, n = core.AdmissionState(), 0
     for _ in range(500):
         n += len(fill(state, lim, n))
-        assert len(state.in_flight) <= 3
+        assert state.train_in_flight() <= 3
         if not state.in_flight:
             break
         pid = rng.choice(sorted(state.in_flight))

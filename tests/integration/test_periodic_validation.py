@@ -66,3 +66,39 @@ def test_validation_runs_at_every_eval_steps_versions_with_the_current_version(k
         publisher.close()
         watcher.close()
         stages.close()
+
+
+def test_a_round_comes_after_the_train_prompts_its_version_lets_in_and_takes_no_train_slot(
+        kafka_broker, topic_factory, tmp_path):
+    """The generation workers take requests in topic order: at a version that is due a round and
+    lets the next step's prompts in, those train requests come first (the round would make that
+    step's batch wait behind all its samples). The first round (the val prompts themselves, in
+    the order of ``prompts``) holds no train slot: the train prompts after it go at once."""
+    topics = topic_factory(partitions=1)  # one partition: the requests' order is the topic's
+    config = write_config(tmp_path, topics, 1, eval_steps=1, max_staleness=0, rollout_batch_size=2,
+                          max_running_prompts=2, num_return_sequences_in_group=2, val_num_return_sequences=1,
+                          max_steps=3)
+    produce(kafka_broker, topics.prompts, "Prompt", [prompt(f"v{k}", mode="val") for k in range(3)]
+            + [prompt(f"p{k}") for k in range(6)])
+    rollout = SyntheticRollout(kafka_broker, topics, lambda pid, index, round_: (float(index == 0), "stop"))
+    rollout.start()
+    stages = start_stages(config, kafka_broker, tmp_path / "logs", Stage.admission, Stage.aggregator)
+    publisher = PolicyPublisher(kafka_broker, topics)
+
+    def requested() -> list[str]:
+        return [r["prompt_id"] for r in rollout.requests]
+
+    try:
+        # round 0, then step 0's two prompts; step 1 waits for version 1 (max_staleness 0)
+        wait_for(lambda: len(requested()) >= 5, what="round 0 and step 0's prompts", stages=stages)
+        assert requested() == ["v0", "v1", "v2", "p0", "p1"]
+        publisher.publish(1, 0, "", trained=False)
+        wait_for(lambda: all(f"v{k}#v1" in requested() for k in range(3)), what="round 1", stages=stages)
+        order = requested()
+        # step 1's prompts before round 1 (later steps' may come before or after it: the train
+        # prompts keep their turn while the slots take them)
+        assert max(order.index("p2"), order.index("p3")) < min(order.index(f"v{k}#v1") for k in range(3))
+    finally:
+        rollout.stop()
+        publisher.close()
+        stages.close()
