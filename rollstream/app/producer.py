@@ -16,9 +16,12 @@ from rollstream.schemas.records import PROMPTS_END_KEY, prompts_end
 
 
 def config_prompts(config: RLVRConfig, datasets: list[DatasetConfig] | None = None) -> list[dict]:
-    """Every dataset's prompts (``datasets``: these instead of the config's): validation first (an
-    unfiltered estimate before training, never starved by a finished training run), then training
-    prompts interleaved by domain_interleave_probs (a file's rows may name several domains)."""
+    """Every dataset's prompts (``datasets``: these instead of the config's): the training prompts
+    interleaved by domain_interleave_probs (a file's rows may name several domains), with the
+    validation prompts after the first ``max_running_prompts`` of them. The admission takes that
+    many train prompts at once, then the validation ones (they take no train slot): validation
+    still comes before any step trains (the estimate of the initial weights) and is never starved
+    by a finished run, while the first batch's requests reach the generation workers first."""
     train: dict[str, list[dict]] = {}
     val: list[dict] = []
     for ds in config.datasets if datasets is None else datasets:
@@ -29,7 +32,8 @@ def config_prompts(config: RLVRConfig, datasets: list[DatasetConfig] | None = No
                 train.setdefault(prompt["domain"], []).append(prompt)
     probs = {d: config.domain_interleave_probs.get(d, 1.0) for d in train}
     mixed = interleave(train, probs, config.seed) if train else []
-    return val + mixed
+    first = config.max_running_prompts
+    return mixed[:first] + val + mixed[first:]
 
 
 def publish_prompts(producer, topics: Topics, records: Iterable[dict]) -> int:

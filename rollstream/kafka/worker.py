@@ -3,7 +3,8 @@
 consume a batch -> decode (undecodable -> dead-letter) -> handler -> produce outputs ->
 flush -> commit. Offsets are committed only after every output of the batch is acknowledged, so
 a killed worker re-processes (never loses) its last batch; downstream recognises redelivered
-events by their deterministic identity.
+events by their deterministic identity. A handler may split a batch into parts handled in turn
+(``parts``), each produced as soon as it is handled.
 
 A handler that can work on several batches at once (``PipelinedHandler``: generation by
 inference servers) is handed each batch as it is polled, while earlier ones are still in flight;
@@ -19,7 +20,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Iterable, Protocol, Sequence
+from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 from kafka.errors import CommitFailedError
 from kafka.structs import OffsetAndMetadata, TopicPartition
@@ -188,14 +189,24 @@ class EventWorker(PartitionWorker):
 
     def process(self, messages: Sequence) -> list[Output | Send]:
         """Decode and handle one batch of raw messages; returns every output to produce."""
-        inputs, outputs = self._decoded(messages)
-        if inputs:
-            try:
-                outputs.extend(self.handler(inputs))
-            except Exception as exc:
-                outputs.extend(self._handler_failed(inputs, exc))
-        self._count(inputs, outputs)
-        return outputs
+        return [out for part in self._process_parts(messages) for out in part]
+
+    def _process_parts(self, messages: Sequence) -> Iterator[list[Output | Send]]:
+        """Decode one batch of raw messages, then handle it a part at a time, yielding each
+        part's outputs (the dead letters of the batch come with the first). A handler with
+        ``parts(inputs)`` (generation: train requests before validation ones) names the parts,
+        in the order to handle them; else the batch is one part."""
+        inputs, dead = self._decoded(messages)
+        parts = getattr(self.handler, "parts", None)
+        for part in (parts(inputs) if parts is not None and inputs else None) or [inputs]:
+            outputs, dead = dead, []
+            if part:
+                try:
+                    outputs.extend(self.handler(part))
+                except Exception as exc:
+                    outputs.extend(self._handler_failed(part, exc))
+            self._count(part, outputs)
+            yield outputs
 
     def produce(self, outputs: Iterable[Output | Send]) -> None:
         before = self.too_large
@@ -218,7 +229,10 @@ class EventWorker(PartitionWorker):
                         break
                     continue
                 idle_since = time.monotonic()
-                self.produce(self.process(messages))
+                # each part is produced (acknowledged) once it is handled, so a later part does
+                # not hold it back; the offsets are committed after the last
+                for outputs in self._process_parts(messages):
+                    self.produce(outputs)
                 self.commit()
         finally:
             self.close()

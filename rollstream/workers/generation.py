@@ -89,6 +89,7 @@ class GenerationWorker:
         self.held = 0  # polls that kept the weights for a validation round of the loaded version
         self._updates_seen = 0  # the backend's in-place weight updates already in the metrics
         self._in_flight = 0  # sequences submitted and not finished (pipelined backends)
+        self._poll_rounds: set[int] = set()  # the validation rounds of the poll whose parts run now
         self._lock = threading.Lock()
         self.tokenizer = tokenizer or getattr(backend, "tokenizer", None) or load_tokenizer()
 
@@ -106,6 +107,17 @@ class GenerationWorker:
         if first is not None:
             process_metrics().first_token_ms.set(first)
         return self._outputs(job, samples, (time.perf_counter() - t0) * 1000.0)
+
+    def parts(self, inputs: Sequence[Input]) -> list[list[Input]]:
+        """A poll's requests in the order to generate them (``rollstream.kafka.worker``): the
+        train requests, then the validation ones. A poll takes records partition by partition,
+        so a validation round admitted after a step's train prompts still shares polls with
+        them; generated together, the step's batch waited for the round's samples. Whether the
+        weights are kept for a round (``_refresh``) is decided for the whole poll."""
+        val = [i for i in inputs if i.record.get("mode") == "val"]
+        train = [i for i in inputs if i.record.get("mode") != "val"]
+        self._poll_rounds = _rounds([i.record for i in val])
+        return [part for part in (train, val) if part]
 
     def submit(self, inputs: Sequence[Input]) -> "_InFlight":
         """Start generating ``inputs`` and return at once (``pipelined`` backends only); the
@@ -193,7 +205,7 @@ class GenerationWorker:
 
     def _refresh(self, records: Sequence[Mapping]) -> None:
         """Load the newest policy version unless ``records`` validate the loaded one (class doc)."""
-        rounds = {eval_version_of(r["prompt_id"]) for r in records if r.get("mode") == "val"}
+        rounds = _rounds(records) | self._poll_rounds
         if int(self.backend.policy_version) in rounds:
             self.held += 1
             return
@@ -218,6 +230,11 @@ class GenerationWorker:
             log.warning("Response of %s/%d is above kafka.max_message_bytes %d: sent as an error response",
                         record["prompt_id"], record["sample_index"], self.max_message_bytes)
         return outputs
+
+
+def _rounds(records: Sequence[Mapping]) -> set[int]:
+    """The policy versions whose validation rounds ``records`` hold requests of."""
+    return {eval_version_of(r["prompt_id"]) for r in records if r.get("mode") == "val"}
 
 
 @dataclass

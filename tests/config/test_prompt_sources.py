@@ -174,11 +174,15 @@ def test_the_documented_configs_load_and_publish_exact_records(qa, verl):
         {"prompt_id": "val/qa-00001", "domain": "math", "mode": "val", "prompt": "What is 7 - 4?", "ground_truth": "3",
          "messages": [], "tag": "", "created_ms": 0},
     ]
-    published = config_prompts(cfg)  # val first, then the train rows interleaved by their own domains
-    assert [(p["prompt_id"], p["domain"], p["mode"]) for p in published[:2]] == [
+    # the train rows interleaved by their own domains, the val ones after the first
+    # max_running_prompts (8) of them: both train rows here
+    published = config_prompts(cfg)
+    assert [(p["prompt_id"], p["domain"], p["mode"]) for p in published[2:]] == [
         ("val/qa-00000", "math", "val"), ("val/qa-00001", "math", "val")]
-    assert sorted((p["prompt_id"], p["domain"]) for p in published[2:]) == [("7", "openai/gsm8k"), ("8", "lighteval/MATH")]
-    assert published[2]["messages"][0] == SYSTEM
+    assert sorted((p["prompt_id"], p["domain"]) for p in published[:2]) == [("7", "openai/gsm8k"), ("8", "lighteval/MATH")]
+    assert published[0]["messages"][0] == SYSTEM
+    one_slot = config_prompts(cfg.model_copy(update={"max_running_prompts": 1}))
+    assert [p["mode"] for p in one_slot] == ["train", "val", "val", "train"]
 
 
 def test_datasets_may_be_empty_prompts_then_come_from_outside():

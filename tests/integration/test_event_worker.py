@@ -9,7 +9,7 @@ from rollstream.kafka.admin import create_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.events import Send
 from rollstream.kafka.worker import EventWorker
-from rollstream.tools.readback import read_topic, read_values
+from rollstream.tools.readback import count_records, read_topic, read_values
 
 from .harness import produce, prompt
 
@@ -68,3 +68,33 @@ def test_an_output_above_max_message_bytes_is_dead_lettered_too_large_and_the_wo
     assert (dead["reason"], dead["source_topic"], dead["key"], dead["partition"], dead["offset"]) == (
         "too_large", topics.responses, b"p1", -1, -1)
     assert "40000 bytes, above kafka.max_message_bytes = 16384" in dead["error"]
+
+
+def test_a_handlers_parts_are_handled_in_its_order_each_produced_before_the_next_then_committed(
+        kafka_broker, topic_factory):
+    topics = topic_factory(["prompts", "responses", "dead-letter"])
+    produce(kafka_broker, topics.prompts, "Prompt", [prompt(f"p{i}", mode="val" if i % 2 else "train")
+                                                     for i in range(6)])
+    seen: list[tuple[list[str], int]] = []  # per call: its prompts, and the responses already on the topic
+
+    class Handler:
+        def parts(self, inputs):  # the train prompts first, as generation orders them
+            return [[x for x in inputs if x.record["mode"] == "train"], [x for x in inputs if x.record["mode"] == "val"]]
+
+        def __call__(self, inputs):
+            seen.append(([x.record["prompt_id"] for x in inputs], count_records(kafka_broker, topics.responses)))
+            return [Send(topics.responses, x.record["prompt_id"], b"r") for x in inputs]
+
+    worker = EventWorker(StageContext(kafka_broker, topics, "parts"), input_topic=topics.prompts,
+                         group_id=f"{topics.prefix}parts", expected_schema="Prompt", handler=Handler(), max_batch=6)
+    worker.run(max_idle_s=3.0)
+    # one call per part (train or val), each finding every earlier call's responses on the topic;
+    # in a poll of all six (the usual one) the train part came first
+    assert [before for _, before in seen] == [sum(len(ids) for ids, _ in seen[:k]) for k in range(len(seen))]
+    assert all(len({int(pid[1:]) % 2 for pid in ids}) == 1 for ids, _ in seen)
+    assert sorted(pid for ids, _ in seen for pid in ids) == [f"p{i}" for i in range(6)]
+    assert len(seen) > 2 or seen == [(["p0", "p2", "p4"], 0), (["p1", "p3", "p5"], 3)]
+    again = EventWorker(StageContext(kafka_broker, topics, "parts"), input_topic=topics.prompts,
+                        group_id=f"{topics.prefix}parts", expected_schema="Prompt", handler=lambda inputs: [])
+    again.run(max_idle_s=3.0)
+    assert again.processed == 0  # committed after the last part

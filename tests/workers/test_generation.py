@@ -437,3 +437,25 @@ def test_a_poll_holding_the_loaded_versions_validation_round_keeps_the_weights(b
     records = _decoded(handler(inputs))
     assert (follower.refreshes, handler.held) == ((0, 1) if held else (1, 0))
     assert {r["policy_version"] for r in records} == {2 if held else 3}
+
+
+@pytest.mark.parametrize(("requests", "refreshes", "version"), [
+    # the poll holds the loaded version's round: its train part keeps the weights too
+    ([("p1#v2", "val"), ("t1", "train"), ("p2#v2", "val")], 0, 2),
+    # the train part loads version 3 (the newest); that version's round then keeps it
+    ([("p1#v3", "val"), ("t1", "train"), ("p2#v3", "val")], 1, 3),
+])
+def test_a_poll_is_generated_train_requests_first_and_keeps_the_weights_for_its_round(backend, requests, refreshes,
+                                                                                     version):
+    topics = Topics("t-gen.")
+    engine = ScriptedBackend([_sample(4)])
+    follower = Follower(engine)
+    handler = GenerationWorker(engine, SamplingParams(max_new_tokens=MAX_NEW), topics, tokenizer=backend.tokenizer,
+                               policy=follower)
+    inputs = [Input("GenerationRequest", {**_request(pid, "What is 2+3?", 1, 0, 1), "mode": mode},
+                    topics.generation_requests, 0, k, pid.encode(), b"") for k, (pid, mode) in enumerate(requests)]
+    parts = handler.parts(inputs)
+    assert [[i.record["prompt_id"] for i in part] for part in parts] == [["t1"], [requests[0][0], requests[2][0]]]
+    records = [r for part in parts for r in _decoded(handler(part))]
+    assert [r["prompt_id"] for r in records] == ["t1", requests[0][0], requests[2][0]]
+    assert follower.refreshes == refreshes and {r["policy_version"] for r in records} == {version}
