@@ -419,6 +419,19 @@ class Follower:
         return self.backend.policy_version
 
 
+def _following_worker(backend, requests: list[tuple[str, str]]):
+    """A GenerationWorker over a ScriptedBackend at version 2 that a Follower moves on, and one
+    request per (prompt_id, mode) of ``requests``."""
+    topics = Topics("t-gen.")
+    engine = ScriptedBackend([_sample(4)])
+    follower = Follower(engine)
+    handler = GenerationWorker(engine, SamplingParams(max_new_tokens=MAX_NEW), topics, tokenizer=backend.tokenizer,
+                               policy=follower)
+    inputs = [Input("GenerationRequest", {**_request(pid, "What is 2+3?", 1, 0, 1), "mode": mode},
+                    topics.generation_requests, 0, k, pid.encode(), b"") for k, (pid, mode) in enumerate(requests)]
+    return follower, handler, inputs
+
+
 @pytest.mark.parametrize(("requests", "held"), [
     ([("p1#v2", "val"), ("t1", "train")], True),  # a round of the loaded version keeps the weights
     ([("p1", "val")], False),  # round 0: version 2 cannot generate it any more
@@ -427,13 +440,7 @@ class Follower:
     ([("t1#v2", "train")], False),  # train prompts never hold
 ])
 def test_a_poll_holding_the_loaded_versions_validation_round_keeps_the_weights(backend, requests, held):
-    topics = Topics("t-gen.")
-    engine = ScriptedBackend([_sample(4)])
-    follower = Follower(engine)
-    handler = GenerationWorker(engine, SamplingParams(max_new_tokens=MAX_NEW), topics, tokenizer=backend.tokenizer,
-                               policy=follower)
-    inputs = [Input("GenerationRequest", {**_request(pid, "What is 2+3?", 1, 0, 1), "mode": mode},
-                    topics.generation_requests, 0, k, pid.encode(), b"") for k, (pid, mode) in enumerate(requests)]
+    follower, handler, inputs = _following_worker(backend, requests)
     records = _decoded(handler(inputs))
     assert (follower.refreshes, handler.held) == ((0, 1) if held else (1, 0))
     assert {r["policy_version"] for r in records} == {2 if held else 3}
@@ -447,13 +454,7 @@ def test_a_poll_holding_the_loaded_versions_validation_round_keeps_the_weights(b
 ])
 def test_a_poll_is_generated_train_requests_first_and_keeps_the_weights_for_its_round(backend, requests, refreshes,
                                                                                      version):
-    topics = Topics("t-gen.")
-    engine = ScriptedBackend([_sample(4)])
-    follower = Follower(engine)
-    handler = GenerationWorker(engine, SamplingParams(max_new_tokens=MAX_NEW), topics, tokenizer=backend.tokenizer,
-                               policy=follower)
-    inputs = [Input("GenerationRequest", {**_request(pid, "What is 2+3?", 1, 0, 1), "mode": mode},
-                    topics.generation_requests, 0, k, pid.encode(), b"") for k, (pid, mode) in enumerate(requests)]
+    follower, handler, inputs = _following_worker(backend, requests)
     parts = handler.parts(inputs)
     assert [[i.record["prompt_id"] for i in part] for part in parts] == [["t1"], [requests[0][0], requests[2][0]]]
     records = [r for part in parts for r in _decoded(handler(part))]
