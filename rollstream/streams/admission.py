@@ -55,8 +55,8 @@ EPOCHS_CHECK_S = 2.0  # how often a restored admission checks that its epochs ta
 STALL_WARNING_S = 60.0  # a prompt waiting for a credit or a policy version this long is logged, again and again
 OUTCOME_RECHECK_S = 10.0  # credits waited for this long without an outcome: read the topic itself
 CLOCK_SKEW_MS = 60_000  # how far an outcome's timestamp may lag its admission (other machines' clocks)
-# a validation round waits this long without a train admission before it takes the train slots'
-# turn (no train prompt is waiting for them); the prompts agent rechecks the version every VERSION_POLL_S
+# a validation round that is due waits at most this long for the next train admission while one
+# could be admitted (none may be waiting); the prompts agent rechecks the version every VERSION_POLL_S
 TRAIN_FIRST_S = 4 * VERSION_POLL_S
 
 

@@ -460,3 +460,6 @@ def test_a_poll_is_generated_train_requests_first_and_keeps_the_weights_for_its_
     records = [r for part in parts for r in _decoded(handler(part))]
     assert [r["prompt_id"] for r in records] == ["t1", requests[0][0], requests[2][0]]
     assert follower.refreshes == refreshes and {r["policy_version"] for r in records} == {version}
+    _, _, [later] = _following_worker(backend, [("t2", "train")])
+    handler([later])  # a request of another poll: the last poll's round does not hold it
+    assert follower.refreshes == refreshes + 1
