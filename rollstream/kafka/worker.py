@@ -187,10 +187,6 @@ class EventWorker(PartitionWorker):
         self.processed += len(inputs)
         self.dead_lettered += sum(1 for o in outputs if o.topic == self.topics.dead_letter)
 
-    def process(self, messages: Sequence) -> list[Output | Send]:
-        """Decode and handle one batch of raw messages; returns every output to produce."""
-        return [out for part in self._process_parts(messages) for out in part]
-
     def _process_parts(self, messages: Sequence) -> Iterator[list[Output | Send]]:
         """Decode one batch of raw messages, then handle it a part at a time, yielding each
         part's outputs (the dead letters of the batch come with the first). A handler with

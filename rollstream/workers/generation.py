@@ -89,8 +89,7 @@ class GenerationWorker:
         self.held = 0  # polls that kept the weights for a validation round of the loaded version
         self._updates_seen = 0  # the backend's in-place weight updates already in the metrics
         self._in_flight = 0  # sequences submitted and not finished (pipelined backends)
-        # the poll ``parts`` split last: its records (held, so their ids stay theirs) and its rounds
-        self._poll: tuple[list[Mapping], frozenset[int], set[int]] = ([], frozenset(), set())
+        self._poll: list[Mapping] = []  # the records of the poll ``parts`` split last
         self._lock = threading.Lock()
         self.tokenizer = tokenizer or getattr(backend, "tokenizer", None) or load_tokenizer()
 
@@ -116,10 +115,9 @@ class GenerationWorker:
         them; generated together, the step's batch waited for the round's samples. Whether the
         weights are kept for a round (``_refresh``) is decided for the whole poll. (An in-process
         engine only: an inference-server backend takes every request of a poll at once.)"""
-        val = [i for i in inputs if i.record.get("mode") == "val"]
+        self._poll = [i.record for i in inputs]
         train = [i for i in inputs if i.record.get("mode") != "val"]
-        records = [i.record for i in inputs]
-        self._poll = (records, frozenset(map(id, records)), _rounds([i.record for i in val]))
+        val = [i for i in inputs if i.record.get("mode") == "val"]
         return [part for part in (train, val) if part]
 
     def submit(self, inputs: Sequence[Input]) -> "_InFlight":
@@ -208,8 +206,8 @@ class GenerationWorker:
 
     def _refresh(self, records: Sequence[Mapping]) -> None:
         """Load the newest policy version unless ``records`` validate the loaded one (class doc)."""
-        _, ids, poll_rounds = self._poll
-        rounds = _rounds(records) | (poll_rounds if all(id(r) in ids for r in records) else set())
+        poll = {id(r) for r in self._poll}  # a part of that poll: its rounds hold the whole poll
+        rounds = _rounds(self._poll if all(id(r) in poll for r in records) else records)
         if int(self.backend.policy_version) in rounds:
             self.held += 1
             return
