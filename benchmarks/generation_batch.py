@@ -1,8 +1,9 @@
-"""Generation seconds by rows per engine call (``actor_infer.max_num_seqs``), side by side.
+"""Generation seconds by rows per engine call (``actor_infer.max_num_seqs``), with a request's
+samples sharing one prefill of its prompt (the default) and each row prefilling its own, side by side.
 
 64 rows (8 prompts x 8 samples, 16 new tokens, temperature 1.0) of SmolLM2-135M in float32 on
-the CPU, through ``TransformersBackend.generate`` with ``max_num_seqs`` 8, 16, 32 and 64, the
-sizes interleaved over ``--repeats`` rounds (these machines are noisy) after one warm-up call.
+the CPU, through ``TransformersBackend.generate`` with ``max_num_seqs`` 8, 16, 32 and 64 and
+``share_prefill`` on and off, the variants interleaved over ``--repeats`` rounds (these machines are noisy) after one warm-up call.
 ``OMP_WAIT_POLICY`` is PASSIVE, as in ``rollstream run``. Prints JSON (median seconds per size,
 and rows per second); never asserts.
 
@@ -48,22 +49,26 @@ def main(argv: list[str] | None = None) -> int:
     params = [SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, seed=i) for i in range(len(prompts))]
     n = [args.samples] * len(prompts)
     backend.generate(prompts, n, params)  # warm-up: first-call allocations
-    seconds: dict[int, list[float]] = {size: [] for size in sizes}
+    seconds: dict[tuple[int, bool], list[float]] = {(size, share): [] for size in sizes for share in (True, False)}
     for _ in range(args.repeats):
-        for size in sizes:
-            backend.max_num_seqs = size
+        for size, share in seconds:
+            backend.max_num_seqs, backend.share_prefill = size, share
             t0 = time.perf_counter()
             backend.generate(prompts, n, params)
-            seconds[size].append(time.perf_counter() - t0)
+            seconds[size, share].append(time.perf_counter() - t0)
     rows = sum(n)
+
+    def figures(ts: list[float]) -> dict:
+        return {"seconds_median": round(statistics.median(ts), 2), "seconds": [round(t, 2) for t in ts],
+                "rows_per_second": round(rows / statistics.median(ts), 1)}
+
     write_result({
         "benchmark": "generation_batch", "smoke": args.smoke, "rows": rows, "max_new_tokens": args.max_new_tokens,
         "dtype": "float32",
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "machine": platform.machine(),
-        "by_max_num_seqs": {str(size): {"seconds_median": round(statistics.median(ts), 2),
-                                        "seconds": [round(t, 2) for t in ts],
-                                        "rows_per_second": round(rows / statistics.median(ts), 1)}
-                            for size, ts in seconds.items()},
+        # a request's samples share one prefill of its prompt; prefill_per_row: each row its own
+        "by_max_num_seqs": {str(size): {**figures(seconds[size, True]), "prefill_per_row": figures(seconds[size, False])}
+                            for size in sizes},
     }, args.out)
     return 0
 

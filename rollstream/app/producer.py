@@ -18,10 +18,10 @@ from rollstream.schemas.records import PROMPTS_END_KEY, prompts_end
 def config_prompts(config: RLVRConfig, datasets: list[DatasetConfig] | None = None) -> list[dict]:
     """Every dataset's prompts (``datasets``: these instead of the config's): the training prompts
     interleaved by domain_interleave_probs (a file's rows may name several domains), with the
-    validation prompts after the first ``max_running_prompts`` of them. The admission takes that
-    many train prompts at once, then the validation ones (they take no train slot): validation
-    still comes before any step trains (the estimate of the initial weights) and is never starved
-    by a finished run, while the first batch's requests reach the generation workers first."""
+    validation prompts after the train prompts of the steps the initial weights generate
+    (``val_after``). The admission reads the topic in order and admits a round without a slot,
+    so those steps' requests reach the generation workers before the round's samples, and the
+    round is still admitted before any version but the first can be published."""
     train: dict[str, list[dict]] = {}
     val: list[dict] = []
     for ds in config.datasets if datasets is None else datasets:
@@ -32,8 +32,21 @@ def config_prompts(config: RLVRConfig, datasets: list[DatasetConfig] | None = No
                 train.setdefault(prompt["domain"], []).append(prompt)
     probs = {d: config.domain_interleave_probs.get(d, 1.0) for d in train}
     mixed = interleave(train, probs, config.seed) if train else []
-    first = config.max_running_prompts
+    first = val_after(config)
     return mixed[:first] + val + mixed[first:]
+
+
+def val_after(config: RLVRConfig) -> int:
+    """How many train prompts precede the validation prompts on ``prompts``: the first step's
+    ``rollout_batch_size``, and the second step's too unless ``max_staleness`` is 0 or
+    ``max_steps`` is 1. Version 1 exists only once the first batch is trained, so the second
+    step's prompts (admitted when the first batch is full; each step takes at least
+    ``rollout_batch_size`` of them) and the round after them come from version 0's time, and
+    the step trained right after the first one does not wait behind the round. With
+    ``max_staleness: 0`` the second step waits for version 1, which must not generate round 0;
+    with ``max_steps: 1`` no second step is admitted, which would starve the round."""
+    steps = 1 if config.max_staleness == 0 or config.max_steps == 1 else 2
+    return steps * config.rollout_batch_size
 
 
 def publish_prompts(producer, topics: Topics, records: Iterable[dict]) -> int:

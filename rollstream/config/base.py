@@ -165,7 +165,7 @@ class ActorInferConfig(FrozenModel):
     device: Device = Field("auto", description="Where generation runs; auto: cuda when available, else cpu.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Generation weights' dtype; the trainer computes old_log_probs in float32, so bfloat16 here gives the train-inference mismatch the correction masks handle.")
     generating_args: GeneratingArgs = Field(default_factory=GeneratingArgs)
-    max_batch: int = Field(16, gt=0, description="Generation requests a generation worker takes per poll, generated in one engine call (each request is one prompt's num_return_sequences samples).")
+    max_batch: int = Field(16, gt=0, description="Generation requests per engine call (each request is one prompt's num_return_sequences samples). A worker with an in-process engine polls up to 4 calls' worth and generates their train requests before the validation ones; an inference-server worker polls one call's worth at a time.")
     max_num_seqs: int | None = Field(None, gt=0, le=65536, description="Sequences (rows) per engine batch: per transformers generate call, in generation and env workers (None: 32); vLLM's max_num_seqs (None: vLLM's default).")
     nice: int = Field(10, ge=0, le=19, description="CPU priority the model's generators give up (os.nice): a generation or env worker once its engine is loaded, the local vLLM server from its start. A trainer sharing their cores then trains at full speed while they use the CPU it leaves (validation rounds included); 0: same priority as the trainer. No effect on cores nothing else uses.")
 

@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 BatchHandler = Callable[[Sequence[Input]], Iterable[Output | Send]]
 # while batches are in flight, how long a poll waits for more input before finished ones are produced
 PIPELINE_POLL_MS = 20
+# with lookahead, a poll is topped up while more records arrive within this long: a step's
+# requests span partitions, whose records a single fetch may not hold yet
+LOOKAHEAD_LINGER_MS = 100
 
 
 class InFlight(Protocol):
@@ -139,17 +142,26 @@ class EventWorker(PartitionWorker):
     ``domains``) an event of a reward domain the run does not have, is dead-lettered with reason
     ``invalid_event``. A handler exception dead-letters the whole batch with reason
     ``handler_error`` (bytes kept), and the worker goes on.
+
+    The handler gets at most ``max_batch`` events per call. ``lookahead`` > 1 polls up to
+    ``lookahead * max_batch`` at once, so a handler that orders a poll (``parts``: generation,
+    train requests before validation ones) orders what is waiting, not only the share of one
+    partition that a poll of ``max_batch`` happens to return. Offsets are committed once the
+    whole poll is produced.
     """
 
     def __init__(self, context: StageContext, *, input_topic: str, group_id: str, expected_schema: str,
                  handler: BatchHandler, max_batch: int = 16, poll_timeout_ms: int = 200, compress: bool = False,
-                 domains: Iterable[str] | None = None) -> None:
-        super().__init__(context, input_topic=input_topic, group_id=group_id, max_poll_records=max_batch,
+                 domains: Iterable[str] | None = None, lookahead: int = 1) -> None:
+        if max_batch < 1 or lookahead < 1:
+            raise ValueError(f"max_batch and lookahead must be >= 1, got {max_batch} and {lookahead}")
+        super().__init__(context, input_topic=input_topic, group_id=group_id, max_poll_records=max_batch * lookahead,
                          poll_timeout_ms=poll_timeout_ms, compress=compress)
         self.expected_schema = expected_schema
         self.domains = None if domains is None else frozenset(domains)
         self.handler = handler
         self.max_batch = max_batch
+        self.lookahead = lookahead
         self.processed = 0
         self.dead_lettered = 0
 
@@ -188,13 +200,15 @@ class EventWorker(PartitionWorker):
         self.dead_lettered += sum(1 for o in outputs if o.topic == self.topics.dead_letter)
 
     def _process_parts(self, messages: Sequence) -> Iterator[list[Output | Send]]:
-        """Decode one batch of raw messages, then handle it a part at a time, yielding each
-        part's outputs (the dead letters of the batch come with the first). A handler with
+        """Decode one poll of raw messages, then handle it a part at a time, yielding each
+        part's outputs (the dead letters of the poll come with the first). A handler with
         ``parts(inputs)`` (generation: train requests before validation ones) names the parts,
-        in the order to handle them; else the batch is one part."""
+        in the order to handle them; else the poll is one part. A part above ``max_batch`` is
+        handled ``max_batch`` at a time."""
         inputs, dead = self._decoded(messages)
         parts = getattr(self.handler, "parts", None)
-        for part in (parts(inputs) if parts is not None and inputs else None) or [inputs]:
+        ordered = (parts(inputs) if parts is not None and inputs else None) or [inputs]
+        for part in _chunks(ordered, self.max_batch):
             outputs, dead = dead, []
             if part:
                 try:
@@ -218,8 +232,7 @@ class EventWorker(PartitionWorker):
         idle_since = time.monotonic()
         try:
             while not self.stop_event.is_set():
-                polled = self.consumer.poll(timeout_ms=self.poll_timeout_ms, max_records=self.max_batch)
-                messages = [m for batch in polled.values() for m in batch]
+                messages = self._poll()
                 if not messages:
                     if max_idle_s is not None and time.monotonic() - idle_since > max_idle_s:
                         break
@@ -232,6 +245,19 @@ class EventWorker(PartitionWorker):
                 self.commit()
         finally:
             self.close()
+
+    def _poll(self) -> list:
+        """Up to ``max_batch * lookahead`` records; with lookahead, topped up while more arrive
+        within ``LOOKAHEAD_LINGER_MS``."""
+        limit = self.max_batch * self.lookahead
+        polled = self.consumer.poll(timeout_ms=self.poll_timeout_ms, max_records=limit)
+        messages = [m for batch in polled.values() for m in batch]
+        while self.lookahead > 1 and 0 < len(messages) < limit:
+            more = self.consumer.poll(timeout_ms=LOOKAHEAD_LINGER_MS, max_records=limit - len(messages))
+            if not more:
+                break
+            messages += [m for batch in more.values() for m in batch]
+        return messages
 
     def _run_pipelined(self, max_idle_s: float | None) -> None:
         """``run`` for a PipelinedHandler: poll and submit while it has room; produce and commit
@@ -292,3 +318,11 @@ class EventWorker(PartitionWorker):
                 self.consumer.commit({tp: OffsetAndMetadata(offset, "", -1) for tp, offset in offsets.items()})
         except CommitFailedError as exc:
             log.warning("offset commit refused (%s); the batch may be redelivered", exc)
+
+
+def _chunks(parts: Sequence[list[Input]], size: int) -> Iterator[list[Input]]:
+    """Each part in order, ``size`` inputs at a time (an empty part stays one: it carries the
+    poll's dead letters)."""
+    for part in parts:
+        for k in range(0, max(len(part), 1), size):
+            yield part[k:k + size]

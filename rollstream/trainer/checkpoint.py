@@ -6,7 +6,10 @@ path), ``optimizer.pt`` (the AdamW state, so a restarted trainer continues the s
 optimisation) and ``trainer_state.json`` (version, step, the batch's group keys and its report).
 
 A checkpoint is written to a hidden temporary folder, every file fsynced, then renamed into
-place: a folder named ``v*`` is always complete. The trainer's exactly-once rule builds on that:
+place: a folder named ``v*`` is always complete. The optimizer state of a pruned folder is kept
+as ``.spare-optimizer.pt`` and the next checkpoint's is written over it in place: its pages stay
+in the page cache, where a new file's must be allocated afresh (on this project's VMs, where
+freed memory goes back to the host, that cost ~9 CPU-seconds per GB written). The trainer's exactly-once rule builds on that:
 a batch is trained once its checkpoint folder exists, whatever happened to the offsets after.
 
 ``CheckpointWriter`` takes the write off the training step's path: the caller copies the
@@ -35,6 +38,7 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
+SPARE_OPTIMIZER = ".spare-optimizer.pt"  # a pruned folder's optimizer.pt, to be written over
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -75,7 +79,15 @@ def snapshot(version: int, model: torch.nn.Module, optimizer: torch.optim.Optimi
     def copied(value):
         return value.detach().to("cpu", copy=True) if torch.is_tensor(value) else copy.deepcopy(value)
 
-    weights = {name: copied(tensor) for name, tensor in model.state_dict().items()}
+    # tied weights (lm_head = embed_tokens) stay one tensor: save_pretrained then writes them
+    # once, as it does for the live model (SmolLM2-135M: 113 MB less per checkpoint)
+    by_storage: dict[tuple, torch.Tensor] = {}
+    weights = {}
+    for name, tensor in model.state_dict().items():
+        alias = (tensor.device, tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
+        if alias not in by_storage:
+            by_storage[alias] = copied(tensor)
+        weights[name] = by_storage[alias]
     opt = None
     if optimizer is not None:
         full = optimizer.state_dict()
@@ -130,7 +142,7 @@ class CheckpointStore:
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
             if optimizer_state is not None:
-                torch.save(optimizer_state, tmp / OPTIMIZER_FILE)
+                self._save_optimizer(optimizer_state, tmp / OPTIMIZER_FILE)
             (tmp / STATE_FILE).write_text(json.dumps({**state, "version": version}, sort_keys=True))
             _fsync_tree(tmp)
         except Exception as err:  # safetensors and torch wrap the OSError in errors of their own
@@ -144,6 +156,18 @@ class CheckpointStore:
         _fsync_dir(self.root)
         self._prune()
         return final
+
+    def _save_optimizer(self, optimizer_state: dict, path: Path) -> None:
+        """torch.save ``optimizer_state`` to ``path``, over the spare file's bytes when there is
+        one (module doc)."""
+        spare = self.root / SPARE_OPTIMIZER
+        try:
+            os.replace(spare, path)
+        except FileNotFoundError:
+            path.touch()
+        with path.open("r+b") as fh:
+            torch.save(optimizer_state, fh)
+            fh.truncate()
 
     def versions(self) -> list[int]:
         """Versions with a complete folder, oldest first."""
@@ -176,8 +200,13 @@ class CheckpointStore:
         return json.loads((path / STATE_FILE).read_text())
 
     def _prune(self) -> None:
+        spare = self.root / SPARE_OPTIMIZER
         for version in self.versions()[:-self.keep_last]:
-            shutil.rmtree(self.path_of(version), ignore_errors=True)
+            folder = self.path_of(version)
+            (folder / STATE_FILE).unlink(missing_ok=True)  # incomplete from here on
+            if not spare.exists() and (folder / OPTIMIZER_FILE).is_file():
+                os.replace(folder / OPTIMIZER_FILE, spare)
+            shutil.rmtree(folder, ignore_errors=True)
         for stale in self.root.glob(".v*.tmp-*"):  # left by a crash mid-save
             if not stale.name.endswith(f"-{os.getpid()}"):
                 shutil.rmtree(stale, ignore_errors=True)

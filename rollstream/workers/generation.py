@@ -29,6 +29,11 @@ from rollstream.workers.engines import GenerationBackend, Sample, SamplingParams
 
 log = logging.getLogger(__name__)
 
+# an in-process engine's worker polls up to this many engine calls' worth of requests
+# (``max_batch`` each) and generates the train ones first (GenerationWorker.parts): a poll of one
+# call's worth returns the share of one partition, which may be mostly validation requests
+LOOKAHEAD = 4
+
 def pack_extras(sample: Sample) -> dict:
     """``sample.extras`` as ``Response.extras`` (name -> PackedArray record).
 
@@ -109,12 +114,12 @@ class GenerationWorker:
         return self._outputs(job, samples, (time.perf_counter() - t0) * 1000.0)
 
     def parts(self, inputs: Sequence[Input]) -> list[list[Input]]:
-        """A poll's requests in the order to generate them (``rollstream.kafka.worker``): the
-        train requests, then the validation ones. A poll takes records partition by partition,
-        so a validation round admitted after a step's train prompts still shares polls with
-        them; generated together, the step's batch waited for the round's samples. Whether the
-        weights are kept for a round (``_refresh``) is decided for the whole poll. (An in-process
-        engine only: an inference-server backend takes every request of a poll at once.)"""
+        """A poll's requests in the order to generate them (``rollstream.kafka.worker``; the
+        worker polls ``LOOKAHEAD`` engine calls' worth): the train requests, then the validation
+        ones. A round admitted beside a step's train prompts shares polls with them; generated
+        in topic order, the step's batch waited for the round's samples. Whether the weights are
+        kept for a round (``_refresh``) is decided for the whole poll. (An in-process engine
+        only: an inference-server backend takes every request of a poll at once.)"""
         self._poll = [i.record for i in inputs]
         train = [i for i in inputs if i.record.get("mode") != "val"]
         val = [i for i in inputs if i.record.get("mode") == "val"]
@@ -305,8 +310,8 @@ def run_generation_worker(
     nice: int = 0,
 ) -> EventWorker:
     """Consume ``generation.requests``, produce ``responses`` until stopped (SIGTERM/SIGINT)
-    or idle for ``max_idle_s``. ``max_batch`` caps requests per poll (each may ask for many
-    samples); ``context`` (stage ``generation``) names the cluster, the topics, this process's
+    or idle for ``max_idle_s``. ``max_batch`` caps requests per engine call (each may ask for
+    many samples; an in-process engine's worker polls ``LOOKAHEAD`` calls' worth); ``context`` (stage ``generation``) names the cluster, the topics, this process's
     partitions (see EventWorker), ``max_message_bytes`` (larger Responses become error
     Responses, see GenerationWorker) and the payload producer's ``compression_type``;
     ``domains``: the run's reward domains (a request of another one is dead-lettered, never
@@ -321,7 +326,7 @@ def run_generation_worker(
                                max_message_bytes=context.max_message_bytes)
     worker = EventWorker(context, input_topic=context.topics.generation_requests, group_id=group_id,
                          expected_schema="GenerationRequest", handler=handler, max_batch=max_batch, compress=True,
-                         domains=domains)
+                         domains=domains, lookahead=1 if handler.pipelined else LOOKAHEAD)
     handler.worker = worker.worker
     worker.install_signal_handlers()
     try:

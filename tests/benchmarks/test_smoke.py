@@ -99,7 +99,8 @@ def test_generation_batch(benchmark_smoke):
     r = benchmark_smoke
     assert (r["rows"], r["max_new_tokens"]) == (4, 2)
     assert set(r["by_max_num_seqs"]) == {"1", "4"}
-    assert all(v["seconds_median"] > 0 for v in r["by_max_num_seqs"].values())
+    assert all(v["seconds_median"] > 0 and v["prefill_per_row"]["seconds_median"] > 0
+               for v in r["by_max_num_seqs"].values())
 
 
 @pytest.mark.benchmark_smoke("real_sizes")

@@ -174,15 +174,20 @@ def test_the_documented_configs_load_and_publish_exact_records(qa, verl):
         {"prompt_id": "val/qa-00001", "domain": "math", "mode": "val", "prompt": "What is 7 - 4?", "ground_truth": "3",
          "messages": [], "tag": "", "created_ms": 0},
     ]
-    # the train rows interleaved by their own domains, the val ones after the first
-    # max_running_prompts (8) of them: both train rows here
-    published = config_prompts(cfg)
+    # the train rows interleaved by their own domains, the val ones after the first step's
+    # rollout_batch_size (1) of them, and the second step's (max_steps 2, max_staleness unbounded)
+    published = config_prompts(cfg.model_copy(update={"max_steps": 2}))
     assert [(p["prompt_id"], p["domain"], p["mode"]) for p in published[2:]] == [
         ("val/qa-00000", "math", "val"), ("val/qa-00001", "math", "val")]
     assert sorted((p["prompt_id"], p["domain"]) for p in published[:2]) == [("7", "openai/gsm8k"), ("8", "lighteval/MATH")]
     assert published[0]["messages"][0] == SYSTEM
-    one_slot = config_prompts(cfg.model_copy(update={"max_running_prompts": 1}))
-    assert [p["mode"] for p in one_slot] == ["train", "val", "val", "train"]
+    # the second step is not version 0's when it must wait for version 1, or never comes
+    for update in ({"max_steps": 2, "max_staleness": 0}, {"max_steps": 1}, {"max_steps": 2, "max_staleness": 1}):
+        order = [p["mode"] for p in config_prompts(cfg.model_copy(update=update))]
+        assert order == (["train", "train", "val", "val"] if update.get("max_staleness") == 1
+                         else ["train", "val", "val", "train"]), update
+    assert [p["mode"] for p in config_prompts(cfg.model_copy(update={"max_steps": 9, "rollout_batch_size": 2}))] == [
+        "train", "train", "val", "val"]  # fewer train prompts than two steps take: every one first
 
 
 def test_datasets_may_be_empty_prompts_then_come_from_outside():

@@ -86,14 +86,16 @@ def test_a_handlers_parts_are_handled_in_its_order_each_produced_before_the_next
             return [Send(topics.responses, x.record["prompt_id"], b"r") for x in inputs]
 
     worker = EventWorker(StageContext(kafka_broker, topics, "parts"), input_topic=topics.prompts,
-                         group_id=f"{topics.prefix}parts", expected_schema="Prompt", handler=Handler(), max_batch=6)
+                         group_id=f"{topics.prefix}parts", expected_schema="Prompt", handler=Handler(), max_batch=2,
+                         lookahead=3)
     worker.run(max_idle_s=3.0)
-    # one call per part (train or val), each finding every earlier call's responses on the topic;
-    # in a poll of all six (the usual one) the train part came first
+    # at most max_batch per call, one part (train or val) per call, each call finding every
+    # earlier call's responses on the topic; in a poll of all six (the usual one: lookahead 3)
+    # the train part came first, max_batch at a time
     assert [before for _, before in seen] == [sum(len(ids) for ids, _ in seen[:k]) for k in range(len(seen))]
-    assert all(len({int(pid[1:]) % 2 for pid in ids}) == 1 for ids, _ in seen)
+    assert all(len({int(pid[1:]) % 2 for pid in ids}) == 1 and len(ids) <= 2 for ids, _ in seen)
     assert sorted(pid for ids, _ in seen for pid in ids) == [f"p{i}" for i in range(6)]
-    assert len(seen) > 2 or seen == [(["p0", "p2", "p4"], 0), (["p1", "p3", "p5"], 3)]
+    assert len(seen) > 4 or seen == [(["p0", "p2"], 0), (["p4"], 2), (["p1", "p3"], 3), (["p5"], 5)]
     again = EventWorker(StageContext(kafka_broker, topics, "parts"), input_topic=topics.prompts,
                         group_id=f"{topics.prefix}parts", expected_schema="Prompt", handler=lambda inputs: [])
     again.run(max_idle_s=3.0)

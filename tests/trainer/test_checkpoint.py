@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from rollstream.exceptions import RollstreamError
 from rollstream.policy.model import load_weights_into
 from rollstream.trainer.batch import build_batch
-from rollstream.trainer.checkpoint import STATE_FILE, CheckpointStore
+from rollstream.trainer.checkpoint import OPTIMIZER_FILE, SPARE_OPTIMIZER, STATE_FILE, CheckpointStore, snapshot
 from rollstream.trainer.corrections import TrainInferCorrectionConfig
 from rollstream.trainer.policy import PolicyTrainer, TrainSettings
 
@@ -92,6 +93,14 @@ def test_a_deferred_save_writes_the_version_trained_not_the_weights_the_model_ha
     assert all(torch.equal(first[k], second[k]) for k in first)
     files = {store: sorted(p.name for p in store.path_of(2).iterdir()) for store in (synchronous, deferred_store)}
     assert files[synchronous] == files[deferred_store]
+    # the copy keeps the tied lm_head one tensor with the embedding, so it is written once, as
+    # from the live model
+    snap = snapshot(1, tiny_model(), None, {})
+    assert snap.weights["lm_head.weight"] is snap.weights["model.embed_tokens.weight"]
+    for store in (synchronous, deferred_store):
+        with safe_open(store.path_of(2) / "model.safetensors", "pt") as fh:
+            assert "lm_head.weight" not in fh.keys() and "model.embed_tokens.weight" in fh.keys()
+
 
 def test_the_report_carries_mask_means_per_agg_type_and_the_policy_lag(tmp_path):
     t = trainer(None)
@@ -100,6 +109,35 @@ def test_the_report_carries_mask_means_per_agg_type_and_the_policy_lag(tmp_path)
     assert report["policy_lag_max"] == 2 and report["generator_versions"] == [1]
     assert set(report["ratio_means"]) == set(report["diff_means"]) == {"token", "segment", "geometric", "sequence"}
     assert report["policy_version"] == 4 and report["checkpoint"] == ""
+
+
+def test_a_pruned_folders_optimizer_state_is_written_over_in_place_by_the_next_checkpoint(tmp_path):
+    """The spare keeps its file (inode, so its cached pages) and every kept version restores its
+    own AdamW state exactly, also when the spare was longer than the state written over it."""
+    store = CheckpointStore(tmp_path, keep_last=2)
+    model = tiny_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    saved, spare = {}, tmp_path / SPARE_OPTIMIZER
+    for version in (1, 2, 3, 4):
+        model(torch.tensor([[1, 2, 3 + version]])).logits.sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if version == 4:  # v1's file, made longer than any state
+            with spare.open("ab") as fh:
+                fh.write(b"x" * 100_000)
+            inode = spare.stat().st_ino
+        store.save(version, model, optimizer, {"step": version - 1})
+        saved[version] = {k: {n: t.clone() for n, t in v.items()} for k, v in optimizer.state_dict()["state"].items()}
+        assert spare.exists() == (version >= 3)  # v1's after v3, then v2's after v4
+    assert store.versions() == [3, 4]
+    written = store.path_of(4) / OPTIMIZER_FILE
+    assert written.stat().st_ino == inode and written.stat().st_size == (store.path_of(3) / OPTIMIZER_FILE).stat().st_size
+    for version in (3, 4):
+        restored = torch.optim.AdamW(tiny_model().parameters(), lr=0.1)
+        store.restore(store.path_of(version), tiny_model(), restored)
+        state = restored.state_dict()["state"]
+        assert state.keys() == saved[version].keys()
+        assert all(torch.equal(state[k][n], t) for k, v in saved[version].items() for n, t in v.items())
 
 
 def test_store_keeps_the_newest_and_ignores_a_torn_save(tmp_path):

