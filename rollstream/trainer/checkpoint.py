@@ -6,11 +6,14 @@ path), ``optimizer.pt`` (the AdamW state, so a restarted trainer continues the s
 optimisation) and ``trainer_state.json`` (version, step, the batch's group keys and its report).
 
 A checkpoint is written to a hidden temporary folder, every file fsynced, then renamed into
-place: a folder named ``v*`` is always complete. The optimizer state of a pruned folder is kept
-as ``.spare-optimizer.pt`` and the next checkpoint's is written over it in place: its pages stay
-in the page cache, where a new file's must be allocated afresh (on this project's VMs, where
-freed memory goes back to the host, that cost ~9 CPU-seconds per GB written). The trainer's exactly-once rule builds on that:
+place: a folder named ``v*`` is always complete. The trainer's exactly-once rule builds on that:
 a batch is trained once its checkpoint folder exists, whatever happened to the offsets after.
+
+The optimizer state of a pruned folder is kept as ``.spare-optimizer.pt`` and the next
+checkpoint's is written over it in place: its pages stay in the page cache, where a new file's
+must be allocated afresh (on this project's VMs, where freed memory goes back to the host, that
+cost ~9 CPU-seconds per GB written). Only the trainer reads that file, at a restart; the weights,
+which workers load while the trainer writes on, always go to a new file.
 
 ``CheckpointWriter`` takes the write off the training step's path: the caller copies the
 weights and AdamW state into CPU memory (``snapshot``, ~0.5 s for 135M parameters against ~4.5 s

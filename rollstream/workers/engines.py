@@ -184,9 +184,10 @@ class TransformersBackend:
     Each prompt is expanded ``n`` times into rows; rows are grouped by ``max_new_tokens``,
     sorted by prompt length (less padding) and run ``max_num_seqs`` rows per ``generate`` call,
     left-padded (config ``actor_infer.max_num_seqs``). The rows of a call that share a prompt
-    share one prefill pass over it (``share_prefill``; ``_prefill``). Decoding reads every weight once per step
-    whatever the rows, so bigger calls pay: on 2 CPU cores 64 rows of SmolLM2 (16 tokens) take
-    about 19 s at 8 rows per call, 12.5 s at 16 and 9 s at 32 (benchmarks/generation_batch.py).
+    share one prefill pass over it (``share_prefill``; ``_prefill``). Decoding reads every
+    weight once per step whatever the rows, so bigger calls pay: on 2 CPU cores 64 rows of
+    SmolLM2 (16 tokens) took about 19 s at 8 rows per call, 12.5 s at 16 and 9 s at 32 before
+    the shared prefill, 6 s at 32 with it (benchmarks/generation_batch.py).
     An exception inside a chunk turns that chunk's rows into error samples.
 
     ``model_dir``: a model folder or a hub id in the local cache (None: the bundled model);
@@ -263,7 +264,7 @@ class TransformersBackend:
         distinct: dict[tuple[int, ...], int] = {}  # a prompt's tokens -> its row in the prefill
         row_of = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
         cache = None
-        if self.share_prefill and width > 1 and len(distinct) < len(prompts):  # a request's samples share their prompt
+        if self.share_prefill and width > 1 and len(distinct) < len(prompts):  # a request's samples
             cache = self._prefill(*self._left_padded([list(p) for p in distinct], width))
             cache.batch_select_indices(torch.tensor(row_of, device=self.device))
         sampler = _SeededSampler(

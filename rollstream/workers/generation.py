@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 # call's worth returns the share of one partition, which may be mostly validation requests
 LOOKAHEAD = 4
 
+
 def pack_extras(sample: Sample) -> dict:
     """``sample.extras`` as ``Response.extras`` (name -> PackedArray record).
 
@@ -311,8 +312,9 @@ def run_generation_worker(
 ) -> EventWorker:
     """Consume ``generation.requests``, produce ``responses`` until stopped (SIGTERM/SIGINT)
     or idle for ``max_idle_s``. ``max_batch`` caps requests per engine call (each may ask for
-    many samples; an in-process engine's worker polls ``LOOKAHEAD`` calls' worth); ``context`` (stage ``generation``) names the cluster, the topics, this process's
-    partitions (see EventWorker), ``max_message_bytes`` (larger Responses become error
+    many samples; an in-process engine's worker polls ``LOOKAHEAD`` calls' worth); ``context``
+    (stage ``generation``) names the cluster, the topics, this process's partitions (see
+    EventWorker), ``max_message_bytes`` (larger Responses become error
     Responses, see GenerationWorker) and the payload producer's ``compression_type``;
     ``domains``: the run's reward domains (a request of another one is dead-lettered, never
     generated); ``nice``: added to the process's nice value once the engine is loaded
