@@ -14,7 +14,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
@@ -259,13 +259,13 @@ class TransformersBackend:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new}")
         if any(len(p) == 0 for p in prompts):
             raise ValueError("empty prompt")
-        width = max(len(p) for p in prompts)
-        input_ids, attention = self._left_padded(prompts, width)
+        input_ids, attention = self._left_padded(prompts)
+        width = input_ids.shape[1]
         distinct: dict[tuple[int, ...], int] = {}  # a prompt's tokens -> its row in the prefill
         row_of = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
         cache = None
         if self.share_prefill and width > 1 and len(distinct) < len(prompts):  # a request's samples
-            cache = self._prefill(*self._left_padded([list(p) for p in distinct], width))
+            cache = self._prefill(*self._left_padded(list(distinct)))  # the same width: the same longest prompt
             cache.batch_select_indices(torch.tensor(row_of, device=self.device))
         sampler = _SeededSampler(
             [(sp.temperature, sp.top_p, _row_seed(sp.seed, j)) for sp, j in row_params], self.device
@@ -313,9 +313,10 @@ class TransformersBackend:
             )
         return samples
 
-    def _left_padded(self, prompts: list[list[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(input_ids, attention_mask)``, both ``(len(prompts), width)`` int64: left padding,
-        so the last prompt token of every row is at the edge."""
+    def _left_padded(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(input_ids, attention_mask)``, both ``(len(prompts), width)`` int64 with ``width`` the
+        longest prompt: left padding, so the last prompt token of every row is at the edge."""
+        width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(prompts), width), dtype=torch.long)
         for r, p in enumerate(prompts):
