@@ -67,6 +67,11 @@ def print_summary(summary: dict, console: Console) -> None:
         table.add_row("validation (unfiltered)", f"{val['groups']} groups, correct mean {val['correct_mean']}")
         if summary.get("prompts_skipped_by_history"):
             table.add_row("prompts skipped by history", str(summary["prompts_skipped_by_history"]))
+        d = summary.get("difficulty") or {}
+        if d.get("groups_generated"):
+            table.add_row("zero-variance groups", f"{d['zero_variance_share']:.0%} of {d['groups_generated']} generated, "
+                                                  f"{d['zero_variance_tokens']} of {d['tokens_generated']} tokens; "
+                                                  f"{d['share_of_tokens_trained_on']:.0%} of the tokens trained on")
     if summary["detail"]:
         table.add_row("detail", summary["detail"])
     console.print(table)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from rollstream.config.base import FrozenModel
 from rollstream.config.pipeline import PipelineConfig
@@ -38,6 +38,28 @@ class FilterConfig(FrozenModel):
                         "(built-ins: acc, format; a user function: `score` or any numeric key of its dict).")
 
 
+SCREENABLE_FILTERS = ("mean_filter", "std_filter")
+"""Query filters that k equal values can decide: their rejection of k equal metrics is read as
+the group's (rollstream.filtering.prompt_state.screening_decision)."""
+
+
+class ScreeningConfig(FrozenModel):
+    """``rewards.<domain>.screening``: two-phase screening of the domain's train groups."""
+
+    samples: int = Field(..., description="k: the first k samples of a train group are generated first; when "
+                         "they are all equal and the query filter rejects them, the group is rejected screened_out "
+                         "and its other samples are never generated (2 <= k < num_return_sequences_in_group).")
+    diagnose: bool = Field(False, description="Generate a screened-out group's other samples anyway and record "
+                           "whether the full group would have been kept (full_group_kept): the false-rejection rate.")
+
+    @field_validator("samples")
+    @classmethod
+    def _two_at_least(cls, samples: int) -> int:
+        if samples < 2:
+            raise ValueError(f"must be >= 2 (one sample has no variance to judge), got {samples}")
+        return samples
+
+
 class RewardDomainConfig(FrozenModel):
     reward_type: str = Field(..., description="Reward function: gsm8k, math, reasoning_gym, or an import path "
                              "'pkg.module:function' (fn(response_text, ground_truth, **info) -> float | dict with "
@@ -51,6 +73,7 @@ class RewardDomainConfig(FrozenModel):
     response_filter_config: FilterConfig = Field(
         default_factory=lambda: FilterConfig(type="default"), description="Per-response filter (rules: see rollstream.filtering.response_filters)."
     )
+    screening: ScreeningConfig | None = Field(None, description="Two-phase screening of train groups (off: None).")
 
     @model_validator(mode="after")
     def _filters_resolve(self) -> "RewardDomainConfig":
@@ -63,6 +86,9 @@ class RewardDomainConfig(FrozenModel):
                 load_reward_function(self.reward_type, self.reward_batched)
         except ConfigError as exc:  # re-raised as ValueError so pydantic adds the field path
             raise ValueError(str(exc)) from exc
+        if self.screening is not None and query.type not in SCREENABLE_FILTERS:
+            raise ValueError(f"screening: needs a query filter that k equal samples can decide "
+                             f"({' or '.join(SCREENABLE_FILTERS)}), got {query.type!r}")
         if is_builtin(self.reward_type) and query.metric != REWARD_METRIC and query.metric not in REWARD_SCORE_KEYS:
             raise ValueError(
                 f"query_filter_config.metric {query.metric!r} is not a reward field; valid: {[REWARD_METRIC, *REWARD_SCORE_KEYS]}"
@@ -199,6 +225,11 @@ class RLVRConfig(PipelineConfig):
             raise ValueError(f"domain_interleave_probs names unknown domains {sorted(unknown)}")
         if self.max_prompts_per_batch < self.rollout_batch_size:
             raise ValueError("max_prompts_per_batch must be >= rollout_batch_size")
+        for name, domain in self.rewards.items():
+            k = domain.screening.samples if domain.screening else 0
+            if k >= self.num_return_sequences_in_group:
+                raise ValueError(f"rewards.{name}.screening.samples: {k} must be below num_return_sequences_in_group "
+                                 f"({self.num_return_sequences_in_group})")
         if self.history_filter.enable and self.num_epochs < 2:
             raise ValueError("history_filter.enable needs num_epochs >= 2 (it acts on the epochs after the first)")
         return self
@@ -232,6 +263,8 @@ class RLVRConfig(PipelineConfig):
                 max_staleness=self.max_staleness,
                 prompt_timeout_ms=int(self.prompt_timeout_s * 1000),
                 max_reissues=self.max_reissues_per_prompt,
+                screening_samples=d.screening.samples if d.screening else 0,
+                screening_diagnose=bool(d.screening and d.screening.diagnose),
             )
             for name, d in self.rewards.items()
         }
@@ -242,6 +275,7 @@ class RLVRConfig(PipelineConfig):
         return json.dumps(
             {"query_filter_config": d.query_filter_config.model_dump(),
              "response_filter_config": d.response_filter_config.model_dump(),
-             "max_response_rounds": self.max_response_rounds, "max_staleness": self.max_staleness},
+             "max_response_rounds": self.max_response_rounds, "max_staleness": self.max_staleness,
+             **({"screening": d.screening.model_dump()} if d.screening else {})},
             sort_keys=True,
         )

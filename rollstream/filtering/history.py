@@ -12,6 +12,12 @@ to stay so in the next; skipping it before rollout saves the generation that dyn
 * ``z`` = the number of most recent entries that are zero-variance, back to back (a skipped
   epoch adds no entry). With the exploration probability ``p_e`` of the pattern class of the
   latest entry, the prompt is skipped with probability ``1 - p_e ** z`` (``z = 0``: never).
+  A group rejected by two-phase screening (its first k samples all equal) is such an entry too:
+  a prompt found hopeless costs k samples, then is mostly skipped.
+* A prompt already skipped ``s`` epochs back to back is skipped with probability
+  ``(1 - p_e ** z) ** (1 + s)``: the chance that it comes back rises while it stays skipped,
+  so a prompt that became learnable meanwhile is found again (rollstream's addition; GRESO
+  keeps the probability of its last outcome).
 * ``p_e`` adapts per class: after every train group that was generated, if the share of that
   class among the last ``window`` generated groups is above its target
   (``target_all_correct`` / ``target_all_wrong``), ``p_e`` of that class goes down by ``step``
@@ -157,14 +163,15 @@ class SkipDecision:
 
 
 def skip_probability(history: PromptHistory | None, state: ExploreState) -> tuple[float, int, float]:
-    """``(1 - p_e ** z, z, p_e)`` for ``history`` (None: no history, probability 0)."""
+    """``((1 - p_e ** z) ** (1 + skips), z, p_e)`` for ``history`` (None: no history,
+    probability 0); ``skips`` the epochs it has been skipped back to back (module doc)."""
     if history is None or not history.entries:
         return 0.0, 0, 1.0
     z = history.zero_variance_streak()
     if z == 0:
         return 0.0, 0, 1.0
     p_e = state.explore[history.entries[-1]["pattern"]]
-    return 1.0 - p_e ** z, z, p_e
+    return (1.0 - p_e ** z) ** (1 + history.skips), z, p_e
 
 
 def decide_skip(history: PromptHistory | None, state: ExploreState, limits: HistoryLimits,

@@ -17,7 +17,16 @@ Lifecycle (the reference system's, with our differences):
    ``max_response_rounds`` rounds (in total, first one included) are used, in which case the
    prompt is aborted with ``response_retries_exhausted`` (the reference crashes here).
 4. A complete group goes to the query filter (validation bypasses it): commit or abort.
-5. No prompt waits forever (``on_request``, ``on_tick``): the open round's GenerationRequest is
+5. Two-phase screening (``screening_samples`` k, per domain; off by default): a train prompt's
+   round 0 asks for its first k samples only. When all k are accepted by the response filter,
+   their filter metrics are equal, and the query filter rejects them, the prompt is decided
+   ``screened_out`` from those k: the other samples are never generated. Otherwise the missing
+   samples are requested as the next round and the group is decided on all of them, as without
+   screening. The screening round is not counted in ``max_response_rounds``. With
+   ``screening_diagnose`` the missing samples are generated anyway and a screened-out group
+   records whether the full group's decision would have kept it (``full_group_kept``): the
+   false-rejection rate. (SPEED-RL, arXiv 2506.09016, screens prompts the same way.)
+6. No prompt waits forever (``on_request``, ``on_tick``): the open round's GenerationRequest is
    kept in the state with a deadline, ``prompt_timeout_ms`` after the request was seen. At the
    deadline the same request (round, seed, sample indices) is issued again, at most
    ``max_reissues`` times per prompt; samples that did arrive come back as duplicates and are
@@ -33,7 +42,7 @@ from functools import cached_property
 from typing import Any, Callable, Mapping, Sequence, Union
 
 from rollstream.filtering.decision import Decision
-from rollstream.filtering.query_filters import query_decider
+from rollstream.filtering.query_filters import f32, query_decider
 from rollstream.filtering.reasons import RejectReason
 from rollstream.filtering.response_filters import response_decider
 from rollstream.filtering.staleness import stale_decision
@@ -53,6 +62,20 @@ class DomainFilters:
     max_staleness: int | None = None  # policy versions; None = unbounded (filtering/staleness.py)
     prompt_timeout_ms: int = 600_000  # a round's samples not all back this long after its request: reissue
     max_reissues: int = 2  # deadline reissues per prompt; then abort prompt_timeout
+    screening_samples: int = 0  # k: a train group's first round asks for k samples (0: no screening)
+    screening_diagnose: bool = False  # generate a screened-out group in full, to measure false rejections
+
+    def __post_init__(self) -> None:
+        """Raises ValueError for screening samples outside [2, num_return_sequences)."""
+        k = self.screening_samples
+        if k and not 2 <= k < self.num_return_sequences:
+            raise ValueError(f"screening_samples must be in [2, {self.num_return_sequences}), got {k}")
+
+    def first_round(self, mode: str) -> int:
+        """Samples a prompt's round 0 asks for: k while screening a train prompt, else the group."""
+        if mode == "val":
+            return self.val_num_return_sequences
+        return self.screening_samples or self.num_return_sequences
 
     @property
     def metric(self) -> str:
@@ -88,6 +111,8 @@ class PromptState:
     request: dict | None = None  # the open round's GenerationRequest, reissued as is at the deadline
     deadline_ms: int = 0  # when the open round times out (epoch ms; 0: no request seen yet)
     reissues: int = 0  # deadline reissues so far
+    screening: int = 0  # k when round 0 screened the first k samples (0: not screened)
+    screened: dict | None = None  # screening_diagnose: the screened_out decision's values, decided at the end
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)  # fields are plain JSON types; asdict's deep copy is 5x slower
@@ -168,17 +193,24 @@ def open_state(rewarded: Mapping[str, Any], filters: DomainFilters) -> PromptSta
     response = rewarded["response"]
     val = response.get("mode", "train") == "val"
     n = filters.val_num_return_sequences if val else filters.num_return_sequences
+    first = filters.first_round(response.get("mode", "train"))
     return PromptState(
         prompt_id=response["prompt_id"], domain=response["domain"], mode=response.get("mode", "train"),
-        num_return_sequences=n, expected=list(range(n)), next_sample_index=n,
+        num_return_sequences=n, expected=list(range(first)), next_sample_index=first,
+        screening=first if first < n else 0,
     )
 
 
-def open_from_request(request: Mapping[str, Any]) -> PromptState:
-    """A state opened by its round-0 GenerationRequest (before any response arrived)."""
-    n, offset = int(request["num_return_sequences"]), int(request.get("sample_offset", 0))
-    return PromptState(prompt_id=request["prompt_id"], domain=request["domain"], mode=request.get("mode", "train"),
-                       num_return_sequences=n, expected=list(range(offset, offset + n)), next_sample_index=offset + n)
+def open_from_request(request: Mapping[str, Any], filters: DomainFilters) -> PromptState:
+    """A state opened by its round-0 GenerationRequest (before any response arrived); a train
+    request for ``screening_samples`` samples opens the screening round of the domain's group."""
+    k, offset = int(request["num_return_sequences"]), int(request.get("sample_offset", 0))
+    mode = request.get("mode", "train")
+    screening = mode == "train" and 0 < k == filters.screening_samples
+    return PromptState(prompt_id=request["prompt_id"], domain=request["domain"], mode=mode,
+                       num_return_sequences=filters.num_return_sequences if screening else k,
+                       expected=list(range(offset, offset + k)), next_sample_index=offset + k,
+                       screening=k if screening else 0)
 
 
 def on_request(state: PromptState | None, request: Mapping[str, Any], filters: DomainFilters,
@@ -192,7 +224,7 @@ def on_request(state: PromptState | None, request: Mapping[str, Any], filters: D
     if state is None:
         if rnd != 0:
             return None, False
-        state = open_from_request(request)
+        state = open_from_request(request, filters)
     if state.decided is not None or state.request is not None or rnd != state.rounds - 1:
         return state, False
     return with_request(state, request, filters, now_ms), True
@@ -268,8 +300,16 @@ def step(
 def _round_complete(
     state: PromptState, filters: DomainFilters, effects: list[Effect], current_version: int | None
 ) -> tuple[PromptState, list[Effect]]:
+    if state.screening and state.rounds == 1:
+        screened = screening_decision([state.accepted[str(i)] for i in state.accepted_indices], state.screening,
+                                      filters)
+        if screened is not None and not filters.screening_diagnose:
+            decision = stale_decision(max(state.policy_version, 0), current_version, filters.max_staleness) or screened
+            state, decided = _decide(state, decision)
+            return state, [*effects, *decided]
+        state.screened = None if screened is None else dict(screened.values)
     missing = state.num_return_sequences - len(state.accepted)
-    if missing > 0 and state.rounds < filters.max_response_rounds:
+    if missing > 0 and state.rounds < filters.max_response_rounds + (1 if state.screening else 0):
         replacement = Replacement(state.rounds, missing, state.next_sample_index)
         state.request, state.deadline_ms = None, 0  # the shell records the replacement's request
         state.expected = list(range(state.next_sample_index, state.next_sample_index + missing))
@@ -289,8 +329,26 @@ def _round_complete(
         metrics = [state.accepted[str(i)] for i in indices]
         decision = (stale_decision(max(state.policy_version, 0), current_version, filters.max_staleness)
                     or filters.decide_query(metrics))
+    if state.screened is not None:  # screening_diagnose: rejected as screened, told what the full group got
+        decision = Decision.reject(RejectReason.SCREENED_OUT, **state.screened, full_group_kept=float(decision.keep))
+    elif state.screening and decision.keep:
+        decision = Decision.accept(**decision.values, screening_samples=float(state.screening))
     state, decided = _decide(state, decision)
     return state, [*effects, *decided]
+
+
+def screening_decision(metrics: Sequence[float], k: int, filters: DomainFilters) -> Decision | None:
+    """The ``screened_out`` rejection of a group from the filter metrics of its first ``k``
+    accepted samples, or None when they do not decide it: fewer than ``k`` accepted (errors are
+    the response filter's: replaced, never read as zero variance), a non-finite or unequal
+    value (compared in float32, as the filters compare), or a query filter that keeps ``k``
+    equal values. Values: the filter's own (mean, std, thresholds) and ``screening_samples``."""
+    if len(metrics) < k or len({f32(m) for m in metrics}) != 1 or not math.isfinite(f32(metrics[0])):
+        return None
+    decision = filters.decide_query(metrics)
+    if decision.keep:
+        return None
+    return Decision.reject(RejectReason.SCREENED_OUT, **decision.values, screening_samples=float(k))
 
 
 def _decide(state: PromptState, decision: Decision) -> tuple[PromptState, list[Effect]]:

@@ -25,6 +25,7 @@ class RejectReason(str, Enum):
     MEAN_TOO_LOW = "mean_too_low"
     MEAN_TOO_HIGH = "mean_too_high"
     ZERO_STD = "zero_std"
+    SCREENED_OUT = "screened_out"  # the first screening.samples responses decided the group (two-phase screening)
     CUSTOM_QUERY_FILTER = "custom_query_filter"
     FILTER_ERROR = "filter_error"  # a custom filter raised: the group is kept, as rejected data
     # agentic trajectory / group level

@@ -84,6 +84,7 @@ class AdmissionProcessor:
         self.topics = topics
         self.store = store
         self.limits = config.admission_limits()
+        self.filters = config.domain_filters()  # a screened domain's round 0 asks for its first k samples
         self.latest_version = latest_version
         self.metrics = process_metrics()
         self.prompt_filter = core.prompt_filter_config(config.prompt_length)
@@ -179,7 +180,7 @@ class AdmissionProcessor:
             return [self.rejected_group(prompt, verdict), *self.outputs(effects)]
         self.save(core.admit(state, prompt["prompt_id"], mode, now_ms()))
         self.metrics.decision("prompt", True, "accepted")
-        n = self.config.val_num_return_sequences if mode == "val" else self.config.num_return_sequences_in_group
+        n = self.filters[prompt["domain"]].first_round(mode)
         request = generation_request(prompt, round_=0, num_return_sequences=n, sample_offset=0,
                                      seed=derive_seed(self.config.seed, prompt["prompt_id"], 0))
         return [Output(self.topics.generation_requests, prompt["prompt_id"], "GenerationRequest", request)]

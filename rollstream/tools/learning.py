@@ -14,6 +14,11 @@
   counted apart (they were never generated).
 
 ``curve`` joins them: one row per version, what the report plots.
+
+``difficulty`` says whether filtering can pay on a run's data: the share of its generated train
+groups that were zero-variance (every response the same reward: all-correct or all-wrong,
+screened-out groups included), the response tokens spent on them, and the share of all
+generated train tokens that accepted groups carried to the trainer.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from collections import defaultdict
 from typing import Iterable, Mapping, Sequence
 
 from rollstream.filtering.admission import eval_version_of
+from rollstream.filtering.history import ZERO_VARIANCE, reward_pattern
 from rollstream.filtering.reasons import RejectReason
 from rollstream.tools.stats import pass_at_k
 
@@ -114,6 +120,28 @@ def filtering_by_version(decided: Iterable[dict], group_size: int) -> dict[int, 
                   "responses_per_accepted_response": round(row["responses_generated"] / accepted_responses, 3)
                   if accepted_responses else None}
     return out
+
+
+def difficulty(rewarded: Iterable[dict], decided: Iterable[dict]) -> dict:
+    """The module doc's ``difficulty`` from train RewardedResponse records and the filters'
+    decided train Groups (skipped ones carry no responses and count nowhere). Tokens are
+    response tokens (``response_length``); a group's are all its prompt's generated responses,
+    the ones its response filter rejected included."""
+    tokens_of: dict[str, int] = defaultdict(int)
+    for r in rewarded:
+        if r["response"].get("mode", "train") == "train":
+            tokens_of[r["response"]["prompt_id"]] += int(r["response"].get("response_length", 0))
+    generated = [g for g in decided if g.get("responses_generated", 0) > 0]
+    zero = [g for g in generated if reward_pattern([r["response_level_reward"] for r in g["responses"]])
+            in ZERO_VARIANCE]
+    total = sum(tokens_of.values())
+    trained = sum(int(r["response"].get("response_length", 0)) for g in generated if g["accepted"]
+                  for r in g["responses"])
+    return {"groups_generated": len(generated),
+            "zero_variance_share": round(len(zero) / len(generated), 4) if generated else None,
+            "tokens_generated": total, "zero_variance_tokens": sum(tokens_of[g["prompt_id"]] for g in zero),
+            "tokens_trained_on": trained,
+            "share_of_tokens_trained_on": round(trained / total, 4) if total else None}
 
 
 def learning_curve(validation: Iterable[dict], rewarded: Iterable[dict], decided: Iterable[dict],

@@ -29,7 +29,7 @@ from typing import Iterable, Mapping
 from rollstream.config import AgenticConfig, Config, RLVRConfig
 from rollstream.filtering.admission import history_filter_config, prompt_length_decision
 from rollstream.filtering.group_filters import filter_group, load_group_filter
-from rollstream.filtering.prompt_state import Decided, DomainFilters, DuplicateResponse, step
+from rollstream.filtering.prompt_state import Decided, DomainFilters, open_state, step
 from rollstream.filtering.reasons import ACCEPTED, RejectReason
 from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.topics import Topics
@@ -185,15 +185,26 @@ def _recorded_version(group: Mapping) -> int | None:
 def _replay_prompt(records: list[dict], filters: DomainFilters, current_version: int | None
                    ) -> tuple[GroupOutcome | None, int]:
     """(decision, recorded responses consumed); decision None when a replacement it asks for
-    was never generated."""
-    state, used = None, 0
-    for record in records:
-        state, effects = step(state, record, filters, current_version)
-        if not all(isinstance(e, DuplicateResponse) for e in effects):
+    was never generated. A recorded sample the alternative asks for only in a later round (its
+    screening round asks for fewer than the recording's first round held) waits until that round
+    is requested."""
+    state, used, waiting = None, 0, list(records)
+    while waiting:
+        later = []
+        for record in waiting:
+            state = state or open_state(record, filters)
+            if int(record["response"]["sample_index"]) not in state.expected:
+                later.append(record)  # a later round's, a redelivery, or a sample never asked for
+                continue
+            state, effects = step(state, record, filters, current_version)
             used += 1
-        for effect in effects:
-            if isinstance(effect, Decided):
-                return GroupOutcome(effect.accepted, effect.reason, effect.responses_generated, effect.rounds), used
+            for effect in effects:
+                if isinstance(effect, Decided):
+                    return GroupOutcome(effect.accepted, effect.reason, effect.responses_generated,
+                                        effect.rounds), used
+        if len(later) == len(waiting):
+            break
+        waiting = later
     return None, used
 
 

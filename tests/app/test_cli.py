@@ -40,6 +40,20 @@ def test_config_errors_name_the_field(tmp_path):
     assert missing.exit_code == 2 and "config file not found" in missing.output
 
 
+@pytest.mark.parametrize("samples, message", [
+    (4, "rewards.gsm8k.screening.samples: 4 must be below num_return_sequences_in_group (4)"),
+    (0, "rewards.gsm8k.screening.samples: must be >= 2"),
+])
+def test_absurd_screening_is_one_line_and_exit_2(tmp_path, samples, message):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(Path(EXAMPLE).read_text().replace(
+        "    query_filter_config:\n      type: std_filter",
+        f"    screening: {{samples: {samples}}}\n    query_filter_config:\n      type: std_filter"))
+    result = runner.invoke(app, ["run", str(bad)])
+    assert result.exit_code == 2
+    assert message in result.output and "Traceback" not in result.output
+
+
 @pytest.mark.parametrize("form", [["-c"], ["--config"], []])
 def test_run_takes_its_config_with_c_like_every_command_or_as_the_positional_path(tmp_path, form):
     bad = tmp_path / "bad.yaml"

@@ -61,3 +61,40 @@ def test_timeout_and_concurrency_must_be_positive():
         parse_config(config(reward_type=f"{USER}:exact_match", reward_timeout_s=0))
     with pytest.raises(ConfigError, match="reward_concurrency"):
         parse_config({**config(reward_type="gsm8k"), "reward_concurrency": 0})
+
+
+MEAN01 = {"type": "mean_filter", "metric": "acc", "filter_args": {"threshold_down": 0.0, "threshold_up": 1.0}}
+
+
+def screened(samples, query=MEAN01, n: int = 4) -> dict:
+    return {**config(reward_type="gsm8k", query_filter_config=query, screening=samples),
+            "num_return_sequences_in_group": n}
+
+
+def test_screening_reaches_the_domain_filters_and_the_recorded_filter_config():
+    cfg = parse_config(screened({"samples": 2, "diagnose": True}))
+    f = cfg.domain_filters()["mine"]
+    assert (f.screening_samples, f.screening_diagnose, f.first_round("train")) == (2, True, 2)
+    assert '"screening": {"diagnose": true, "samples": 2}' in cfg.filter_config_json("mine")
+    off = parse_config(config(reward_type="gsm8k", query_filter_config=MEAN01))
+    assert off.domain_filters()["mine"].screening_samples == 0
+    assert "screening" not in off.filter_config_json("mine")  # unchanged: the same hash as before screening
+
+
+@pytest.mark.parametrize("samples, query, message", [
+    ({"samples": 4}, MEAN01, "invalid config: rewards.mine.screening.samples: 4 must be below "
+                             "num_return_sequences_in_group (4)"),
+    ({"samples": 9}, MEAN01, "invalid config: rewards.mine.screening.samples: 9 must be below"),
+    ({"samples": 1}, MEAN01, "invalid config: rewards.mine.screening.samples: must be >= 2 "
+                             "(one sample has no variance to judge), got 1"),
+    ({"samples": 0}, MEAN01, "rewards.mine.screening.samples: must be >= 2"),
+    ({"samples": -3}, MEAN01, "rewards.mine.screening.samples: must be >= 2"),
+    ({}, MEAN01, "rewards.mine.screening.samples: Field required"),
+    ({"samples": 2}, {"type": "no_filter"}, "rewards.mine: screening: needs a query filter that k "
+                                            "equal samples can decide (mean_filter or std_filter), got 'no_filter'"),
+    ({"samples": 2}, {"type": "tests.filtering.test_query_filters:keep_if_any_perfect"}, "screening: needs a query filter"),
+])
+def test_absurd_screening_is_a_one_line_error_naming_the_key(samples, query, message):
+    with pytest.raises(ConfigError) as err:
+        parse_config(screened(samples, query))
+    assert message in str(err.value) and "\n" not in str(err.value)

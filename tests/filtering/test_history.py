@@ -41,6 +41,30 @@ def test_skip_probability_is_one_minus_explore_to_the_zero_variance_streak(patte
     assert h.skip_probability(hist(*patterns), state)[0] == pytest.approx(expected)
 
 
+def test_the_chance_to_come_back_rises_with_each_epoch_skipped():
+    state = h.ExploreState({"all_correct": 0.2, "all_wrong": 0.2}, [])
+    probabilities = [h.skip_probability(hist("all_wrong", skips=s), state)[0] for s in range(4)]
+    assert probabilities == pytest.approx([0.8, 0.8 ** 2, 0.8 ** 3, 0.8 ** 4])
+
+
+def test_a_screened_out_group_enters_the_history_as_zero_variance():
+    """Screening decides from k samples: the outcome it writes carries their pattern, so the
+    history filter learns from k samples what it learns from a full group."""
+    from rollstream.filtering.prompt_state import Decided, DomainFilters, step
+    from rollstream.streams.records import prompt_outcome
+    from tests.filtering.test_prompt_state import rr
+
+    filters = DomainFilters(num_return_sequences=8, screening_samples=2,
+                            query_filter_config={"type": "std_filter", "filter_args": {"std_threshold": 0.0}})
+    state, effects = step(None, rr(0, 0.0), filters)
+    state, effects = step(state, rr(1, 0.0), filters)
+    (decided,) = [e for e in effects if isinstance(e, Decided)]
+    outcome = prompt_outcome({"prompt_id": "p#e1", "domain": "d"}, committed=False, reason=decided.reason,
+                             rounds=decided.rounds, responses_generated=decided.responses_generated,
+                             policy_version=decided.policy_version, rewards=decided.rewards)
+    assert (outcome["reason"], outcome["reward_pattern"], outcome["responses_generated"]) == ("screened_out", "all_wrong", 2)
+
+
 def test_the_class_of_the_latest_entry_sets_the_explore_probability():
     state = h.ExploreState({"all_correct": 0.1, "all_wrong": 0.9}, [])
     assert h.skip_probability(hist("all_wrong", "all_correct"), state) == (pytest.approx(1 - 0.1 ** 2), 2, 0.1)

@@ -12,7 +12,7 @@ from rollstream.kafka.payloads import PayloadFetcher, ref_key
 from rollstream.schemas import decode, encode
 from rollstream.tools.readback import read_values
 
-from .harness import publish_rewarded, response, start_stages, wait_for, wait_for_group, write_config
+from .harness import DOMAIN, publish_rewarded, response, start_stages, wait_for, wait_for_group, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -98,6 +98,38 @@ def test_replacements_ask_for_exactly_the_rejected_count(kafka_broker, aggregato
     assert (group["rounds"], group["responses_generated"]) == (3, 7)
     assert group["decision_values"]["rejected_responses/truncated"] == 2.0
     assert group["decision_values"]["rejected_responses/empty_response"] == 1.0
+
+
+def test_screening_decides_from_the_first_samples_or_asks_for_the_rest(kafka_broker, topic_factory, tmp_path):
+    """A screened domain (k = 2 of 4): a prompt whose 2 samples are equal is rejected
+    screened_out from them, nothing more asked; a mixed one gets a round-1 request for the other
+    2, and its group holds all 4 with the versions that generated each."""
+    topics = topic_factory(partitions=PARTITIONS)
+    rewards = {DOMAIN: {"reward_type": "gsm8k", "screening": {"samples": 2},
+                         "query_filter_config": {"type": "std_filter", "filter_args": {"std_threshold": 0.0}}}}
+    stages = start_stages(write_config(tmp_path, topics, PARTITIONS, rewards=rewards), kafka_broker,
+                          tmp_path / "logs", Stage.aggregator)
+    try:
+        publish_rewarded(kafka_broker, topics, [response("flat", i, reward=0.0) for i in range(2)]
+                         + [response("mixed", i, reward=float(i)) for i in range(2)])
+        wait_for(lambda: read_values(kafka_broker, topics.groups_rejected) and read_values(
+            kafka_broker, topics.generation_requests), what="screened group and a request", stages=stages)
+        [flat] = read_values(kafka_broker, topics.groups_rejected)
+        assert (flat["prompt_id"], flat["reason"], flat["responses_generated"], flat["rounds"]) == ("flat", "screened_out", 2, 1)
+        assert flat["decision_values"]["screening_samples"] == 2.0 and flat["decision_values"]["std"] == 0.0
+        [req] = read_values(kafka_broker, topics.generation_requests)
+        assert (req["prompt_id"], req["round"], req["num_return_sequences"], req["sample_offset"]) == ("mixed", 1, 2, 2)
+        publish_rewarded(kafka_broker, topics, [response("mixed", i, round_=1, reward=0.0, policy_version=1)
+                                                for i in (2, 3)])
+        wait_for(lambda: read_values(kafka_broker, topics.groups_accepted), what="the mixed group", stages=stages)
+        [mixed] = read_values(kafka_broker, topics.groups_accepted)
+        assert [(r["response"]["sample_index"], r["response"]["policy_version"]) for r in mixed["responses"]] == [
+            (0, 0), (1, 0), (2, 1), (3, 1)]
+        assert (mixed["rounds"], mixed["policy_version"], mixed["decision_values"]["screening_samples"]) == (2, 0, 2.0)
+        outcomes = {o["prompt_id"]: (o["reason"], o["reward_pattern"]) for o in read_values(kafka_broker, topics.prompt_outcomes)}
+        assert outcomes == {"flat": ("screened_out", "all_wrong"), "mixed": ("accepted", "mixed")}
+    finally:
+        stages.close()
 
 
 def test_retries_exhausted_aborts_the_prompt_and_the_stage_keeps_going(kafka_broker, topic_factory, tmp_path):

@@ -53,6 +53,16 @@ def test_an_admitted_prompt_becomes_one_generation_request_and_takes_a_credit():
     assert p.can_admit("train")  # a rejection frees exactly one slot
 
 
+def test_a_screened_domain_asks_for_its_first_k_samples_and_validation_for_its_own_count():
+    p = processor(rewards={"math": {"reward_type": "gsm8k", "screening": {"samples": 2},
+                                    "query_filter_config": {"type": "std_filter", "filter_args": {"std_threshold": 0}}}},
+                  val_num_return_sequences=3)
+    [train] = admit(p, prompt("a"))
+    [val] = admit(p, prompt("val/b", mode="val"))
+    assert (train.record["num_return_sequences"], train.record["sample_offset"]) == (2, 0)
+    assert val.record["num_return_sequences"] == 3
+
+
 def test_screening_tells_redeliveries_duplicates_and_unknown_domains_apart():
     p = processor()
     admit(p, prompt("a"), offset=3)

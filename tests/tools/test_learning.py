@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollstream.tools.learning import final_round_done, first_reaching, learning_curve
+from rollstream.tools.learning import difficulty, final_round_done, first_reaching, learning_curve
 
 
 def member(pid: str, i: int, reward: float, version: int, mode: str = "train", acc: float | None = None) -> dict:
@@ -83,3 +83,15 @@ def test_the_printed_learning_table_fits_80_columns_without_cutting_a_word():
     for word in ("version", "pass@1", "reward", "retention", "accepted", "skipped"):
         assert word in text
     assert "0.266" in text and "1.12" in text and "v12" in text
+
+
+def test_difficulty_counts_zero_variance_groups_and_the_tokens_spent_on_them():
+    decided = [group("mixed", [1, 0, 0, 0], 0), group("wrong", [0, 0, 0, 0], 0, accepted=False, reason="mean_too_low"),
+               group("screened", [1, 1], 1, accepted=False, reason="screened_out"),
+               group("skipped", [], 1, accepted=False, reason="skipped_by_history", generated=0)]
+    # every response has 3 tokens; "wrong" had one more response that its response filter rejected
+    rewarded = [m for g in decided for m in g["responses"]] + [member("wrong", 4, 0.0, 0)]
+    assert difficulty(rewarded, decided) == {
+        "groups_generated": 3, "zero_variance_share": round(2 / 3, 4), "tokens_generated": 33,
+        "zero_variance_tokens": 21, "tokens_trained_on": 12, "share_of_tokens_trained_on": round(12 / 33, 4)}
+    assert difficulty([], [])["zero_variance_share"] is None

@@ -41,7 +41,7 @@ def record_run(cfg, scripts: dict[str, list[tuple[float, str]]]):
     filters = cfg.domain_filters()[DOMAIN]
     stream, groups = [], []
     for pid, script in scripts.items():
-        pending, state = list(range(4)), None
+        pending, state = list(range(filters.first_round("train"))), None
         while pending:
             index = pending.pop(0)
             record = rewarded(pid, index, *script[index])
@@ -97,6 +97,31 @@ def test_replacements_the_recording_holds_or_lacks():
     stream, groups = record_run(config(reject_truncated=False), SCRIPTS)
     strict = whatif_rlvr(config(reject_truncated=True), stream, groups).report(2)
     assert strict["needs_generation"] == ["cut"] and strict["alternative"]["groups_decided"] == 3
+
+
+def screening(k: int = 2, **extra):
+    cfg = config(**extra).model_dump()
+    cfg["rewards"][DOMAIN]["screening"] = {"samples": k}
+    return parse_config(cfg)
+
+
+def test_screening_replayed_and_replayed_against():
+    """A screened recording re-decides the same under its own config; without screening its
+    screened-out group lacks the rest of its samples; a recording without screening, replayed
+    under screening, screens out the zero-variance group and saves the samples after its first 2."""
+    stream, groups = record_run(screening(), SCRIPTS)
+    assert {g["prompt_id"]: g["reason"] for g in groups}["flat"] == "screened_out"
+    assert sum(r["response"]["prompt_id"] == "flat" for r in stream) == 2
+    same = whatif_rlvr(screening(), stream, groups).report(2)
+    assert same["changed"] == [] and same["needs_generation"] == [] and same["saved_generations"] == 0
+    assert same["actual"]["reasons"] == {"accepted": 3, "screened_out": 1}
+    assert whatif_rlvr(config(), stream, groups).report(2)["needs_generation"] == ["flat"]
+    stream, groups = record_run(config(), SCRIPTS)
+    screened = whatif_rlvr(screening(), stream, groups).report(2)
+    assert screened["changed"] == [{"group_key": "flat", "actual": "zero_std", "alternative": "screened_out"}]
+    assert screened["saved_generations"] == 2 and screened["needs_generation"] == []
+    # spread and narrow take a second round; cut took one (its truncated sample) either way
+    assert screened["alternative"]["rounds"] == screened["actual"]["rounds"] + 2
 
 
 def test_rounds_are_reported_per_side():

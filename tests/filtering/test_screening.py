@@ -1,0 +1,126 @@
+"""Two-phase screening in the per-prompt transaction (rollstream.filtering.prompt_state): the
+first k samples decide a group they already decide, the rest are generated otherwise."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollstream.filtering.prompt_state import (
+    Decided,
+    DomainFilters,
+    Replacement,
+    on_request,
+    screening_decision,
+    step,
+)
+from tests.filtering.test_prompt_state import STD0, rr, run
+
+MEAN01 = {"type": "mean_filter", "metric": "acc", "filter_args": {"threshold_down": 0.0, "threshold_up": 1.0}}
+
+
+def screened(k=2, n=4, query=MEAN01, **kw) -> DomainFilters:
+    return DomainFilters(num_return_sequences=n, query_filter_config=query, screening_samples=k, **kw)
+
+
+def decided(effects) -> Decided:
+    (d,) = [e for e in effects if isinstance(e, Decided)]
+    return d
+
+
+@pytest.mark.parametrize("reward, reason, mean", [(0.0, "screened_out", 0.0), (1.0, "screened_out", 1.0)])
+def test_k_equal_samples_the_filter_rejects_decide_the_group_and_nothing_more_is_asked(reward, reason, mean):
+    state, effects = run([rr(0, reward), rr(1, reward)], screened())
+    assert not any(isinstance(e, Replacement) for e in effects)
+    assert decided(effects) == Decided(False, reason, {"mean": mean, "threshold_down": 0.0, "threshold_up": 1.0,
+                                                       "screening_samples": 2.0}, [0, 1], 1, 2, {}, 3, (reward, reward))
+    assert state.decided == reason
+
+
+def test_mixed_screening_samples_ask_for_the_rest_and_decide_on_the_whole_group():
+    f = screened(k=2, n=5)
+    state, effects = run([rr(1, 1.0), rr(0, 0.0)], f)
+    assert effects[-1] == Replacement(round=1, num_return_sequences=3, sample_offset=2)
+    assert state.expected == [2, 3, 4] and state.rounds == 2
+    _, effects = run_from(state, [rr(i, 0.0, round_=1) for i in (2, 3, 4)], f)
+    d = decided(effects)
+    assert (d.accepted, d.reason, d.sample_indices, d.rounds, d.responses_generated) == (True, "accepted", [0, 1, 2, 3, 4], 2, 5)
+    assert d.values == {"mean": pytest.approx(0.2), "threshold_down": 0.0, "threshold_up": 1.0, "screening_samples": 2.0}
+
+
+def test_equal_samples_the_filter_keeps_are_not_screened_out():
+    """std_filter with its default threshold (-1) keeps zero-variance groups: k equal samples
+    decide nothing, and a mean inside mean_filter's band neither."""
+    assert screening_decision([1.0, 1.0], 2, screened(query={"type": "std_filter"})) is None
+    assert screening_decision([0.5, 0.5], 2, screened()) is None
+    assert screening_decision([0.0, 0.0], 2, screened(query=STD0)).reason == "screened_out"
+    assert screening_decision([0.0, float("nan")], 2, screened(query=STD0)) is None
+    assert screening_decision([float("nan")] * 2, 2, screened(query=STD0)) is None  # invalid_reward's, later
+    assert screening_decision([0.0], 2, screened(query=STD0)) is None  # one of the two was rejected
+
+
+def test_a_screening_sample_rejected_by_the_response_filter_is_never_read_as_zero_variance():
+    """Both samples of the screening round failed (engine errors): the response filter rejects
+    them; the group is not screened out but asks for the whole group as the next round."""
+    f = screened(k=2, n=4)
+    state, effects = run([rr(0, 0.0, finish="error"), rr(1, 0.0, finish="error")], f)
+    assert effects[-1] == Replacement(round=1, num_return_sequences=4, sample_offset=2)
+    assert not any(isinstance(e, Decided) for e in effects)
+
+
+def test_the_screening_round_is_not_counted_in_max_response_rounds():
+    f = screened(k=2, n=3, max_response_rounds=1)
+    state, effects = run([rr(0, 1.0), rr(1, 0.0)], f)
+    assert effects[-1] == Replacement(round=1, num_return_sequences=1, sample_offset=2)
+    state, effects = step(state, rr(2, 0.0, finish="error", round_=1), f)
+    d = decided(effects)  # the one round max_response_rounds allows is spent: no third round
+    assert (d.reason, d.rounds, d.responses_generated) == ("response_retries_exhausted", 2, 3)
+
+
+def test_diagnose_generates_the_rest_and_records_what_the_full_group_got():
+    f = screened(k=2, n=4, screening_diagnose=True)
+    state, effects = run([rr(0, 0.0), rr(1, 0.0)], f)
+    assert effects[-1] == Replacement(round=1, num_return_sequences=2, sample_offset=2)
+    _, effects = run_from(state, [rr(2, 1.0, round_=1), rr(3, 0.0, round_=1)], f)
+    d = decided(effects)
+    assert (d.accepted, d.reason, d.responses_generated) == (False, "screened_out", 4)
+    assert d.values["full_group_kept"] == 1.0 and d.values["screening_samples"] == 2.0  # a false rejection
+    state, _ = run([rr(0, 0.0), rr(1, 0.0)], f)
+    _, effects = run_from(state, [rr(2, 0.0, round_=1), rr(3, 0.0, round_=1)], f)
+    assert decided(effects).values["full_group_kept"] == 0.0  # the screen was right
+
+
+def test_a_stale_screened_group_is_rejected_stale():
+    f = screened(max_staleness=1)
+    state, effects = None, []
+    for i in (0, 1):
+        state, effects = step(state, rr(i, 0.0), f, current_version=7)  # generated by v3
+    assert decided(effects).reason == "stale"
+
+
+def test_a_round_zero_request_for_k_samples_opens_the_screening_round():
+    f = screened(k=2, n=4)
+    request = {"prompt_id": "p", "domain": "d", "mode": "train", "round": 0, "num_return_sequences": 2,
+               "sample_offset": 0, "seed": 1}
+    state, changed = on_request(None, request, f, now_ms=0)
+    assert changed and (state.screening, state.num_return_sequences, state.expected) == (2, 4, [0, 1])
+    assert f.first_round("train") == 2 and f.first_round("val") == 1
+
+
+def test_validation_groups_are_never_screened():
+    f = screened(k=2, n=4)
+    state, effects = run([rr(0, 0.0, mode="val")], f)  # val_num_return_sequences 1
+    assert decided(effects).reason == "accepted"
+
+
+@pytest.mark.parametrize("k", [1, 4, 5])
+def test_screening_samples_outside_two_to_n_are_refused(k):
+    with pytest.raises(ValueError, match="screening_samples"):
+        screened(k=k, n=4)
+
+
+def run_from(state, events, filters):
+    effects = []
+    for e in events:
+        state, out = step(state, e, filters)
+        effects.extend(out)
+    return state, effects
