@@ -73,6 +73,8 @@ METRICS: dict[str, str] = {
     "run/groups_rejected": "{reason} groups the filters rejected, by reason",
     "run/retention_rate": "accepted / decided groups (prompts skipped by the history filter not counted)",
     "run/responses_per_accepted_response": "train responses (agentic: trajectories) generated per accepted one",
+    "run/zero_variance_share": "generated train groups whose responses all got the same reward (screened-out ones included)",
+    "run/share_of_tokens_trained_on": "response tokens of accepted groups / all generated train response tokens",
     "validation/accuracy": "{policy_version} a validation round's accuracy: share of correct responses",
     "validation/reward_mean": "{policy_version} a validation round's mean reward",
     "validation/pass_at_k": "{k, policy_version} a validation round's unbiased pass@k (k = 1 and n)",

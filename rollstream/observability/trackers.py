@@ -85,13 +85,17 @@ def step_values(records: Iterable[Mapping]) -> dict[str, float]:
 
 def summary_values(summary: Mapping) -> dict[str, float]:
     """The ``run/...`` figures of a run summary (rollstream.tools.summary, RLVR or agentic, final
-    or so far): groups accepted, rejected by reason, retention rate, responses per accepted
-    response; a figure the summary lacks or has as null is left out."""
+    or so far): groups accepted, rejected by reason (``screened_out`` among them), retention rate,
+    responses per accepted response, the share of zero-variance groups and of the generated
+    tokens trained on (``difficulty``); a figure the summary lacks or has as null is left out."""
     out = {tracker_key("run/groups_rejected", {"reason": reason}): float(n)
            for reason, n in summary.get("groups_rejected", {}).items()}
-    for key in ("groups_accepted", "retention_rate", "responses_per_accepted_response"):
-        if _finite(summary.get(key)):
-            out[tracker_key(f"run/{key}")] = float(summary[key])
+    figures = {**summary, **{k: v for k, v in (summary.get("difficulty") or {}).items()
+                             if k in ("zero_variance_share", "share_of_tokens_trained_on")}}
+    for key in ("groups_accepted", "retention_rate", "responses_per_accepted_response", "zero_variance_share",
+                "share_of_tokens_trained_on"):
+        if _finite(figures.get(key)):
+            out[tracker_key(f"run/{key}")] = float(figures[key])
     return out
 
 

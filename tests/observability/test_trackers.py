@@ -50,6 +50,8 @@ ENTRIES = [
 SUMMARY = {  # the keys of summarize_rlvr the trackers read
     "groups_accepted": 4, "groups_rejected": {"zero_std": 3, "stale": 1}, "retention_rate": 0.5,
     "responses_per_accepted_response": 2.125,
+    "difficulty": {"groups_generated": 8, "zero_variance_share": 0.375, "tokens_generated": 400,
+                   "zero_variance_tokens": 120, "tokens_trained_on": 200, "share_of_tokens_trained_on": 0.5},
     "validation": {"groups": 4, "responses": 16, "by_policy_version": {
         "0": {"groups": 2, "responses": 8, "accuracy": 0.25, "reward_mean": 0.25, "pass@1": 0.25, "pass@4": 0.5},
         "2": {"groups": 2, "responses": 8, "accuracy": 0.5, "reward_mean": 0.625, "pass@1": 0.5, "pass@4": 1.0}}},

@@ -39,6 +39,9 @@ def expected_points(entries: list[dict], summary: dict | None) -> Points:
     out[("run/retention_rate", last)] = summary["retention_rate"]
     if summary["responses_per_accepted_response"] is not None:
         out[("run/responses_per_accepted_response", last)] = summary["responses_per_accepted_response"]
+    for key, value in (summary.get("difficulty") or {}).items():
+        if key in ("zero_variance_share", "share_of_tokens_trained_on") and value is not None:
+            out[(f"run/{key}", last)] = value
     for reason, n in summary["groups_rejected"].items():
         out[(f"run/groups_rejected/{reason}", last)] = n
     for version, row in summary["validation"].get("by_policy_version", {}).items():
