@@ -102,6 +102,7 @@ bench: env vllm-env
 	$(PY) benchmarks/engine.py --out runs/bench/engine.json
 	$(PY) benchmarks/real_sizes.py --out runs/bench/real_sizes.json
 	$(PY) benchmarks/learning.py --out runs/bench/learning.json
+	$(PY) benchmarks/filtering.py --out runs/bench/filtering.json --plots docs/img
 
 # Correction masks and one training step on CUDA against the CPU; needs only torch + transformers,
 # so no `env`: on a bare CUDA machine `make gpu-check GPU_PYTHON=python3`. Exit 2 without CUDA.

@@ -81,14 +81,31 @@ def variant_config(base: dict, variant: str, seed: int, max_steps: int, smoke: b
     return cfg
 
 
+def version_curve(summary: dict, started_ms: float) -> list[dict]:
+    """One row per validated version of a run's ``summary``: its accuracy (by domain too), the
+    versions that generated the round, and both clocks from ``started_ms`` (epoch ms): ``seconds``
+    until the step that made the version ended (version 0: 0), ``validated_seconds`` until its
+    score was known."""
+    trained_ms = {b["policy_version"]: b["trained_ms"] for b in summary["batches"] if "trained_ms" in b}
+    made_ms = {0: started_ms, **trained_ms}  # version 0: the initial weights
+
+    def seconds(ms: float | None) -> float | None:
+        return None if ms is None else round((ms - started_ms) / 1000, 1)
+
+    return [{"policy_version": int(v), "val_accuracy": r["accuracy"], "generated_by": r["generated_by"],
+             "seconds": seconds(made_ms.get(int(v))), "validated_seconds": seconds(r["decided_ms"]),
+             "domains": {d: x["accuracy"] for d, x in r["domains"].items()}}
+            for v, r in summary["validation"]["by_policy_version"].items()]
+
+
 def rollstream_variant(variant: str, seed: int, max_steps: int, threshold: float, workdir: Path,
-                       smoke: bool = False, overrides: tuple[str, ...] = ()) -> dict:
+                       smoke: bool = False, overrides: tuple[str, ...] = (), base: Path = BASE) -> dict:
     from rollstream.app.run import run_pipeline
     from rollstream.config import parse_config
     from rollstream.config.overrides import apply_overrides
     from rollstream.tools.learning import first_reaching
 
-    raw = variant_config(yaml.safe_load(BASE.read_text()), variant, seed, max_steps, smoke)
+    raw = variant_config(yaml.safe_load(base.read_text()), variant, seed, max_steps, smoke)
     cfg = parse_config(apply_overrides(raw, overrides))
     if cfg.actor_infer.backend == "vllm_server":
         from rollstream.exceptions import ConfigError
@@ -100,17 +117,8 @@ def rollstream_variant(variant: str, seed: int, max_steps: int, threshold: float
             return {"not_run": str(exc)}
     started_ms = time.time() * 1000
     summary = run_pipeline(cfg, run_dir=workdir / cfg.name)
-    val = summary["validation"]["by_policy_version"]
     train = summary["train_reward_by_policy_version"]
-    trained_ms = {b["policy_version"]: b["trained_ms"] for b in summary["batches"] if "trained_ms" in b}
-    made_ms = {0: started_ms, **trained_ms}  # version 0: the initial weights
-
-    def seconds(ms: float | None) -> float | None:
-        return None if ms is None else round((ms - started_ms) / 1000, 1)
-
-    curve = [{"policy_version": int(v), "val_accuracy": r["accuracy"], "generated_by": r["generated_by"],
-              "seconds": seconds(made_ms.get(int(v))), "validated_seconds": seconds(r["decided_ms"])}
-             for v, r in val.items()]
+    curve = version_curve(summary, started_ms)
     hit = first_reaching(curve, "val_accuracy", threshold)
     before = lambda v: sum(r["responses"] for k, r in train.items() if int(k) < v)  # noqa: E731
     return {
@@ -142,7 +150,8 @@ TRL_ENGINE = ("transformers: TRL 1.16's vLLM colocate mode fails at its first we
               "so the per-parameter load_weights TRL calls finds no weight_loader; its server mode syncs weights "
               "over NCCL (CUDA). Patched to reload in place, it ran at about the same step time, after a 65-75 s engine start")
 
-def trl_variant(seed: int, max_steps: int, threshold: float, out: Path, smoke: bool = False) -> dict:
+def trl_variant(seed: int, max_steps: int, threshold: float, out: Path, smoke: bool = False,
+                base: Path = BASE) -> dict:
     """Run ``--trl-worker`` in a subprocess (its own torch threads and memory)."""
     try:
         import trl  # noqa: F401
@@ -150,14 +159,16 @@ def trl_variant(seed: int, max_steps: int, threshold: float, out: Path, smoke: b
         return {"not_run": "trl is not installed (pip install trl==1.16.0)"}
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}  # as a TRL user runs it: libgomp's default
     proc = subprocess.run([sys.executable, __file__, "--trl-worker", "--seeds", str(seed), "--max-steps",
-                           str(max_steps), "--threshold", str(threshold), "--out", str(out), *(["--smoke"] if smoke else [])],
+                           str(max_steps), "--threshold", str(threshold), "--out", str(out), "--base", str(base),
+                           *(["--smoke"] if smoke else [])],
                           capture_output=True, text=True, timeout=7200, env=env)
     if proc.returncode != 0:
         return {"failed": proc.stderr[-3000:]}
     return json.loads(out.read_text())
 
 
-def trl_worker(seed: int, max_steps: int, threshold: float, out: Path, smoke: bool = False) -> None:
+def trl_worker(seed: int, max_steps: int, threshold: float, out: Path, smoke: bool = False,
+               base: Path = BASE) -> None:
     started = time.monotonic()
     import torch
     from datasets import Dataset
@@ -170,7 +181,7 @@ def trl_worker(seed: int, max_steps: int, threshold: float, out: Path, smoke: bo
     from rollstream.tools.learning import first_reaching
     from rollstream.workers.rewards import get_reward_fn
 
-    cfg = parse_config(variant_config(yaml.safe_load(BASE.read_text()), "trl_grpo", seed, max_steps, smoke))
+    cfg = parse_config(variant_config(yaml.safe_load(base.read_text()), "trl_grpo", seed, max_steps, smoke))
     train = [p for d in cfg.datasets if d.mode == "train" for p in dataset_prompts(d, cfg.seed)]
     val = [p for d in cfg.datasets if d.mode == "val" for p in dataset_prompts(d, cfg.seed)]
     gen = cfg.actor_infer.generating_args
@@ -191,7 +202,7 @@ def trl_worker(seed: int, max_steps: int, threshold: float, out: Path, smoke: bo
     def validate(model, step: int) -> None:
         t0 = time.monotonic()
         made = t0 - started - eval_spent[0]  # the step's end, the validations before it left out
-        correct = 0
+        correct: dict[str, list[int]] = {}  # domain -> [correct, samples]
         model.eval()
         torch.manual_seed(seed * 1000 + step)
         with torch.no_grad():
@@ -201,13 +212,17 @@ def trl_worker(seed: int, max_steps: int, threshold: float, out: Path, smoke: bo
                                       temperature=gen.temperature, top_p=gen.top_p, max_new_tokens=gen.max_new_tokens,
                                       num_return_sequences=cfg.val_num_return_sequences,
                                       pad_token_id=tokenizer.pad_token_id)
+                tally = correct.setdefault(p["domain"], [0, 0])
                 for o in outs:
                     text = tokenizer.decode(o[ids.shape[1]:], skip_special_tokens=True)
-                    correct += score(text, p["ground_truth"]).scores.get("acc", 0.0) >= 1.0
+                    tally[0] += score(text, p["ground_truth"]).scores.get("acc", 0.0) >= 1.0
+                    tally[1] += 1
         model.train()
         eval_spent[0] += time.monotonic() - t0
-        curve.append({"policy_version": step, "val_accuracy": round(correct / (len(val) * cfg.val_num_return_sequences), 4),
-                      "seconds": round(made, 1), "validated_seconds": round(time.monotonic() - started, 1)})
+        right, samples = (sum(t[i] for t in correct.values()) for i in (0, 1))
+        curve.append({"policy_version": step, "val_accuracy": round(right / samples, 4),
+                      "seconds": round(made, 1), "validated_seconds": round(time.monotonic() - started, 1),
+                      "domains": {d: round(k / n, 4) for d, (k, n) in sorted(correct.items())}})
 
     class Validate(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kw):
@@ -232,6 +247,8 @@ def trl_worker(seed: int, max_steps: int, threshold: float, out: Path, smoke: bo
         "outcome": "complete", "wall_seconds": round(time.monotonic() - started, 1), "engine": TRL_ENGINE,
         "validation_seconds": round(eval_spent[0], 1), "validation": curve,
         "train_accuracy": {str(i): round(e["reward"], 4) for i, e in enumerate(log)},
+        "tokens_by_version": {str(i): round(float(e["completions/mean_length"]) * group * per_step)
+                              for i, e in enumerate(log)},  # step i+1's generation: by version i
         "responses_generated": group * per_step * max_steps, "tokens_generated": round(sum(float(e["completions/mean_length"]) * group * per_step for e in log)),
         "retention_rate": 1.0, "responses_per_accepted_response": 1.0, "steps": max_steps,
         "seconds_to_val_0_9": hit["seconds"] if hit else None,
@@ -261,11 +278,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/bench/learning.json"))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a key of the rollstream variants' config (repeat), e.g. actor_infer.nice=0")
+    parser.add_argument("--base", type=Path, default=BASE, help="the workload's config (default: %(default)s)")
     parser.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
     args = parse_args(parser, argv, {"seeds": "1", "variants": "no_filter,trl_grpo", "max_steps": 1})
     seeds = [int(s) for s in args.seeds.split(",") if s]
     if args.trl_worker:
-        trl_worker(seeds[0], args.max_steps, args.threshold, args.out, args.smoke)
+        trl_worker(seeds[0], args.max_steps, args.threshold, args.out, args.smoke, args.base)
         return 0
     variants = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(variants) - set(VARIANTS))
@@ -276,17 +294,18 @@ def main(argv: list[str] | None = None) -> int:
         for seed in seeds:  # seeds outermost: a slow spell of the machine hits every variant
             for variant in variants:
                 if variant == "trl_grpo":
-                    run = trl_variant(seed, args.max_steps, args.threshold, Path(tmp) / f"trl-{seed}.json", args.smoke)
+                    run = trl_variant(seed, args.max_steps, args.threshold, Path(tmp) / f"trl-{seed}.json", args.smoke,
+                                      args.base)
                 else:
                     run = rollstream_variant(variant, seed, args.max_steps, args.threshold, Path(tmp), args.smoke,
-                                             tuple(args.set))
+                                             tuple(args.set), args.base)
                 runs[variant].append({"seed": seed, **run})
                 print(json.dumps({"variant": variant, "seed": seed, **{k: run.get(k) for k in (
                     "outcome", "wall_seconds", "seconds_to_val_0_9", "seconds_to_val_0_9_validation_inside",
                     "responses_to_val_0_9", "not_run")}}), flush=True)
     report = {"smoke": args.smoke, "threshold": args.threshold, "max_steps": args.max_steps, "seeds": seeds,
               "overrides": args.set,
-              "config": str(BASE.relative_to(ROOT)), "variants": {}}
+              "config": os.path.relpath(args.base.resolve(), ROOT), "variants": {}}
     for variant, rs in runs.items():
         done = [r for r in rs if "outcome" in r]
         report["variants"][variant] = {

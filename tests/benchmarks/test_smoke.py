@@ -158,3 +158,35 @@ def test_engine(kafka_broker, vllm_server, tmp_path):
     for engine, m in r["mismatch"].items():
         assert 1 <= m["rows"] <= 2 and m["tokens"] > 0 and 0 <= m["drop_fraction"] <= 1, engine
         assert set(m["drop_by_filter"]) == {"0:token", "1:geometric"}, engine
+
+
+@pytest.mark.benchmark_smoke("filtering", timeout=600)
+def test_filtering(benchmark_smoke):
+    r = benchmark_smoke
+    assert (r["max_steps"], r["seeds"], r["screening_samples"]) == (1, [1], 2)
+    w = r["workload"]
+    assert set(w["domains"]) == {"arithmetic", "arithmetic_4digit"}
+    assert len(w["pass_rate_histogram_v0"]) == w["samples"] + 1 and sum(w["pass_rate_histogram_v0"]) == w["prompts"]
+    assert 0 <= w["zero_variance_share_v0"] <= 1 and set(w["learnable_domains"]) <= set(w["domains"])
+    assert set(r["variants"]) == {"no_filter", "screening_history", "trl_grpo"}
+    assert {"val_accuracy", "rule"} <= set(r["target"])
+    figures = {"seconds_to_target", "seconds_to_target_validation_inside", "tokens_to_target",
+               "final_val_accuracy", "final_learnable_val_accuracy", "val_accuracy_at_budget", "tokens_generated",
+               "share_of_tokens_trained_on"}
+    for name, variant in r["variants"].items():
+        assert figures <= set(variant), name
+        assert all(set(variant[k]) == {"values", "mean", "stdev"} and len(variant[k]["values"]) == 1 for k in figures)
+        [run] = variant["runs"]
+        assert run["outcome"] in ("complete", "end_of_data"), (name, run)
+        assert run["validation"][0]["policy_version"] == 0, name
+        assert all(0 <= v["seconds"] <= v["validated_seconds"] for v in run["validation"]), (name, run["validation"])
+        assert run["tokens_generated"] > 0 and all(v.isdigit() for v in run["tokens_by_version"]), name
+    # 4 new tokens never sum two 4-digit numbers: those groups end at their screening round
+    screened = r["variants"]["screening_history"]["runs"][0]
+    assert "screened_out" in screened["groups_rejected"], screened["groups_rejected"]
+    assert set(screened["difficulty"]) >= {"groups_generated", "zero_variance_share", "share_of_tokens_trained_on"}
+    assert [v["policy_version"] for v in r["variants"]["no_filter"]["runs"][0]["validation"]] == [0, 1]
+    comparison = r["comparison"]
+    assert set(comparison) == {"screening_history_over_no_filter", "screening_history_sooner_than_trl_grpo"}
+    assert set(comparison["screening_history_over_no_filter"]) == {"tokens_to_target", "seconds_to_target"}
+    assert "plots" not in r  # --smoke draws none unless asked
