@@ -54,7 +54,7 @@ from typing import Any, ClassVar, Mapping, Union
 
 from rollstream.filtering.decision import Decision, config_hash
 from rollstream.filtering.reasons import RejectReason
-from rollstream.filtering.staleness import may_start_step
+from rollstream.filtering.staleness import may_start_step, stale_decision
 
 
 @dataclass(frozen=True)
@@ -348,15 +348,22 @@ def reject_before_generation(state: AdmissionState, reason: str, mode: str = "tr
 
 
 def on_outcome(
-    state: AdmissionState, limits: AdmissionLimits, prompt_id: str, committed: bool, reason: str
+    state: AdmissionState, limits: AdmissionLimits, prompt_id: str, committed: bool, reason: str,
+    policy_version: int | None = None,
 ) -> tuple[AdmissionState, list[AdmissionEffect]]:
-    """Return the prompt's credit; may complete or underfill the step."""
+    """Return the prompt's credit; may complete or underfill the step. ``policy_version``: the
+    oldest version that generated a committed group; one the trainer will reject ``stale`` when
+    it trains the step (the same bound, judged against the step) counts as a rejection, so the
+    step is refilled instead of waiting for a batch the trainer can never complete."""
     step = state.in_flight.pop(prompt_id, None)
     state.admitted_ms.pop(prompt_id, None)
     if step is None:
         return state, [UnknownOutcome(prompt_id)]
     if step < 0:  # validation: counts towards no batch, only towards the end of data
         return check_step(state, limits)
+    if committed and policy_version is not None and policy_version >= 0 and stale_decision(
+            policy_version, step, limits.max_staleness) is not None:
+        committed, reason = False, RejectReason.STALE.value
     if step == state.step:
         if committed:
             state.accepted_in_step += 1

@@ -282,7 +282,8 @@ class AdmissionProcessor:
         """Return the credit of ``outcome``'s prompt (a PromptOutcome record) and learn its
         reward pattern; an outcome of a prompt not in flight (a redelivery) changes nothing."""
         state, effects = core.on_outcome(self.load(), self.limits, outcome["prompt_id"],
-                                         outcome["outcome"] == "commit", outcome["reason"])
+                                         outcome["outcome"] == "commit", outcome["reason"],
+                                         outcome.get("policy_version"))
         learned = None if any(isinstance(e, core.UnknownOutcome) for e in effects) else self._learn(state, outcome)
         self.save(state)
         return ([] if learned is None else [self._history_output(learned)]) + self.outputs(effects)
