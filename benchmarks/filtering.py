@@ -44,7 +44,7 @@ the validation accuracy against seconds and against generated tokens, one line p
 ``filtering_tokens.png``. JSON to ``--out``.
 
     .venv/bin/python benchmarks/filtering.py [--seeds 1,2,3] [--variants no_filter,...] [--max-steps 10]
-        [--screening-samples 2] [--out runs/bench/filtering.json] [--plots docs/img]
+        [--screening-samples 4] [--diagnose] [--out runs/bench/filtering.json] [--plots docs/img]
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ FIGURES = ("seconds_to_target", "seconds_to_target_validation_inside", "tokens_t
            "share_of_tokens_trained_on", "wall_seconds")
 
 
-def variant_config(variant: str, seed: int, max_steps: int, screening_samples: int, smoke: bool = False) -> dict:
+def variant_config(variant: str, seed: int, max_steps: int, screening_samples: int, smoke: bool = False,
+                   diagnose: bool = False) -> dict:
     """The raw config of ``variant`` (benchmarks/learning.py's, on rlvr_mixed.yaml) for ``seed``."""
     cfg = learning.variant_config(yaml.safe_load(BASE.read_text()), AS_LEARNING[variant], seed, max_steps, smoke)
     cfg["name"] = f"bench-filtering-{variant}-s{seed}"
@@ -88,7 +89,7 @@ def variant_config(variant: str, seed: int, max_steps: int, screening_samples: i
         if variant == "no_filter":
             domain["query_filter_config"] = {"type": "no_filter"}
         if variant.startswith("screening"):
-            domain["screening"] = {"samples": screening_samples}
+            domain["screening"] = {"samples": screening_samples, "diagnose": diagnose}
     return cfg
 
 
@@ -163,6 +164,7 @@ def rollstream_run(raw: dict, workdir: Path) -> dict:
             "tokens_generated": sum(r["tokens"] for r in train.values()),
             "share_of_tokens_trained_on": difficulty.get("share_of_tokens_trained_on"), "difficulty": difficulty,
             "groups_rejected": summary["groups_rejected"], "retention_rate": summary["retention_rate"],
+            "screening": summary["screening"],
             "prompts_skipped_by_history": summary["prompts_skipped_by_history"]}
 
 
@@ -297,12 +299,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--max-steps", type=int, default=10)
-    parser.add_argument("--screening-samples", type=int, default=2, help="k of the screening variants")
+    # k = 2 would screen out more than half of every learnable group: two 0/1 samples agree with
+    # probability p^2 + (1-p)^2 >= 0.5; k = 4 of 8 with p^4 + (1-p)^4 (0.29 at p = 0.27)
+    parser.add_argument("--screening-samples", type=int, default=4, help="k of the screening variants")
+    parser.add_argument("--diagnose", action="store_true", help="generate screened-out groups in full too and "
+                        "report the false-rejection rate (slower: the screening's saving is spent)")
     parser.add_argument("--probe-samples", type=int, default=16, help="samples per train prompt of the v0 probe")
     parser.add_argument("--out", type=Path, default=Path("runs/bench/filtering.json"))
     parser.add_argument("--plots", type=Path, default=None, help="a folder for the PNG plots (none: no plots)")
     args = parse_args(parser, argv, {"seeds": "1", "variants": "no_filter,screening_history,trl_grpo", "max_steps": 1,
-                                     "probe_samples": 2})
+                                     "probe_samples": 2, "screening_samples": 2})
     seeds = [int(s) for s in args.seeds.split(",") if s]
     variants = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(variants) - set(VARIANTS))
@@ -325,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
                     run = trl_run(seed, args.max_steps, Path(tmp) / f"trl-{seed}.json", args.smoke)
                 else:
                     run = rollstream_run(variant_config(variant, seed, args.max_steps, args.screening_samples,
-                                                        args.smoke), Path(tmp))
+                                                        args.smoke, args.diagnose), Path(tmp))
                 runs[variant].append({"seed": seed, **run})
                 print(json.dumps({"variant": variant, "seed": seed, **{k: run.get(k) for k in (
                     "outcome", "wall_seconds", "tokens_generated", "not_run", "failed")},
@@ -333,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
                                    for r in run.get("validation") or []]}), flush=True)
     target, figures = report_variants(runs, weights)
     report = {"smoke": args.smoke, "config": os.path.relpath(BASE, ROOT), "seeds": seeds, "max_steps": args.max_steps,
-              "screening_samples": args.screening_samples,
+              "screening_samples": args.screening_samples, "diagnose": args.diagnose,
               "target": {"val_accuracy": target, "rule": f"mean over seeds of {BASELINE}'s final validation accuracy"},
               "workload": {**workload, "learnable_domains": sorted(weights)}, "variants": figures,
               "comparison": compare(figures, seeds)}

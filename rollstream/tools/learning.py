@@ -33,6 +33,7 @@ from rollstream.filtering.reasons import RejectReason
 from rollstream.tools.stats import pass_at_k
 
 SKIPPED = RejectReason.SKIPPED_BY_HISTORY.value
+SCREENED = RejectReason.SCREENED_OUT.value
 
 
 def mean(values: Iterable[float]) -> float | None:
@@ -142,6 +143,18 @@ def difficulty(rewarded: Iterable[dict], decided: Iterable[dict]) -> dict:
             "tokens_generated": total, "zero_variance_tokens": sum(tokens_of[g["prompt_id"]] for g in zero),
             "tokens_trained_on": trained,
             "share_of_tokens_trained_on": round(trained / total, 4) if total else None}
+
+
+def screening(decided: Iterable[dict]) -> dict:
+    """Two-phase screening's figures over decided train Groups: groups ``screened_out``, the
+    response tokens their screening samples took, and, for groups generated in full to check the
+    screen (``screening.diagnose``), ``false_rejection_rate``: the share whose full group would
+    have been kept (None without such groups)."""
+    screened = [g for g in decided if g["reason"] == SCREENED]
+    checked = [g["decision_values"]["full_group_kept"] for g in screened
+               if "full_group_kept" in (g.get("decision_values") or {})]
+    return {"screened_out": len(screened), "checked_in_full": len(checked),
+            "false_rejection_rate": round(sum(checked) / len(checked), 4) if checked else None}
 
 
 def learning_curve(validation: Iterable[dict], rewarded: Iterable[dict], decided: Iterable[dict],

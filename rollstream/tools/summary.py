@@ -19,7 +19,7 @@ from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.topics import Topics
 from rollstream.schemas.records import is_set_aside
 from rollstream.tools.readback import TopicTail, count_records, filter_decisions, first_record_ms, read_values
-from rollstream.tools.learning import SKIPPED, difficulty, learning_curve, pass_at_ks
+from rollstream.tools.learning import SKIPPED, difficulty, learning_curve, pass_at_ks, screening
 from rollstream.tools.learning import mean as _mean
 from rollstream.tools.stats import PREFIX as SNAPSHOT_PREFIX
 from rollstream.tools.stats import percentiles
@@ -92,6 +92,7 @@ def summarize_rlvr(config: RLVRConfig, bootstrap: Bootstrap, topics: Topics, bat
         "train_reward_by_policy_version": learning["train"],
         "prompts_skipped_by_history": skipped,
         "difficulty": difficulty(rewarded, [g for g in accepted + rejected if g.get("mode", "train") == "train"]),
+        "screening": screening(rejected),
         "learning_curve": learning["curve"],
         "reward": {
             "all": _mean([r["response_level_reward"] for g in accepted + rejected for r in g["responses"]]),

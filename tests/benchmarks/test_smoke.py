@@ -185,6 +185,8 @@ def test_filtering(benchmark_smoke):
     screened = r["variants"]["screening_history"]["runs"][0]
     assert "screened_out" in screened["groups_rejected"], screened["groups_rejected"]
     assert set(screened["difficulty"]) >= {"groups_generated", "zero_variance_share", "share_of_tokens_trained_on"}
+    assert screened["screening"]["screened_out"] == screened["groups_rejected"]["screened_out"]
+    assert (r["diagnose"], screened["screening"]["checked_in_full"]) == (False, 0)
     assert [v["policy_version"] for v in r["variants"]["no_filter"]["runs"][0]["validation"]] == [0, 1]
     comparison = r["comparison"]
     assert set(comparison) == {"screening_history_over_no_filter", "screening_history_sooner_than_trl_grpo"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollstream.tools.learning import difficulty, final_round_done, first_reaching, learning_curve
+from rollstream.tools.learning import difficulty, final_round_done, first_reaching, learning_curve, screening
 
 
 def member(pid: str, i: int, reward: float, version: int, mode: str = "train", acc: float | None = None) -> dict:
@@ -95,3 +95,12 @@ def test_difficulty_counts_zero_variance_groups_and_the_tokens_spent_on_them():
         "groups_generated": 3, "zero_variance_share": round(2 / 3, 4), "tokens_generated": 33,
         "zero_variance_tokens": 21, "tokens_trained_on": 12, "share_of_tokens_trained_on": round(12 / 33, 4)}
     assert difficulty([], [])["zero_variance_share"] is None
+
+
+def test_screening_counts_screened_groups_and_the_false_rejections_a_diagnosis_found():
+    screened = [{**group(f"s{i}", [0, 0], 0, accepted=False, reason="screened_out"),
+                 "decision_values": {"screening_samples": 2.0, **({"full_group_kept": kept} if kept is not None else {})}}
+                for i, kept in enumerate([1.0, 0.0, 0.0, 0.0, None])]
+    decided = screened + [group("z", [0, 0, 0, 0], 0, accepted=False, reason="mean_too_low")]
+    assert screening(decided) == {"screened_out": 5, "checked_in_full": 4, "false_rejection_rate": 0.25}
+    assert screening([])["false_rejection_rate"] is None
