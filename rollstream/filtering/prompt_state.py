@@ -304,7 +304,7 @@ def _round_complete(
         screened = screening_decision([state.accepted[str(i)] for i in state.accepted_indices], state.screening,
                                       filters)
         if screened is not None and not filters.screening_diagnose:
-            decision = stale_decision(max(state.policy_version, 0), current_version, filters.max_staleness) or screened
+            decision = _stale(state, filters, current_version) or screened
             state, decided = _decide(state, decision)
             return state, [*effects, *decided]
         state.screened = None if screened is None else dict(screened.values)
@@ -327,14 +327,18 @@ def _round_complete(
         decision = Decision.accept()
     else:
         metrics = [state.accepted[str(i)] for i in indices]
-        decision = (stale_decision(max(state.policy_version, 0), current_version, filters.max_staleness)
-                    or filters.decide_query(metrics))
+        decision = _stale(state, filters, current_version) or filters.decide_query(metrics)
     if state.screened is not None:  # screening_diagnose: rejected as screened, told what the full group got
         decision = Decision.reject(RejectReason.SCREENED_OUT, **state.screened, full_group_kept=float(decision.keep))
     elif state.screening and decision.keep:
         decision = Decision.accept(**decision.values, screening_samples=float(state.screening))
     state, decided = _decide(state, decision)
     return state, [*effects, *decided]
+
+
+def _stale(state: PromptState, filters: DomainFilters, current_version: int | None) -> Decision | None:
+    """The ``stale`` rejection of a train group by its oldest kept response, or None."""
+    return stale_decision(max(state.policy_version, 0), current_version, filters.max_staleness)
 
 
 def screening_decision(metrics: Sequence[float], k: int, filters: DomainFilters) -> Decision | None:

@@ -90,12 +90,12 @@ def summary_values(summary: Mapping) -> dict[str, float]:
     tokens trained on (``difficulty``); a figure the summary lacks or has as null is left out."""
     out = {tracker_key("run/groups_rejected", {"reason": reason}): float(n)
            for reason, n in summary.get("groups_rejected", {}).items()}
-    figures = {**summary, **{k: v for k, v in (summary.get("difficulty") or {}).items()
-                             if k in ("zero_variance_share", "share_of_tokens_trained_on")}}
-    for key in ("groups_accepted", "retention_rate", "responses_per_accepted_response", "zero_variance_share",
-                "share_of_tokens_trained_on"):
-        if _finite(figures.get(key)):
-            out[tracker_key(f"run/{key}")] = float(figures[key])
+    difficulty = summary.get("difficulty") or {}
+    figures = [(k, summary.get(k)) for k in ("groups_accepted", "retention_rate", "responses_per_accepted_response")]
+    figures += [(k, difficulty.get(k)) for k in ("zero_variance_share", "share_of_tokens_trained_on")]
+    for key, value in figures:
+        if _finite(value):
+            out[tracker_key(f"run/{key}")] = float(value)
     return out
 
 

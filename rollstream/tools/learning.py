@@ -146,10 +146,10 @@ def difficulty(rewarded: Iterable[dict], decided: Iterable[dict]) -> dict:
 
 
 def screening(decided: Iterable[dict]) -> dict:
-    """Two-phase screening's figures over decided train Groups: groups ``screened_out``, the
-    response tokens their screening samples took, and, for groups generated in full to check the
-    screen (``screening.diagnose``), ``false_rejection_rate``: the share whose full group would
-    have been kept (None without such groups)."""
+    """Two-phase screening's figures over decided train Groups: groups ``screened_out``, those
+    generated in full to check the screen (``screening.diagnose``: ``checked_in_full``) and
+    ``false_rejection_rate``, the share of those whose full group would have been kept (None
+    without such groups)."""
     screened = [g for g in decided if g["reason"] == SCREENED]
     checked = [g["decision_values"]["full_group_kept"] for g in screened
                if "full_group_kept" in (g.get("decision_values") or {})]

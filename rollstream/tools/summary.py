@@ -91,7 +91,7 @@ def summarize_rlvr(config: RLVRConfig, bootstrap: Bootstrap, topics: Topics, bat
         },
         "train_reward_by_policy_version": learning["train"],
         "prompts_skipped_by_history": skipped,
-        "difficulty": difficulty(rewarded, [g for g in accepted + rejected if g.get("mode", "train") == "train"]),
+        "difficulty": difficulty(rewarded, accepted + rejected),
         "screening": screening(rejected),
         "learning_curve": learning["curve"],
         "reward": {
