@@ -79,7 +79,7 @@ class StageProcesses:
                 used = self.restarts.get(name, 0)
                 if used >= self.max_restarts:
                     spent = f" after {used} restart{'s' if used != 1 else ''}" if self.max_restarts else ""
-                    raise StageDied(f"stage {name} exited with {code}{spent}; log tail:\n{self._tail(name)}")
+                    raise StageDied(f"stage {name} exited with {code}{spent}; log tail:\n{self.tail(name)}")
                 self._due[name] = now + self.backoff_s * 2 ** used
                 self._say(f"stage {name} exited with {code}; restart {used + 1} of {self.max_restarts} "
                           f"in {self.backoff_s * 2 ** used:.1f} s")
@@ -96,9 +96,10 @@ class StageProcesses:
         if self.on_restart is not None:
             self.on_restart(line)
 
-    def _tail(self, name: str) -> str:
-        lines = (self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()
-        return "\n".join([line for line in lines if " INFO kafka." not in line][-30:])
+    def tail(self, name: str, lines: int = 30) -> str:
+        """The last ``lines`` lines of stage ``name``'s log, without the kafka clients' INFO lines."""
+        text = (self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()
+        return "\n".join([line for line in text if " INFO kafka." not in line][-lines:])
 
     def close(self, timeout: float = 15.0) -> None:
         for proc in self.procs.values():

@@ -200,7 +200,8 @@ class SyntheticRollout(Responder):
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 180.0, interval: float = 0.5, what: str = "",
              stages: StageProcesses | None = None) -> None:
-    """Poll ``predicate``; fail at once (with the log tail) if one of ``stages`` died."""
+    """Poll ``predicate``; fail at once (with the log tail) if one of ``stages`` died, and with
+    every stage's log tail on a timeout."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -208,7 +209,8 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 180.0, interval: fl
         if stages is not None:
             stages.check()
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+    tails = "".join(f"\n---- {name}:\n{stages.tail(name)}" for name in stages.procs) if stages is not None else ""
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}{tails}")
 
 
 def wait_for_group(bootstrap: str, group_id: str, members: int, stages: StageProcesses | None = None,

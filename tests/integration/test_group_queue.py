@@ -194,11 +194,11 @@ def test_group_queue_state_survives_a_killed_worker(kafka_broker, topic_factory,
         stages.procs["group-queue"].kill()
         stages.procs["group-queue"].wait()
         del stages.procs["group-queue"]
+        (tmp_path / "logs" / "group-queue.log").rename(tmp_path / "logs" / "group-queue-killed.log")  # kept for a failure
         stages.start(Stage.group_queue)
         (run1,) = [r for r in envs.requests if r["traj_index"] == 1]
         producer = make_producer(kafka_broker)
-        producer.send(topics.trajectories, key=b"0", value=encode(synthetic_trajectory(run1, 0.0), "Trajectory"))
-        producer.flush()
+        producer.send(topics.trajectories, key=b"0", value=encode(synthetic_trajectory(run1, 0.0), "Trajectory")).get(60)
         producer.close()
         wait_for(lambda: read_values(kafka_broker, topics.groups_accepted), timeout=120,
                  what="the group after the restart", stages=stages)
