@@ -43,7 +43,7 @@ the validation accuracy against seconds and against generated tokens, one line p
 (mean over seeds at each version) and its band (min to max), as ``filtering_seconds.png`` and
 ``filtering_tokens.png``. JSON to ``--out``.
 
-    .venv/bin/python benchmarks/filtering.py [--seeds 1,2,3] [--variants no_filter,...] [--max-steps 10]
+    .venv/bin/python benchmarks/filtering.py [--base examples/rlvr_mixed.yaml] [--seeds 1,2,3] [--variants no_filter,...] [--max-steps 10]
         [--screening-samples 4] [--diagnose] [--out runs/bench/filtering.json] [--plots docs/img]
 """
 
@@ -78,9 +78,9 @@ FIGURES = ("seconds_to_target", "seconds_to_target_validation_inside", "tokens_t
 
 
 def variant_config(variant: str, seed: int, max_steps: int, screening_samples: int, smoke: bool = False,
-                   diagnose: bool = False) -> dict:
-    """The raw config of ``variant`` (benchmarks/learning.py's, on rlvr_mixed.yaml) for ``seed``."""
-    cfg = learning.variant_config(yaml.safe_load(BASE.read_text()), AS_LEARNING[variant], seed, max_steps, smoke)
+                   diagnose: bool = False, base: Path = BASE) -> dict:
+    """The raw config of ``variant`` (benchmarks/learning.py's, on ``base``) for ``seed``."""
+    cfg = learning.variant_config(yaml.safe_load(base.read_text()), AS_LEARNING[variant], seed, max_steps, smoke)
     cfg["name"] = f"bench-filtering-{variant}-s{seed}"
     if smoke:  # two epochs: the history filter needs them
         cfg.update(num_return_sequences_in_group=SMOKE_GROUP, num_epochs=2)
@@ -168,8 +168,8 @@ def rollstream_run(raw: dict, workdir: Path) -> dict:
             "prompts_skipped_by_history": summary["prompts_skipped_by_history"]}
 
 
-def trl_run(seed: int, max_steps: int, out: Path, smoke: bool) -> dict:
-    run = trl_variant(seed, max_steps, 1.0, out, smoke, BASE)  # its own threshold figures are not used
+def trl_run(seed: int, max_steps: int, out: Path, smoke: bool, base: Path = BASE) -> dict:
+    run = trl_variant(seed, max_steps, 1.0, out, smoke, base)  # its own threshold figures are not used
     return {**run, "share_of_tokens_trained_on": 1.0} if "validation" in run else run
 
 
@@ -305,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--diagnose", action="store_true", help="generate screened-out groups in full too and "
                         "report the false-rejection rate (slower: the screening's saving is spent)")
     parser.add_argument("--probe-samples", type=int, default=16, help="samples per train prompt of the v0 probe")
+    parser.add_argument("--base", type=Path, default=BASE, help="the workload: an RLVR config whose reward "
+                        "domains all have a query filter (default examples/rlvr_mixed.yaml)")
     parser.add_argument("--out", type=Path, default=Path("runs/bench/filtering.json"))
     parser.add_argument("--plots", type=Path, default=None, help="a folder for the PNG plots (none: no plots)")
     args = parse_args(parser, argv, {"seeds": "1", "variants": "no_filter,screening_history,trl_grpo", "max_steps": 1,
@@ -317,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     from rollstream.config import parse_config
     from rollstream.data import dataset_prompts
 
-    probe_cfg = variant_config(BASELINE, seeds[0], args.max_steps, args.screening_samples, args.smoke)
+    base = args.base.resolve()
+    probe_cfg = variant_config(BASELINE, seeds[0], args.max_steps, args.screening_samples, args.smoke, base=base)
     workload = probe_v0(probe_cfg, args.probe_samples, args.screening_samples)
     print(json.dumps({"workload": workload}), flush=True)
     cfg = parse_config(probe_cfg)
@@ -328,17 +331,17 @@ def main(argv: list[str] | None = None) -> int:
         for seed in seeds:
             for variant in variants:
                 if variant == TRL:
-                    run = trl_run(seed, args.max_steps, Path(tmp) / f"trl-{seed}.json", args.smoke)
+                    run = trl_run(seed, args.max_steps, Path(tmp) / f"trl-{seed}.json", args.smoke, base)
                 else:
                     run = rollstream_run(variant_config(variant, seed, args.max_steps, args.screening_samples,
-                                                        args.smoke, args.diagnose), Path(tmp))
+                                                        args.smoke, args.diagnose, base), Path(tmp))
                 runs[variant].append({"seed": seed, **run})
                 print(json.dumps({"variant": variant, "seed": seed, **{k: run.get(k) for k in (
                     "outcome", "wall_seconds", "tokens_generated", "not_run", "failed")},
                     "validation": [(r["policy_version"], r["val_accuracy"], r["seconds"])
                                    for r in run.get("validation") or []]}), flush=True)
     target, figures = report_variants(runs, weights)
-    report = {"smoke": args.smoke, "config": os.path.relpath(BASE, ROOT), "seeds": seeds, "max_steps": args.max_steps,
+    report = {"smoke": args.smoke, "config": os.path.relpath(base, ROOT), "seeds": seeds, "max_steps": args.max_steps,
               "screening_samples": args.screening_samples, "diagnose": args.diagnose,
               "target": {"val_accuracy": target, "rule": f"mean over seeds of {BASELINE}'s final validation accuracy"},
               "workload": {**workload, "learnable_domains": sorted(weights)}, "variants": figures,

@@ -37,6 +37,24 @@ def test_demo_learn_validates_every_3_versions_on_prompts_drawn_apart():
     assert "demo-learn:" in (ROOT / "Makefile").read_text()
 
 
+@pytest.mark.parametrize("name, sizes, interleave, val_sizes", [
+    ("rlvr_mixed.yaml", (16, 24), (0.4, 0.6), (8, 12)),
+    ("rlvr_sparse.yaml", (16, 96), (0.14, 0.86), (8, 48)),
+])
+def test_the_mixed_workloads_hold_the_prompts_the_page_gives(name, sizes, interleave, val_sizes):
+    """The learnable one-digit sums are the same in both; only the hopeless part and its share change."""
+    cfg = load_config(ROOT / "examples" / name)
+    prompts = {(d.mode, d.domain): dataset_prompts(d, cfg.seed) for d in cfg.datasets}
+    domains = ("arithmetic", "arithmetic_4digit")
+    assert tuple(len(prompts["train", d]) for d in domains) == sizes
+    assert tuple(len(prompts["val", d]) for d in domains) == val_sizes
+    assert tuple(cfg.domain_interleave_probs[d] for d in domains) == interleave
+    assert all(f.query_filter_config.type == "mean_filter" for f in cfg.rewards.values())
+    mixed = load_config(ROOT / "examples" / "rlvr_mixed.yaml")
+    assert [p["prompt"] for p in prompts["train", "arithmetic"]] == \
+        [p["prompt"] for p in dataset_prompts(mixed.datasets[0], mixed.seed)]
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"history_filter": {"enable": True}}, "history_filter.enable needs num_epochs >= 2"),
     ({"num_epochs": 2, "history_filter": {"enable": True, "explore_init": 0.1, "explore_min": 0.2}},
