@@ -77,7 +77,8 @@ def variant_config(base: dict, variant: str, seed: int, max_steps: int, smoke: b
         domain["query_filter_config"] = {"type": "no_filter"}
     if variant == "vllm_no_filter":  # the same float32 sampling, by a local vLLM server
         cfg["actor_infer"].update(backend="vllm_server", servers=[])
-    cfg["history_filter"] = {"enable": variant == "ds_history"}
+    # the variant turns the history filter on or off; the base config's other history keys stay
+    cfg["history_filter"] = {**(cfg.get("history_filter") or {}), "enable": variant == "ds_history"}
     return cfg
 
 
