@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -157,7 +158,9 @@ _VLLM_JOBS = {
 
 
 def _smoke_job(marker) -> str:
-    return "smoke-" + "-".join(a.strip("-{}") for a in marker.args)
+    """The job's name, which also names its log file: the marker's arguments, each reduced to
+    letters, digits, dots and underscores (an argument may be a path)."""
+    return "smoke-" + "-".join(re.sub(r"[^\w.]+", "_", a).strip("_") for a in marker.args)
 
 
 @pytest.fixture(scope="session", autouse=True)
