@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Awaitable, Callable
 
+import aiokafka
 import faust
 from faust.tables.manager import TableManager
 from faust.tables.recovery import Recovery
@@ -118,11 +119,34 @@ class StageRecovery(Recovery):
 
     async def on_recovery_completed(self, generation_id: int = 0) -> None:
         self._stop_flow()
+        await self._rewind_uncommitted()
         await super().on_recovery_completed(generation_id)
 
     async def _resume_streams(self, generation_id: int = 0) -> None:  # the same order, for apps without tables
         self._stop_flow()
+        await self._rewind_uncommitted()
         await super()._resume_streams(generation_id)
+
+    async def _rewind_uncommitted(self) -> None:
+        """Put every stream partition without a committed offset back at its first offset.
+
+        faust's seek to the committed offsets is what makes up for the events the stopped flow
+        drops, but aiokafka seeks only partitions whose committed offset is above 0: a partition
+        nothing was committed on yet (a new group, a worker killed before its first commit) kept
+        its fetch position past the events fetched during the rebalance and then dropped. Two
+        processes starting while events arrived lost a prefix of a partition that way. The first
+        offset is what ``consumer_auto_offset_reset="earliest"`` means for such a partition; what
+        an agent already handled is handled again (at least once)."""
+        consumer = self.app.consumer
+        thread = consumer._thread  # faust's aiokafka consumer runs in its own thread
+        client = thread._ensure_consumer()
+        streams = [tp for tp in consumer.assignment() if not self._is_changelog_tp(tp)]
+        committed = {tp: await thread.call_thread(client.committed, aiokafka.TopicPartition(tp.topic, tp.partition))
+                     for tp in streams}
+        uncommitted = [tp for tp, offset in committed.items() if not offset]
+        if uncommitted:
+            for tp, offset in (await consumer.earliest_offsets(*uncommitted)).items():
+                await consumer.seek(tp, offset)
 
     def _stop_flow(self) -> None:
         """Hold the fetcher and the agents' queues until faust resumes them after its seek (a
