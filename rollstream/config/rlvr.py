@@ -188,6 +188,10 @@ class RLVRConfig(PipelineConfig):
     max_running_prompts: int = Field(8, gt=0, description="Train prompts in flight at most (a validation round is "
                                      "admitted whole, beside them: it takes none of these slots).")
     max_additional_running_prompts: int = Field(0, ge=0, description="Over-provisioning beyond the batch's deficit.")
+    oversample_by_yield: bool = Field(False, description="Keep the batch's deficit divided by the recent yield (the "
+                                      "accepted share of the last 32 generated train prompts) in flight, within "
+                                      "max_running_prompts, so a filter that rejects most prompts fills a step in "
+                                      "one wave instead of one rejection after another.")
     max_response_rounds: int = Field(5, gt=0, le=100, description="Generation rounds per prompt in total (1 + retries).")
     prompt_timeout_s: float = Field(600.0, gt=0, le=7 * 86400, description="A round's samples not all back this long after "
                                     "its generation request are requested again (the same request: round, seed, sample "
@@ -240,7 +244,8 @@ class RLVRConfig(PipelineConfig):
             rollout_batch_size=self.rollout_batch_size, max_running_prompts=self.max_running_prompts,
             max_prompts_per_batch=self.max_prompts_per_batch,
             max_additional_running_prompts=self.max_additional_running_prompts, max_steps=self.max_steps,
-            max_staleness=self.max_staleness, num_epochs=self.num_epochs, seed=self.seed, eval_steps=self.eval_steps)
+            max_staleness=self.max_staleness, num_epochs=self.num_epochs, seed=self.seed, eval_steps=self.eval_steps,
+            oversample_by_yield=self.oversample_by_yield)
 
     def history_limits(self) -> HistoryLimits | None:
         """The history filter's limits (rollstream.filtering.history), or None when it is off."""

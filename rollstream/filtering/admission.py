@@ -8,6 +8,11 @@ groups), admission:
 * stops admitting once ``accepted + in_flight`` covers the batch plus
   ``max_additional_running_prompts`` (no refill wave: a rejection frees exactly one slot, so
   exactly one new prompt replaces it);
+* with ``oversample_by_yield``, keeps the batch's deficit divided by the recent yield in flight
+  instead (``in_flight_target``): when three of four prompts are rejected, a deficit of 2 puts 8
+  prompts in flight at once rather than 2 at a time, one rejection after another. The yield is
+  the accepted share of the last ``YIELD_WINDOW`` generated train prompts (1 before any);
+  GRESO's adaptive rollout batch (arXiv 2506.02177) sizes its batch the same way;
 * starts the prompts of step s only once policy version ``s - max_staleness`` is published
   (filtering/staleness.py), so generation never runs further ahead of the trainer than that;
 * spends at most ``max_prompts_per_batch`` training prompts on one batch. When the budget is
@@ -38,16 +43,18 @@ prompt whose recent groups were zero-variance may be skipped before generation
 recorded as a rejected Group with reason ``skipped_by_history``.
 
 Accepted groups are never thrown away: a group accepted beyond the target counts towards the
-next step, unless a staleness bound is set. Then it does not count (the next step is generated
-in full by a fresh enough policy); the trainer still trains it while it is within the bound and
-otherwise rejects it as ``stale``, counted (the reference discards such leftovers silently at
-gc).
+next step (the trainer takes groups in the order they come), unless a staleness bound is set and
+the next step may not train it: then it does not count (that step is generated in full by a
+fresh enough policy), and the trainer rejects it as ``stale``, counted (the reference discards
+such leftovers silently at gc). Whether it may is judged on the oldest version that generated
+it, as the trainer judges it; a late group whose version is not known does not count.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import math
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Any, ClassVar, Mapping, Union
@@ -55,6 +62,9 @@ from typing import Any, ClassVar, Mapping, Union
 from rollstream.filtering.decision import Decision, config_hash
 from rollstream.filtering.reasons import RejectReason
 from rollstream.filtering.staleness import may_start_step, stale_decision
+
+
+YIELD_WINDOW = 32  # generated train prompts the yield is taken over: a few steps' worth, so it follows epochs
 
 
 @dataclass(frozen=True)
@@ -68,6 +78,7 @@ class AdmissionLimits:
     num_epochs: int = 1  # passes over the train prompts before the PromptsEnd marker
     seed: int = 0  # seeds each epoch's order (epoch_order)
     eval_steps: int | None = None  # a validation round every this many policy versions; None: only the first
+    oversample_by_yield: bool = False  # keep deficit / recent yield in flight (module doc)
 
     def __post_init__(self) -> None:
         for name in ("rollout_batch_size", "max_running_prompts", "max_prompts_per_batch", "num_epochs"):
@@ -100,6 +111,7 @@ class AdmissionState:
     eval_version: int = 0  # the policy version of the newest validation round (0: the first read)
     eval_size: int = 0  # validation prompts in that round (0 for the first read)
     eval_position: int = 0  # of them admitted so far
+    recent_outcomes: list[int] = field(default_factory=list)  # the last YIELD_WINDOW train outcomes (1: accepted)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -110,6 +122,10 @@ class AdmissionState:
 
     def train_in_flight(self) -> int:
         return sum(1 for s in self.in_flight.values() if s >= 0)
+
+    def recent_yield(self) -> float:
+        """The accepted share of the last ``YIELD_WINDOW`` generated train prompts; 1.0 before any."""
+        return sum(self.recent_outcomes) / len(self.recent_outcomes) if self.recent_outcomes else 1.0
 
 
 @dataclass(frozen=True)
@@ -319,11 +335,19 @@ def can_admit(state: AdmissionState, limits: AdmissionLimits, mode: str = "train
         return False
     if state.finished or state.ended or not may_start_step(state.step, policy_version, limits.max_staleness):
         return False
-    return (
-        state.accepted_in_step + state.train_in_flight()
-        < limits.rollout_batch_size + limits.max_additional_running_prompts
-        and state.admitted_in_step < limits.max_prompts_per_batch
-    )
+    return (state.train_in_flight() < in_flight_target(state, limits)
+            and state.admitted_in_step < limits.max_prompts_per_batch)
+
+
+def in_flight_target(state: AdmissionState, limits: AdmissionLimits) -> int:
+    """Train prompts the step being filled may have in flight (before ``max_running_prompts``):
+    its deficit plus ``max_additional_running_prompts``; with ``oversample_by_yield`` the deficit
+    divided by ``recent_yield`` (rounded up) plus the same (module doc)."""
+    deficit = max(limits.rollout_batch_size - state.accepted_in_step, 0)
+    if limits.oversample_by_yield and deficit:
+        rate = state.recent_yield()
+        deficit = limits.max_running_prompts if rate <= 0 else math.ceil(deficit / rate - 1e-9)
+    return deficit + limits.max_additional_running_prompts
 
 
 def admit(state: AdmissionState, prompt_id: str, mode: str = "train", now_ms: int = 0) -> AdmissionState:
@@ -361,17 +385,19 @@ def on_outcome(
         return state, [UnknownOutcome(prompt_id)]
     if step < 0:  # validation: counts towards no batch, only towards the end of data
         return check_step(state, limits)
-    if committed and policy_version is not None and policy_version >= 0 and stale_decision(
-            policy_version, step, limits.max_staleness) is not None:
+    known = policy_version is not None and policy_version >= 0
+    if committed and known and stale_decision(policy_version, step, limits.max_staleness) is not None:
         committed, reason = False, RejectReason.STALE.value
+    state.recent_outcomes = (state.recent_outcomes + [int(committed)])[-YIELD_WINDOW:]
     if step == state.step:
         if committed:
             state.accepted_in_step += 1
         else:
             state.rejected_in_step[reason] = state.rejected_in_step.get(reason, 0) + 1
-    elif committed and limits.max_staleness is None:
-        # a late prompt of an earlier step: its group counts now (with a staleness bound it does
-        # not: the trainer trains it only while fresh enough, see the module doc)
+    elif committed and (limits.max_staleness is None or (
+            known and stale_decision(policy_version, state.step, limits.max_staleness) is None)):
+        # a late prompt of an earlier step: its group counts now, if the step being filled may
+        # still train it (see the module doc)
         state.accepted_in_step += 1
     return check_step(state, limits)
 

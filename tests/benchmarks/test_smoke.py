@@ -160,10 +160,10 @@ def test_engine(kafka_broker, vllm_server, tmp_path):
         assert set(m["drop_by_filter"]) == {"0:token", "1:geometric"}, engine
 
 
-@pytest.mark.benchmark_smoke("filtering", "--base", "examples/rlvr_sparse.yaml", timeout=600)
+@pytest.mark.benchmark_smoke("filtering", "--base", "examples/rlvr_mixed.yaml", timeout=600)
 def test_filtering(benchmark_smoke):
     r = benchmark_smoke
-    assert (r["max_steps"], r["seeds"], r["screening_samples"], r["config"]) == (1, [1], 2, "examples/rlvr_sparse.yaml")
+    assert (r["max_steps"], r["seeds"], r["screening_samples"], r["config"]) == (1, [1], 2, "examples/rlvr_mixed.yaml")
     w = r["workload"]
     assert set(w["domains"]) == {"arithmetic", "arithmetic_4digit"}
     assert len(w["pass_rate_histogram_v0"]) == w["samples"] + 1 and sum(w["pass_rate_histogram_v0"]) == w["prompts"]

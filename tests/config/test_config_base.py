@@ -15,7 +15,7 @@ SHARED = ["name", "seed", "pretrain", "kafka", "rollout_batch_size", "max_steps"
           "time_limit_s", "batch_timeout_s", "max_stage_restarts", "stage_restart_backoff_s", "adv_estimator", "actor_infer", "actor_train",
           "train_infer_correction", "trainer"]
 RLVR_KEYS = SHARED + ["num_return_sequences_in_group", "val_num_return_sequences", "max_running_prompts",
-                      "max_additional_running_prompts", "max_response_rounds", "prompt_timeout_s",
+                      "max_additional_running_prompts", "oversample_by_yield", "max_response_rounds", "prompt_timeout_s",
                       "max_reissues_per_prompt", "max_prompts_per_batch",
                       "prompt_length", "num_epochs", "eval_steps", "history_filter", "rewards", "datasets", "domain_interleave_probs",
                       "reward_concurrency"]

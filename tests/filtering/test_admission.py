@@ -70,6 +70,52 @@ def test_step_completes_and_surplus_accepted_groups_carry_over():
     assert state.step == 1 and state.accepted_in_step == 1  # kept for the next batch, never dropped
 
 
+def test_oversample_by_yield_keeps_the_deficit_over_the_recent_yield_in_flight():
+    """Three of four recent prompts rejected: a deficit of 2 puts 8 in flight at once."""
+    on = limits(rollout_batch_size=2, max_running_prompts=16, oversample_by_yield=True)
+    state = core.AdmissionState(recent_outcomes=[1, 0, 0, 0] * 8)
+    assert state.recent_yield() == 0.25
+    assert core.in_flight_target(state, on) == 8 and len(fill(state, on)) == 8
+    assert len(fill(core.AdmissionState(recent_outcomes=[1, 0, 0, 0] * 8), limits(rollout_batch_size=2))) == 2
+    capped = limits(rollout_batch_size=2, max_running_prompts=6, oversample_by_yield=True)
+    assert len(fill(core.AdmissionState(recent_outcomes=[1, 0, 0, 0]), capped)) == 6
+    assert len(fill(core.AdmissionState(recent_outcomes=[0] * 5), capped)) == 6  # nothing passes: every slot
+    assert len(fill(core.AdmissionState(), on)) == 2  # no outcome yet: yield 1, the deficit alone
+    assert len(fill(core.AdmissionState(recent_outcomes=[1] * 32), on)) == 2  # no_filter: today's admission
+    state = core.AdmissionState(recent_outcomes=[1, 0] * 16, accepted_in_step=1)
+    assert core.in_flight_target(state, on) == 2  # the deficit left (1) over the yield (0.5)
+
+
+def test_the_yield_is_taken_over_the_last_outcomes_and_survives_a_restart():
+    lim = limits(rollout_batch_size=1, max_running_prompts=64, max_prompts_per_batch=1000, oversample_by_yield=True)
+    state = core.AdmissionState()
+    for i in range(40):  # 8 accepted, then 32 rejected (each a step's deficit, admitted one by one)
+        core.admit(state, f"p{i}")
+        state, _ = core.on_outcome(state, lim, f"p{i}", i < 8, "accepted" if i < 8 else "zero_std")
+    assert state.recent_outcomes == [0] * core.YIELD_WINDOW and state.recent_yield() == 0.0
+    assert core.AdmissionState.from_dict(state.to_dict()).recent_outcomes == state.recent_outcomes
+    core.admit(state, "val", mode="val")
+    state, _ = core.on_outcome(state, lim, "val", True, "accepted")
+    assert state.recent_outcomes == [0] * core.YIELD_WINDOW  # validation is no train outcome
+
+
+def test_a_late_group_counts_for_the_next_step_when_that_step_may_still_train_it():
+    """Step 0 filled while c (of step 0) was in flight; the trainer puts c in step 1's batch
+    (groups in the order they come) unless c's version is too old for step 1."""
+    lim = limits(rollout_batch_size=2, max_additional_running_prompts=1, max_staleness=1)
+    for version, counted in ((0, 1), (None, 0)):
+        state = core.AdmissionState()
+        fill(state, lim)
+        for pid in ("p0", "p1", "p2"):
+            state, _ = core.on_outcome(state, lim, pid, True, "accepted", policy_version=version)
+        assert (state.step, state.accepted_in_step) == (1, counted)
+    state = core.AdmissionState(step=3)
+    fill(state, lim)
+    state.step, state.accepted_in_step = 4, 0  # as if step 3 had filled: p2 is late
+    state, _ = core.on_outcome(state, lim, "p2", True, "accepted", policy_version=2)
+    assert state.accepted_in_step == 0  # version 2 may train step 3, not step 4 (bound 1)
+
+
 def test_prompt_rejected_before_generation_spends_budget_not_a_slot():
     lim = limits(rollout_batch_size=1, max_prompts_per_batch=2, max_running_prompts=1)
     state = core.AdmissionState()
