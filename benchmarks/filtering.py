@@ -43,7 +43,7 @@ the validation accuracy against seconds and against generated tokens, one line p
 (mean over seeds at each version) and its band (min to max), as ``filtering_seconds.png`` and
 ``filtering_tokens.png``. JSON to ``--out``.
 
-    .venv/bin/python benchmarks/filtering.py [--base examples/rlvr_mixed.yaml] [--seeds 1,2,3] [--variants no_filter,...] [--max-steps 10]
+    .venv/bin/python benchmarks/filtering.py [--base examples/rlvr_mixed.yaml] [--seeds 1,2,3] [--variants no_filter,...] [--max-steps 16]
         [--screening-samples 4] [--diagnose] [--out runs/bench/filtering.json] [--plots docs/img]
 """
 
@@ -298,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--max-steps", type=int, default=10)
+    parser.add_argument("--max-steps", type=int, default=16,
+                        help="steps of every run: the horizon (examples/rlvr_mixed.yaml's max_steps)")
     # k = 2 would screen out more than half of every learnable group: two 0/1 samples agree with
     # probability p^2 + (1-p)^2 >= 0.5; k = 4 of 8 with p^4 + (1-p)^4 (0.29 at p = 0.27)
     parser.add_argument("--screening-samples", type=int, default=4, help="k of the screening variants")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Iterable
 
 from rollstream.config import AgenticConfig, DatasetConfig, RLVRConfig
@@ -14,6 +15,7 @@ from rollstream.runtime import now_ms
 from rollstream.schemas import encode
 from rollstream.schemas.records import PROMPTS_END_KEY, prompts_end
 
+log = logging.getLogger(__name__)
 
 def config_prompts(config: RLVRConfig, datasets: list[DatasetConfig] | None = None) -> list[dict]:
     """Every dataset's prompts (``datasets``: these instead of the config's): the training prompts
@@ -30,10 +32,26 @@ def config_prompts(config: RLVRConfig, datasets: list[DatasetConfig] | None = No
                 val.append(prompt)
             else:
                 train.setdefault(prompt["domain"], []).append(prompt)
+    leaked = leaked_validation([p for ps in train.values() for p in ps], val)
+    if leaked:
+        log.warning("%d of %d validation prompts are also train prompts (e.g. %s): their accuracy measures "
+                    "memory, not generalisation. Give the validation datasets other sources or seeds (a "
+                    "reasoning-gym task seeds item i with seed + i: keep the seeds further apart than num_samples).",
+                    len(leaked), len(val), leaked[0])
     probs = {d: config.domain_interleave_probs.get(d, 1.0) for d in train}
     mixed = interleave(train, probs, config.seed) if train else []
     first = val_after(config)
     return mixed[:first] + val + mixed[first:]
+
+
+def leaked_validation(train: list[dict], val: list[dict]) -> list[str]:
+    """The ``prompt_id`` of each validation prompt whose text (``prompt`` and ``messages``) is
+    also a train prompt's, in ``val``'s order."""
+    def text(p: dict) -> tuple:
+        return p["prompt"], tuple((m["role"], m["content"]) for m in p.get("messages") or ())
+
+    seen = {text(p) for p in train}
+    return [p["prompt_id"] for p in val if text(p) in seen]
 
 
 def val_after(config: RLVRConfig) -> int:

@@ -190,6 +190,30 @@ def test_the_documented_configs_load_and_publish_exact_records(qa, verl):
         "train", "train", "val", "val"]  # fewer train prompts than two steps take: every one first
 
 
+def test_validation_prompts_that_are_train_prompts_are_named_in_a_warning(caplog):
+    """reasoning-gym seeds item i with seed + i: validation seed 7 against train seed 11 repeats
+    train items 0..19 as validation items 4..23."""
+    from rollstream.app.producer import leaked_validation
+
+    sums = {"min_terms": 2, "max_terms": 2, "min_digits": 4, "max_digits": 4, "operators": ["+"]}
+    gym = {"source": "reasoning-gym/basic_arithmetic", "domain": "math", "config": sums}
+    near = parse_config(rlvr([{**gym, "num_samples": 48, "seed": 11}, {**gym, "num_samples": 24, "seed": 7, "mode": "val"}],
+                             rewards={"math": {"reward_type": "reasoning_gym"}}))
+    train, val = (dataset_prompts(d, near.seed) for d in near.datasets)
+    assert leaked_validation(train, val) == [p["prompt_id"] for p in val[4:]]
+    with caplog.at_level("WARNING", logger="rollstream.app.producer"):
+        config_prompts(near)
+    assert "20 of 24 validation prompts are also train prompts (e.g. val/basic_arithmetic-" in caplog.text
+    far = near.model_copy(update={"datasets": [near.datasets[0], near.datasets[1].model_copy(update={"seed": 1000})]})
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rollstream.app.producer"):
+        config_prompts(far)
+    assert "validation prompts are also train prompts" not in caplog.text
+    chat = {"prompt": "hi", "messages": [{"role": "user", "content": "hi"}]}
+    assert leaked_validation([chat], [{**chat, "prompt_id": "v", "messages": [{"role": "system", "content": "x"},
+                                                                              {"role": "user", "content": "hi"}]}]) == []
+
+
 def test_datasets_may_be_empty_prompts_then_come_from_outside():
     assert parse_config(rlvr([])).datasets == []
 
