@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-steps", type=int, default=16,
                         help="steps of every run: the horizon (examples/rlvr_mixed.yaml's max_steps)")
     # k = 2 would screen out more than half of every learnable group: two 0/1 samples agree with
-    # probability p^2 + (1-p)^2 >= 0.5; k = 4 of 8 with p^4 + (1-p)^4 (0.29 at p = 0.27)
+    # probability p^2 + (1-p)^2 >= 0.5; k = 4 of 16 with p^4 + (1-p)^4 (0.21 at p = 0.33)
     parser.add_argument("--screening-samples", type=int, default=4, help="k of the screening variants")
     parser.add_argument("--diagnose", action="store_true", help="generate screened-out groups in full too and "
                         "report the false-rejection rate (slower: the screening's saving is spent)")

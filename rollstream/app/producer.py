@@ -17,6 +17,7 @@ from rollstream.schemas.records import PROMPTS_END_KEY, prompts_end
 
 log = logging.getLogger(__name__)
 
+
 def config_prompts(config: RLVRConfig, datasets: list[DatasetConfig] | None = None) -> list[dict]:
     """Every dataset's prompts (``datasets``: these instead of the config's): the training prompts
     interleaved by domain_interleave_probs (a file's rows may name several domains), with the

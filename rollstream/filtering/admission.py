@@ -53,8 +53,8 @@ it, as the trainer judges it; a late group whose version is not known does not c
 from __future__ import annotations
 
 import json
-import random
 import math
+import random
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Any, ClassVar, Mapping, Union
