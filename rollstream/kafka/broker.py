@@ -80,13 +80,15 @@ listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config=org.apache.kafka.com
 
 def render_server_properties(data_dir: Path, port: int, controller_port: int, node_id: int = 1,
                              voters: str | None = None, nodes: int = 1,
-                             sasl_admin_password: str | None = None) -> str:
+                             sasl_admin_password: str | None = None,
+                             properties: Mapping[str, str] | None = None) -> str:
     """server.properties text for one node listening on 127.0.0.1.
 
     ``voters``: the quorum (``id@host:port,...``; default this node alone); ``nodes``: the
     cluster's size, which sets the internal topics' replication (min(3, nodes), min ISR 2 when
     there are 3 replicas); ``sasl_admin_password``: SASL/SCRAM on the client listener
-    (SASL_PLAINTEXT), the brokers authenticating as SASL_ADMIN_USER with that password."""
+    (SASL_PLAINTEXT), the brokers authenticating as SASL_ADMIN_USER with that password;
+    ``properties``: more settings, appended (a later line wins in a properties file)."""
     log_dirs = (Path(data_dir).resolve() / "kraft").as_posix()
     replicas = min(3, nodes)
     text = SERVER_PROPERTIES_TEMPLATE.format(
@@ -98,7 +100,7 @@ def render_server_properties(data_dir: Path, port: int, controller_port: int, no
     if sasl_admin_password:
         text += SASL_PROPERTIES_TEMPLATE.format(mechanisms=",".join(SCRAM_MECHANISMS), admin=SASL_ADMIN_USER,
                                                 admin_password=sasl_admin_password)
-    return text
+    return text + "".join(f"{key}={value}\n" for key, value in (properties or {}).items())
 
 
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -176,15 +178,16 @@ class EmbeddedBroker:
 
     Alone (the default) it is a single-node cluster; EmbeddedCluster makes several, giving each
     its ``node_id``, the shared ``voters`` and ``cluster_id``. ``sasl_users`` (name -> password;
-    the first is the brokers' own inter-broker user) turns on SASL/SCRAM on the client listener.
-    Ports default to free ones picked at ``start()`` and are kept for restarts. Files in
+    the first is the brokers' own inter-broker user) turns on SASL/SCRAM on the client listener;
+    ``properties`` are more server.properties settings. Ports default to free ones picked at ``start()`` and are kept for restarts. Files in
     ``data_dir``: ``server.properties``, ``broker.log`` (JVM stdout/stderr) and ``kraft/``.
     """
 
     def __init__(self, data_dir: Path, port: int | None = None,
                  controller_port: int | None = None, kafka_version: str = KAFKA_VERSION, *,
                  node_id: int = 1, voters: str | None = None, nodes: int = 1, cluster_id: str | None = None,
-                 sasl_users: Mapping[str, str] | None = None, jvm_opts: list[str] | None = None):
+                 sasl_users: Mapping[str, str] | None = None, jvm_opts: list[str] | None = None,
+                 properties: Mapping[str, str] | None = None):
         self.data_dir = Path(data_dir).resolve()
         self.port = port
         self.controller_port = controller_port
@@ -193,6 +196,7 @@ class EmbeddedBroker:
         self._cluster_id = cluster_id
         self.sasl_users = dict(sasl_users or {})
         self.jvm_opts = jvm_opts or BROKER_JVM_OPTS
+        self.properties = dict(properties or {})
         self._proc: subprocess.Popen | None = None
 
     @property
@@ -251,7 +255,8 @@ class EmbeddedBroker:
             self.controller_port = free_port()
         admin_password = next(iter(self.sasl_users.values())) if self.sasl_users else None
         self.properties_path.write_text(render_server_properties(
-            self.data_dir, self.port, self.controller_port, self.node_id, self.voters, self.nodes, admin_password))
+            self.data_dir, self.port, self.controller_port, self.node_id, self.voters, self.nodes, admin_password,
+            self.properties))
         log4j = f"-Dlog4j.configuration=file:{BROKER_FILES / 'log4j.properties'}"
         with open(self.log_path, "ab") as log:
             self._format_storage(java, cp, log4j, log, max(timeout, 5))
@@ -357,12 +362,12 @@ class EmbeddedCluster:
     """``brokers`` combined broker+controller nodes on loopback, one quorum, data under
     ``data_dir/node-<id>``; internal topics replicated min(3, brokers) times.
 
-    ``sasl_users`` as for EmbeddedBroker (the same users on every node). ``nodes[i]`` can be
+    ``sasl_users`` and ``properties`` as for EmbeddedBroker (the same on every node). ``nodes[i]`` can be
     killed, stopped and started again on its own (failover tests).
     """
 
     def __init__(self, data_dir: Path, brokers: int = 3, sasl_users: Mapping[str, str] | None = None,
-                 kafka_version: str = KAFKA_VERSION):
+                 kafka_version: str = KAFKA_VERSION, properties: Mapping[str, str] | None = None):
         if brokers < 1:
             raise ValueError("a cluster needs at least one broker")
         self.data_dir = Path(data_dir).resolve()
@@ -372,7 +377,7 @@ class EmbeddedCluster:
         self.nodes = [
             EmbeddedBroker(self.data_dir / f"node-{i + 1}", port=p, controller_port=c, kafka_version=kafka_version,
                            node_id=i + 1, voters=voters, nodes=brokers, cluster_id=cluster_id, sasl_users=sasl_users,
-                           jvm_opts=CLUSTER_NODE_JVM_OPTS if brokers > 1 else BROKER_JVM_OPTS)
+                           jvm_opts=CLUSTER_NODE_JVM_OPTS if brokers > 1 else BROKER_JVM_OPTS, properties=properties)
             for i, (p, c) in enumerate(ports)
         ]
 

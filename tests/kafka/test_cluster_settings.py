@@ -93,6 +93,13 @@ def test_cluster_node_properties_name_the_quorum_and_replicate_internal_topics(t
     assert 'username="rollstream-admin" password="pw";' in props["listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config"]
 
 
+def test_more_properties_are_appended_and_override_the_template(tmp_path):
+    text = broker.render_server_properties(tmp_path, 1001, 1002, properties={"broker.session.timeout.ms": "60000",
+                                                                            "num.io.threads": "4"})
+    props = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)  # a later line wins
+    assert (props["broker.session.timeout.ms"], props["num.io.threads"]) == ("60000", "4")
+
+
 def test_the_oldest_admission_bounds_where_undelivered_outcomes_can_be():
     limits = core.AdmissionLimits(rollout_batch_size=2, max_running_prompts=4, max_prompts_per_batch=8)
     state = core.AdmissionState()
