@@ -170,7 +170,11 @@ class HistoryFilterConfig(FrozenModel):
     explore_min: float = Field(0.05, gt=0, le=1, description="Floor of p_e: every prompt keeps a chance.")
     explore_step: float = Field(0.01, ge=0, le=1, description="p_e moves by this after each generated group.")
     window: int = Field(64, gt=0, le=100_000, description="Generated groups the shares are taken over.")
-    max_skips: int = Field(3, ge=0, le=1000, description="A prompt skipped this many epochs back to back is admitted.")
+    max_skips: int = Field(3, ge=0, le=1000, description="A prompt skipped this many epochs back to back is admitted "
+                           "(with revisit_versions: once max_skips * revisit_versions have elapsed).")
+    revisit_versions: int = Field(0, ge=0, le=1_000_000, description="0: draw once per epoch (GRESO). N > 0: pace "
+                                  "revisits by policy versions, N versions standing for one epoch (e.g. train "
+                                  "prompts / rollout_batch_size), for data whose epochs pass in a few steps.")
 
     @model_validator(mode="after")
     def _ordered(self) -> "HistoryFilterConfig":
@@ -254,7 +258,8 @@ class RLVRConfig(PipelineConfig):
             return None
         return HistoryLimits(target_all_correct=h.target_all_correct, target_all_wrong=h.target_all_wrong,
                              explore_init=h.explore_init, explore_min=h.explore_min, step=h.explore_step,
-                             window=h.window, max_skips=h.max_skips, seed=self.seed)
+                             window=h.window, max_skips=h.max_skips, revisit_versions=h.revisit_versions,
+                             seed=self.seed)
 
     def domain_filters(self) -> dict[str, DomainFilters]:
         """domain -> the per-prompt filters the aggregator (and what-if) run for it."""

@@ -28,6 +28,20 @@ to stay so in the next; skipping it before rollout saves the generation that dyn
 * The draw is ``random.Random(f"{seed}/{prompt_id}/{epoch}")``: deterministic, so a restart,
   replay and what-if decide the same way.
 
+Revisits paced by policy versions (``revisit_versions`` = H > 0; rollstream's addition). GRESO
+draws once per epoch, which suits epochs of hundreds of steps. When an epoch passes in a step or
+two, a prompt found hopeless is drawn again before the policy has changed, and prompts that
+``max_skips`` forces back return together. With H set, what counts is the policy's change since
+the prompt was last generated: ``E`` = the policy versions since then plus the epochs it was
+skipped since (a skip counts as one version, so a stalled trainer cannot make admission skip
+through every epoch). With ``P = 1 - p_e ** z`` as above, the prompt is still skipped at ``E``
+with probability ``S(E) = P ** (x (x + 1) / 2)``, ``x = E / H``: at whole ``x`` this is the epoch
+rule's chance of ``x`` skips in a row, so H is the versions one GRESO epoch stands for (e.g.
+train prompts / rollout_batch_size). One uniform ``u`` per streak, drawn with
+``random.Random(f"{seed}/{prompt_id}/{epoch of the last entry}/revisit")``, decides: skipped
+while ``u < S(E)``, so the revisit comes at a seeded age however often the prompt is drawn.
+``max_skips`` then admits it once ``E >= max_skips * H``.
+
 Epoch 0 has no history: nothing is skipped. Validation prompts are never skipped.
 """
 
@@ -78,6 +92,7 @@ class HistoryLimits:
     step: float = 0.01
     window: int = 64
     max_skips: int = 3
+    revisit_versions: int = 0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -86,8 +101,8 @@ class HistoryLimits:
         for name in ("target_all_correct", "target_all_wrong"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.window < 1 or self.max_skips < 0 or not 0 <= self.step <= 1:
-            raise ValueError("window must be >= 1, max_skips >= 0, step in [0, 1]")
+        if self.window < 1 or self.max_skips < 0 or not 0 <= self.step <= 1 or self.revisit_versions < 0:
+            raise ValueError("window must be >= 1, max_skips >= 0, step in [0, 1], revisit_versions >= 0")
 
 
 @dataclass
@@ -147,8 +162,10 @@ class ExploreState:
 
 @dataclass(frozen=True)
 class SkipDecision:
-    """Whether to skip a prompt in an epoch, and why: ``probability`` = 1 - p_e ** z, ``draw``
-    the seeded uniform it was compared with; ``forced`` when ``max_skips`` admitted it."""
+    """Whether to skip a prompt in an epoch, and why: ``probability`` = the skip probability
+    (per epoch: (1 - p_e ** z) ** (1 + skips); paced by versions: S(E)), ``draw`` the seeded
+    uniform it was compared with; ``forced`` when ``max_skips`` admitted it; ``elapsed`` = E
+    when paced by versions, else None."""
 
     skip: bool
     probability: float
@@ -156,32 +173,64 @@ class SkipDecision:
     explore: float
     draw: float
     forced: bool = False
+    elapsed: int | None = None
 
     def values(self) -> dict[str, float]:
-        return {"skip_probability": self.probability, "zero_variance_streak": float(self.zero_variance_streak),
-                "explore_probability": self.explore, "draw": self.draw}
+        values = {"skip_probability": self.probability, "zero_variance_streak": float(self.zero_variance_streak),
+                  "explore_probability": self.explore, "draw": self.draw}
+        return values if self.elapsed is None else {**values, "versions_elapsed": float(self.elapsed)}
 
 
-def skip_probability(history: PromptHistory | None, state: ExploreState) -> tuple[float, int, float]:
-    """``((1 - p_e ** z) ** (1 + skips), z, p_e)`` for ``history`` (None: no history,
-    probability 0); ``skips`` the epochs it has been skipped back to back (module doc)."""
+def zero_variance_odds(history: PromptHistory | None, state: ExploreState) -> tuple[float, int, float]:
+    """``(1 - p_e ** z, z, p_e)`` for ``history``: the chance one draw skips it (None or a
+    streak of 0: ``(0.0, 0, 1.0)``, never skipped)."""
     if history is None or not history.entries:
         return 0.0, 0, 1.0
     z = history.zero_variance_streak()
     if z == 0:
         return 0.0, 0, 1.0
     p_e = state.explore[history.entries[-1]["pattern"]]
-    return (1.0 - p_e ** z) ** (1 + history.skips), z, p_e
+    return 1.0 - p_e ** z, z, p_e
+
+
+def skip_probability(history: PromptHistory | None, state: ExploreState) -> tuple[float, int, float]:
+    """``((1 - p_e ** z) ** (1 + skips), z, p_e)`` for ``history`` (None: no history,
+    probability 0); ``skips`` the epochs it has been skipped back to back (module doc)."""
+    odds, z, p_e = zero_variance_odds(history, state)
+    return (odds ** (1 + history.skips) if odds else 0.0), z, p_e
+
+
+def still_skipped(odds: float, elapsed: float, revisit_versions: int) -> float:
+    """``S(E) = odds ** (x (x + 1) / 2)``, ``x = elapsed / revisit_versions``: the probability that
+    a prompt skipped with ``odds`` per GRESO epoch is still skipped ``elapsed`` versions on
+    (module doc). 1 at ``elapsed`` 0; ``odds`` at one epoch's worth of versions."""
+    x = elapsed / revisit_versions
+    return odds ** (x * (x + 1) / 2)
 
 
 def decide_skip(history: PromptHistory | None, state: ExploreState, limits: HistoryLimits,
-                prompt_id: str, epoch: int) -> SkipDecision:
-    """Skip ``prompt_id`` (its base id) in ``epoch`` or not (module doc). Epoch 0 never skips."""
+                prompt_id: str, epoch: int, policy_version: int = 0) -> SkipDecision:
+    """Skip ``prompt_id`` (its base id) in ``epoch`` or not (module doc). Epoch 0 never skips.
+    ``policy_version``: the newest published version, read when ``limits.revisit_versions`` is set."""
+    if limits.revisit_versions and epoch > 0 and history is not None and history.entries:
+        return _decide_by_versions(history, state, limits, prompt_id, policy_version)
     probability, z, p_e = skip_probability(history, state) if epoch > 0 else (0.0, 0, 1.0)
     draw = random.Random(f"{limits.seed}/{prompt_id}/{epoch}").random()
     if probability > 0 and history is not None and history.skips >= limits.max_skips:
         return SkipDecision(False, probability, z, p_e, draw, forced=True)
     return SkipDecision(draw < probability, probability, z, p_e, draw)
+
+
+def _decide_by_versions(history: PromptHistory, state: ExploreState, limits: HistoryLimits, prompt_id: str,
+                        policy_version: int) -> SkipDecision:
+    odds, z, p_e = zero_variance_odds(history, state)
+    last = history.entries[-1]
+    elapsed = max(0, policy_version - int(last["policy_version"])) + history.skips
+    probability = still_skipped(odds, elapsed, limits.revisit_versions) if odds else 0.0
+    draw = random.Random(f"{limits.seed}/{prompt_id}/{last['epoch']}/revisit").random()
+    if probability > 0 and elapsed >= limits.max_skips * limits.revisit_versions:
+        return SkipDecision(False, probability, z, p_e, draw, forced=True, elapsed=elapsed)
+    return SkipDecision(draw < probability, probability, z, p_e, draw, elapsed=elapsed)
 
 
 def on_skip(history: PromptHistory) -> PromptHistory:

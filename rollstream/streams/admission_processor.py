@@ -190,14 +190,16 @@ class AdmissionProcessor:
         past it, count it, save, and return its history and rejected Group; else None."""
         explore = history.ExploreState.from_dict(state.explore, self.history_limits)
         past = self.histories.get(prompt["prompt_id"])
-        decision = history.decide_skip(past, explore, self.history_limits, prompt["prompt_id"], epoch)
+        # the policy's change since the last outcome paces revisits (revisit_versions); the
+        # learning curve counts a skip at this version
+        current = self.latest_version(VERSION_POLL_S)
+        decision = history.decide_skip(past, explore, self.history_limits, prompt["prompt_id"], epoch, current or 0)
         if not decision.skip:
             return None
         state = core.skip_by_history(core.take_replay(state, self.limits))
         state, effects = core.check_step(state, self.limits)
         self.save(state)
         self.metrics.decision("prompt", False, RejectReason.SKIPPED_BY_HISTORY.value)
-        current = self.latest_version(VERSION_POLL_S)  # where the learning curve counts it
         rejected = self.rejected_group({**prompt, "prompt_id": core.epoch_prompt_id(prompt["prompt_id"], epoch)},
                                        Decision.reject(RejectReason.SKIPPED_BY_HISTORY, **decision.values()),
                                        self.history_filter, policy_version=current or 0)

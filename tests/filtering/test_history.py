@@ -112,6 +112,62 @@ def test_exploration_keeps_every_prompt_reachable():
     assert skipped == 40 * 30 - sum(len(e) for e in generated.values()) > 40 * 20  # most epochs are skipped
 
 
+PACED = h.HistoryLimits(explore_init=0.5, explore_min=0.05, step=0.01, window=8, max_skips=3, revisit_versions=8,
+                        seed=7)
+
+
+@pytest.mark.parametrize("elapsed, expected", [(0, 1.0), (4, 0.5 ** 0.375), (8, 0.5), (16, 0.5 ** 3), (24, 0.5 ** 6)])
+def test_paced_by_versions_the_whole_epochs_match_the_epoch_rule(elapsed, expected):
+    """S(E) = P ** (x (x + 1) / 2), x = E / H: one epoch's worth of versions gives the epoch rule's
+    P, two give P * P ** 2 (skipped twice in a row), three P ** 6."""
+    assert h.still_skipped(0.5, elapsed, 8) == pytest.approx(expected)
+
+
+def test_paced_by_versions_a_prompt_comes_back_at_a_seeded_age_however_often_it_is_drawn():
+    """One uniform per streak decides: a prompt drawn in epoch after epoch at one version is
+    skipped each time (nothing changed), and the share revisited by one epoch's worth of
+    versions is 1 - P."""
+    state = h.ExploreState.initial(PACED)  # p_e 0.5: P = 0.5 for z = 1
+    past = h.PromptHistory("p", [{"epoch": 1, "pattern": "all_wrong", "policy_version": 3}])
+    same_version = [h.decide_skip(past, state, PACED, "p", epoch, policy_version=3) for epoch in (2, 3, 4)]
+    assert [(d.skip, d.probability, d.values()["versions_elapsed"]) for d in same_version] == [(True, 1.0, 0.0)] * 3
+    assert len({d.draw for d in same_version}) == 1  # the streak's draw, not the epoch's
+    populations = [h.PromptHistory(f"p{i}", [{"epoch": 1, "pattern": "all_wrong", "policy_version": 3}])
+                   for i in range(4000)]
+    back = [not h.decide_skip(q, state, PACED, q.prompt_id, 9, policy_version=3 + 8).skip for q in populations]
+    assert sum(back) / len(back) == pytest.approx(0.5, abs=0.03)
+    # a prompt that comes back at E comes back at every later E too: S falls as E grows
+    ages = [next(e for e in range(40) if not h.decide_skip(q, state, PACED, q.prompt_id, 2, 3 + e).skip)
+            for q in populations[:200]]
+    assert all(not h.decide_skip(q, state, PACED, q.prompt_id, 2, 3 + a + 1).skip for q, a in zip(populations, ages))
+
+
+def test_paced_by_versions_skips_count_so_a_stalled_policy_cannot_skip_every_epoch():
+    state = h.ExploreState({"all_correct": PACED.explore_min, "all_wrong": PACED.explore_min}, [])
+    past = h.PromptHistory("p", [{"epoch": 1, "pattern": "all_wrong", "policy_version": 3}])
+    while (decision := h.decide_skip(past, state, PACED, "p", 2 + past.skips, policy_version=3)).skip:
+        h.on_skip(past)
+    assert past.skips <= PACED.max_skips * PACED.revisit_versions  # at the latest max_skips' forced admission
+    assert decision.values()["versions_elapsed"] == past.skips
+
+
+def test_paced_by_versions_max_skips_admits_after_that_many_epochs_worth_of_versions():
+    state = h.ExploreState({"all_correct": PACED.explore_min, "all_wrong": PACED.explore_min}, [])
+    past = h.PromptHistory("p", [{"epoch": 0, "pattern": "all_correct", "policy_version": 0},
+                                 {"epoch": 1, "pattern": "all_correct", "policy_version": 3}], skips=2)
+    before = h.decide_skip(past, state, PACED, "p", 4, policy_version=3 + 21)  # E = 23: S = 0.9975 ** 5.57
+    assert (before.skip, before.probability) == (True, pytest.approx(0.9975 ** (23 / 8 * (23 / 8 + 1) / 2)))
+    decision = h.decide_skip(past, state, PACED, "p", 4, policy_version=3 + 22)  # E = 24
+    assert (decision.skip, decision.forced, decision.elapsed) == (False, True, 24)
+
+
+def test_paced_by_versions_a_mixed_last_outcome_is_never_skipped():
+    past = h.PromptHistory("p", [{"epoch": 1, "pattern": "all_wrong", "policy_version": 0},
+                                 {"epoch": 2, "pattern": "mixed", "policy_version": 2}])
+    decision = h.decide_skip(past, h.ExploreState.initial(PACED), PACED, "p", 3, policy_version=2)
+    assert (decision.skip, decision.probability) == (False, 0.0)
+
+
 def test_observe_steers_each_explore_probability_to_its_target_share():
     state = h.ExploreState.initial(LIMITS)
     for _ in range(10):  # all-correct groups only: their share (1.0) is above target, all-wrong's (0) below
@@ -134,7 +190,8 @@ def test_a_redelivered_outcome_of_an_epoch_changes_no_history():
     assert h.PromptHistory.from_record(past.to_record()) == past
 
 
-@pytest.mark.parametrize("bad", [dict(explore_min=0.0), dict(explore_min=0.6), dict(window=0), dict(target_all_wrong=2.0)])
+@pytest.mark.parametrize("bad", [dict(explore_min=0.0), dict(explore_min=0.6), dict(window=0), dict(target_all_wrong=2.0),
+                                 dict(revisit_versions=-1)])
 def test_absurd_limits_are_refused(bad):
     with pytest.raises(ValueError):
         h.HistoryLimits(**bad)

@@ -150,3 +150,28 @@ def test_outcomes_teach_the_prompt_history_once_it_is_loaded():
     assert p.histories["a"].to_record() == entry.record
     assert json.loads(p.store[names.ADMISSION_KEY])["explore"] is not None
     assert p.on_outcome(outcome("a", True, pattern="mixed")) == []  # a redelivery learns nothing
+
+
+def test_revisits_paced_by_versions_read_the_published_version():
+    """history_filter.revisit_versions: a prompt found all-wrong at version 0 is skipped while the
+    newest version is still 0 (its rejected group says E = 0), and admitted whatever the draw
+    once max_skips * revisit_versions versions have passed."""
+    history = {"enable": True, "revisit_versions": 4, "max_skips": 3}
+    train = [prompt("a"), prompt("b")]
+    found = {"a": PromptHistory("a", [{"epoch": 0, "pattern": "all_wrong", "policy_version": 0}])}
+    for version, skipped in ((0, True), (12, False)):
+        p = processor(version=version, history_filter=history, num_epochs=3, rollout_batch_size=1)
+        p.load_history(dict(found))
+        for offset, record in enumerate(train):
+            admit(p, record, offset=offset)
+            p.on_outcome(outcome(record["prompt_id"], False, pattern="all_wrong"))
+        p.end_data(2, len(train))
+        while (replay := p.next_replay(train)).prompt["prompt_id"] != "a#e1":
+            admit(p, replay.prompt, take=replay.take, history_of=replay.history_of)
+        out = p.admit(replay.prompt, p.tokenize(replay.prompt), take=replay.take, history_of=replay.history_of)
+        groups = [o.record for o in out if o.schema == "Group"]
+        assert [g["reason"] for g in groups] == (["skipped_by_history"] if skipped else [])
+        if skipped:
+            assert groups[0]["decision_values"]["versions_elapsed"] == 0.0 and groups[0]["policy_version"] == 0
+        else:
+            assert [o.schema for o in out] == ["GenerationRequest"]
