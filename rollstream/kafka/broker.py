@@ -179,15 +179,14 @@ class EmbeddedBroker:
     Alone (the default) it is a single-node cluster; EmbeddedCluster makes several, giving each
     its ``node_id``, the shared ``voters`` and ``cluster_id``. ``sasl_users`` (name -> password;
     the first is the brokers' own inter-broker user) turns on SASL/SCRAM on the client listener;
-    ``properties`` are more server.properties settings. Ports default to free ones picked at ``start()`` and are kept for restarts. Files in
+    ``properties`` (an attribute) holds more server.properties settings. Ports default to free ones picked at ``start()`` and are kept for restarts. Files in
     ``data_dir``: ``server.properties``, ``broker.log`` (JVM stdout/stderr) and ``kraft/``.
     """
 
     def __init__(self, data_dir: Path, port: int | None = None,
                  controller_port: int | None = None, kafka_version: str = KAFKA_VERSION, *,
                  node_id: int = 1, voters: str | None = None, nodes: int = 1, cluster_id: str | None = None,
-                 sasl_users: Mapping[str, str] | None = None, jvm_opts: list[str] | None = None,
-                 properties: Mapping[str, str] | None = None):
+                 sasl_users: Mapping[str, str] | None = None, jvm_opts: list[str] | None = None):
         self.data_dir = Path(data_dir).resolve()
         self.port = port
         self.controller_port = controller_port
@@ -196,7 +195,7 @@ class EmbeddedBroker:
         self._cluster_id = cluster_id
         self.sasl_users = dict(sasl_users or {})
         self.jvm_opts = jvm_opts or BROKER_JVM_OPTS
-        self.properties = dict(properties or {})
+        self.properties: dict[str, str] = {}  # more server.properties settings, written at start()
         self._proc: subprocess.Popen | None = None
 
     @property
@@ -377,9 +376,11 @@ class EmbeddedCluster:
         self.nodes = [
             EmbeddedBroker(self.data_dir / f"node-{i + 1}", port=p, controller_port=c, kafka_version=kafka_version,
                            node_id=i + 1, voters=voters, nodes=brokers, cluster_id=cluster_id, sasl_users=sasl_users,
-                           jvm_opts=CLUSTER_NODE_JVM_OPTS if brokers > 1 else BROKER_JVM_OPTS, properties=properties)
+                           jvm_opts=CLUSTER_NODE_JVM_OPTS if brokers > 1 else BROKER_JVM_OPTS)
             for i, (p, c) in enumerate(ports)
         ]
+        for node in self.nodes:
+            node.properties.update(properties or {})
 
     @property
     def bootstrap(self) -> str:

@@ -98,6 +98,8 @@ def test_more_properties_are_appended_and_override_the_template(tmp_path):
                                                                             "num.io.threads": "4"})
     props = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)  # a later line wins
     assert (props["broker.session.timeout.ms"], props["num.io.threads"]) == ("60000", "4")
+    cluster = broker.EmbeddedCluster(tmp_path / "cluster", brokers=2, properties={"broker.session.timeout.ms": "60000"})
+    assert [node.properties for node in cluster.nodes] == [{"broker.session.timeout.ms": "60000"}] * 2
 
 
 def test_the_oldest_admission_bounds_where_undelivered_outcomes_can_be():
