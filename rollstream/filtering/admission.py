@@ -107,6 +107,8 @@ class AdmissionState:
     epoch_position: int = 0  # prompts of ``epoch`` taken from its order so far (epoch >= 1)
     ended: bool = False  # the EndOfData verdict was given
     skipped_by_history: int = 0  # train prompts the history filter skipped before generation
+    skip_run: int = 0  # of them skipped back to back at ``skip_run_version`` since the last train admission
+    skip_run_version: int = 0
     explore: dict | None = None  # the history filter's ExploreState (None: not started)
     eval_version: int = 0  # the policy version of the newest validation round (0: the first read)
     eval_size: int = 0  # validation prompts in that round (0 for the first read)
@@ -283,10 +285,22 @@ def take_eval(state: AdmissionState) -> AdmissionState:
     return state
 
 
-def skip_by_history(state: AdmissionState) -> AdmissionState:
-    """A train prompt of a later epoch skipped by the history filter: no slot, no budget."""
+def skip_by_history(state: AdmissionState, version: int = 0) -> AdmissionState:
+    """A train prompt of a later epoch skipped by the history filter at policy ``version``: no
+    slot, no budget; it extends the run of skips at that version (history_pass_done)."""
+    if version != state.skip_run_version:
+        state.skip_run, state.skip_run_version = 0, version
+    state.skip_run += 1
     state.skipped_by_history += 1
     return state
+
+
+def history_pass_done(state: AdmissionState, version: int) -> bool:
+    """Every train prompt was skipped by the history filter at ``version`` since the last train
+    admission: passing over them again before the policy changes would decide the same, so
+    admission waits for an outcome or a new version (or, with nothing in flight, admits the
+    next prompt: the batch cannot fill otherwise)."""
+    return 0 < state.epoch_size <= state.skip_run and version == state.skip_run_version
 
 
 def data_done(state: AdmissionState, limits: AdmissionLimits) -> bool:
@@ -359,6 +373,7 @@ def admit(state: AdmissionState, prompt_id: str, mode: str = "train", now_ms: in
     else:
         state.in_flight[prompt_id] = state.step
         state.admitted_in_step += 1
+        state.skip_run = 0
     state.prompts_admitted += 1
     return state
 

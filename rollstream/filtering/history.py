@@ -32,15 +32,16 @@ Revisits paced by policy versions (``revisit_versions`` = H > 0; rollstream's ad
 draws once per epoch, which suits epochs of hundreds of steps. When an epoch passes in a step or
 two, a prompt found hopeless is drawn again before the policy has changed, and prompts that
 ``max_skips`` forces back return together. With H set, what counts is the policy's change since
-the prompt was last generated: ``E`` = the policy versions since then plus the epochs it was
-skipped since (a skip counts as one version, so a stalled trainer cannot make admission skip
-through every epoch). With ``P = 1 - p_e ** z`` as above, the prompt is still skipped at ``E``
+the prompt was last generated: ``E`` = the policy versions since then. With ``P = 1 - p_e ** z``
+as above, the prompt is still skipped at ``E``
 with probability ``S(E) = P ** (x (x + 1) / 2)``, ``x = E / H``: at whole ``x`` this is the epoch
 rule's chance of ``x`` skips in a row, so H is the versions one GRESO epoch stands for (e.g.
 train prompts / rollout_batch_size). One uniform ``u`` per streak, drawn with
 ``random.Random(f"{seed}/{prompt_id}/{epoch of the last entry}/revisit")``, decides: skipped
 while ``u < S(E)``, so the revisit comes at a seeded age however often the prompt is drawn.
-``max_skips`` then admits it once ``E >= max_skips * H``.
+``max_skips`` then admits it once ``E >= max_skips * H``. Since a pass at an unchanged version
+decides as the last one did, admission does not pass over the data again until an outcome or a
+new version arrives (rollstream.filtering.admission.history_pass_done).
 
 Epoch 0 has no history: nothing is skipped. Validation prompts are never skipped.
 """
@@ -225,7 +226,7 @@ def _decide_by_versions(history: PromptHistory, state: ExploreState, limits: His
                         policy_version: int) -> SkipDecision:
     odds, z, p_e = zero_variance_odds(history, state)
     last = history.entries[-1]
-    elapsed = max(0, policy_version - int(last["policy_version"])) + history.skips
+    elapsed = max(0, policy_version - int(last["policy_version"]))
     probability = still_skipped(odds, elapsed, limits.revisit_versions) if odds else 0.0
     draw = random.Random(f"{limits.seed}/{prompt_id}/{last['epoch']}/revisit").random()
     if probability > 0 and elapsed >= limits.max_skips * limits.revisit_versions:

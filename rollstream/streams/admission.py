@@ -166,10 +166,12 @@ class AdmissionAgents:
 
     async def admit(self, prompt: dict, take: Take | None = None, offset: int | None = None,
                     history_of: tuple[dict, int] | None = None) -> None:
-        """Wait for a credit, then admit ``prompt`` or reject it (AdmissionProcessor.admit)."""
+        """Wait for a credit (and, for a prompt the history filter judges, for a reason to judge
+        again: history_stalled), then admit ``prompt`` or reject it (AdmissionProcessor.admit)."""
         prompt_ids = self.processor.tokenize(prompt)
         waiting_since = last_warning = time.monotonic()
-        while not self.processor.can_admit(prompt.get("mode", "train")):
+        while (not self.processor.can_admit(prompt.get("mode", "train"))
+               or (history_of is not None and self.processor.history_stalled())):
             self.credit.clear()
             try:  # the outcomes agent returns credits
                 await asyncio.wait_for(self.credit.wait(), timeout=self.recheck_s)

@@ -143,6 +143,15 @@ class AdmissionProcessor:
     def can_admit(self, mode: str) -> bool:
         return core.can_admit(self.load(), self.limits, mode, self.latest_version(0.0))
 
+    def history_stalled(self) -> bool:
+        """Revisits paced by versions (history_filter.revisit_versions): every train prompt was
+        skipped at the newest version since the last admission and a prompt is in flight, so the
+        next pass waits for its outcome or a new version (core.history_pass_done)."""
+        if self.history_limits is None or not self.history_limits.revisit_versions:
+            return False
+        state = self.load()
+        return state.train_in_flight() > 0 and core.history_pass_done(state, self.latest_version(0.0) or 0)
+
     def stall_message(self, prompt: dict, waited_s: float) -> str:
         state, version = self.load(), self.latest_version(0.0)
         bound = self.limits.max_staleness
@@ -192,17 +201,21 @@ class AdmissionProcessor:
         past = self.histories.get(prompt["prompt_id"])
         # the policy's change since the last outcome paces revisits (revisit_versions); the
         # learning curve counts a skip at this version
-        current = self.latest_version(VERSION_POLL_S)
-        decision = history.decide_skip(past, explore, self.history_limits, prompt["prompt_id"], epoch, current or 0)
+        current = self.latest_version(VERSION_POLL_S) or 0
+        if self.history_limits.revisit_versions and core.history_pass_done(state, current):
+            log.info("every train prompt was skipped at version %d and none is in flight: %s is admitted",
+                     current, prompt["prompt_id"])
+            return None
+        decision = history.decide_skip(past, explore, self.history_limits, prompt["prompt_id"], epoch, current)
         if not decision.skip:
             return None
-        state = core.skip_by_history(core.take_replay(state, self.limits))
+        state = core.skip_by_history(core.take_replay(state, self.limits), current)
         state, effects = core.check_step(state, self.limits)
         self.save(state)
         self.metrics.decision("prompt", False, RejectReason.SKIPPED_BY_HISTORY.value)
         rejected = self.rejected_group({**prompt, "prompt_id": core.epoch_prompt_id(prompt["prompt_id"], epoch)},
                                        Decision.reject(RejectReason.SKIPPED_BY_HISTORY, **decision.values()),
-                                       self.history_filter, policy_version=current or 0)
+                                       self.history_filter, policy_version=current)
         return [self._history_output(history.on_skip(past)), rejected, *self.outputs(effects)]
 
     def rejected_group(self, prompt: dict, verdict: Decision, decided_by: tuple[str, str] | None = None,

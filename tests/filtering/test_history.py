@@ -142,22 +142,20 @@ def test_paced_by_versions_a_prompt_comes_back_at_a_seeded_age_however_often_it_
     assert all(not h.decide_skip(q, state, PACED, q.prompt_id, 2, 3 + a + 1).skip for q, a in zip(populations, ages))
 
 
-def test_paced_by_versions_skips_count_so_a_stalled_policy_cannot_skip_every_epoch():
-    state = h.ExploreState({"all_correct": PACED.explore_min, "all_wrong": PACED.explore_min}, [])
-    past = h.PromptHistory("p", [{"epoch": 1, "pattern": "all_wrong", "policy_version": 3}])
-    while (decision := h.decide_skip(past, state, PACED, "p", 2 + past.skips, policy_version=3)).skip:
-        h.on_skip(past)
-    assert past.skips <= PACED.max_skips * PACED.revisit_versions  # at the latest max_skips' forced admission
-    assert decision.values()["versions_elapsed"] == past.skips
+def test_paced_by_versions_only_the_policys_change_counts_not_the_epochs_skipped():
+    state = h.ExploreState.initial(PACED)
+    past = h.PromptHistory("p", [{"epoch": 1, "pattern": "all_wrong", "policy_version": 3}], skips=40)
+    decision = h.decide_skip(past, state, PACED, "p", 42, policy_version=3)
+    assert (decision.skip, decision.forced, decision.elapsed, decision.probability) == (True, False, 0, 1.0)
 
 
 def test_paced_by_versions_max_skips_admits_after_that_many_epochs_worth_of_versions():
     state = h.ExploreState({"all_correct": PACED.explore_min, "all_wrong": PACED.explore_min}, [])
     past = h.PromptHistory("p", [{"epoch": 0, "pattern": "all_correct", "policy_version": 0},
                                  {"epoch": 1, "pattern": "all_correct", "policy_version": 3}], skips=2)
-    before = h.decide_skip(past, state, PACED, "p", 4, policy_version=3 + 21)  # E = 23: S = 0.9975 ** 5.57
+    before = h.decide_skip(past, state, PACED, "p", 4, policy_version=3 + 23)  # E = 23: S = 0.9975 ** 5.57
     assert (before.skip, before.probability) == (True, pytest.approx(0.9975 ** (23 / 8 * (23 / 8 + 1) / 2)))
-    decision = h.decide_skip(past, state, PACED, "p", 4, policy_version=3 + 22)  # E = 24
+    decision = h.decide_skip(past, state, PACED, "p", 4, policy_version=3 + 24)  # E = 24
     assert (decision.skip, decision.forced, decision.elapsed) == (False, True, 24)
 
 
@@ -236,3 +234,20 @@ def test_a_validation_round_is_admitted_in_order_and_holds_the_end_of_data():
 def test_a_skipped_prompt_takes_no_slot_and_no_budget():
     state = core.skip_by_history(core.AdmissionState())
     assert (state.skipped_by_history, state.admitted_in_step, state.in_flight) == (1, 0, {})
+
+
+def test_a_pass_is_done_when_every_train_prompt_was_skipped_at_one_version():
+    state = core.AdmissionState(epoch_size=3)
+    for _ in range(2):
+        core.skip_by_history(state, version=4)
+    assert not core.history_pass_done(state, 4)
+    core.skip_by_history(state, version=4)
+    assert core.history_pass_done(state, 4) and not core.history_pass_done(state, 5)  # a new version: judge again
+    core.skip_by_history(state, version=5)
+    assert (state.skip_run, state.skip_run_version, state.skipped_by_history) == (1, 5, 4)  # the run restarts
+    core.skip_by_history(state, version=5)
+    core.admit(state, "p#e2")
+    core.skip_by_history(state, version=5)
+    assert state.skip_run == 1  # a train admission ends the run
+    core.admit(state, "v#v5", mode="val")
+    assert state.skip_run == 1  # a validation prompt does not

@@ -175,3 +175,33 @@ def test_revisits_paced_by_versions_read_the_published_version():
             assert groups[0]["decision_values"]["versions_elapsed"] == 0.0 and groups[0]["policy_version"] == 0
         else:
             assert [o.schema for o in out] == ["GenerationRequest"]
+
+
+def test_a_pass_that_skipped_every_prompt_at_one_version_waits_for_a_change_or_admits():
+    """Paced by versions, a pass at an unchanged version decides as the last did: with a prompt in
+    flight admission waits (history_stalled) until a new version; with none in flight the next
+    prompt is admitted, since the batch could not fill otherwise. No epoch is raced through."""
+    version = [0]
+    p = AdmissionProcessor(parse_config({**BASE, "history_filter": {"enable": True, "revisit_versions": 16},
+                                         "num_epochs": 6}), TOPICS, MemoryStore(), TOKENIZE,
+                           lambda max_age_s=0.0: version[0])
+    p.load_history({})
+    train = [prompt("a"), prompt("b")]
+    for offset, record in enumerate(train):
+        admit(p, record, offset=offset)
+        p.on_outcome({**outcome(record["prompt_id"], False, pattern="all_wrong")})
+    p.end_data(2, len(train))
+
+    def next_schemas() -> tuple[str, list[str]]:
+        replay = p.next_replay(train)
+        out = p.admit(replay.prompt, p.tokenize(replay.prompt), take=replay.take, history_of=replay.history_of)
+        return replay.prompt["prompt_id"], [o.schema for o in out if o.schema != "PromptHistory"]
+
+    assert [next_schemas()[1] for _ in range(2)] == [["Group"]] * 2  # epoch 1: both skipped (E = 0)
+    assert not p.history_stalled()  # nothing in flight: the next prompt is admitted
+    forced, schemas = next_schemas()
+    assert forced.endswith("#e2") and schemas == ["GenerationRequest"]
+    assert next_schemas()[1] == ["Group"] and next_schemas()[1] == ["Group"]  # a pass of skips again ...
+    assert p.history_stalled()  # ... with one in flight: wait for its outcome or a version
+    version[0] = 1
+    assert not p.history_stalled()
