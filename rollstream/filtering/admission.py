@@ -107,7 +107,7 @@ class AdmissionState:
     epoch_position: int = 0  # prompts of ``epoch`` taken from its order so far (epoch >= 1)
     ended: bool = False  # the EndOfData verdict was given
     skipped_by_history: int = 0  # train prompts the history filter skipped before generation
-    skip_run: int = 0  # of them skipped back to back at ``skip_run_version`` since the last train admission
+    skip_run: int = 0  # of them skipped at ``skip_run_version`` (history_pass_done)
     skip_run_version: int = 0
     explore: dict | None = None  # the history filter's ExploreState (None: not started)
     eval_version: int = 0  # the policy version of the newest validation round (0: the first read)
@@ -296,10 +296,10 @@ def skip_by_history(state: AdmissionState, version: int = 0) -> AdmissionState:
 
 
 def history_pass_done(state: AdmissionState, version: int) -> bool:
-    """Every train prompt was skipped by the history filter at ``version`` since the last train
-    admission: passing over them again before the policy changes would decide the same, so
-    admission waits for an outcome or a new version (or, with nothing in flight, admits the
-    next prompt: the batch cannot fill otherwise)."""
+    """The history filter has skipped an epoch's worth of train prompts at ``version``: judging
+    them again before the policy changes would decide the same. Until a new version, admission
+    takes the next prompt in order one at a time, each once nothing is in flight (the batch
+    cannot fill otherwise), instead of passing over the data again and again."""
     return 0 < state.epoch_size <= state.skip_run and version == state.skip_run_version
 
 
@@ -373,7 +373,6 @@ def admit(state: AdmissionState, prompt_id: str, mode: str = "train", now_ms: in
     else:
         state.in_flight[prompt_id] = state.step
         state.admitted_in_step += 1
-        state.skip_run = 0
     state.prompts_admitted += 1
     return state
 

@@ -40,8 +40,9 @@ train prompts / rollout_batch_size). One uniform ``u`` per streak, drawn with
 ``random.Random(f"{seed}/{prompt_id}/{epoch of the last entry}/revisit")``, decides: skipped
 while ``u < S(E)``, so the revisit comes at a seeded age however often the prompt is drawn.
 ``max_skips`` then admits it once ``E >= max_skips * H``. Since a pass at an unchanged version
-decides as the last one did, admission does not pass over the data again until an outcome or a
-new version arrives (rollstream.filtering.admission.history_pass_done).
+decides as the last one did, admission does not pass over the data again: once an epoch's worth
+was skipped at one version, it takes the next prompts in order one at a time until a new version
+arrives (rollstream.filtering.admission.history_pass_done).
 
 Epoch 0 has no history: nothing is skipped. Validation prompts are never skipped.
 """

@@ -144,9 +144,9 @@ class AdmissionProcessor:
         return core.can_admit(self.load(), self.limits, mode, self.latest_version(0.0))
 
     def history_stalled(self) -> bool:
-        """Revisits paced by versions (history_filter.revisit_versions): every train prompt was
-        skipped at the newest version since the last admission and a prompt is in flight, so the
-        next pass waits for its outcome or a new version (core.history_pass_done)."""
+        """Revisits paced by versions (history_filter.revisit_versions): an epoch's worth of train
+        prompts was skipped at the newest version and a train prompt is in flight, so the next
+        waits for its outcome or a new version (core.history_pass_done)."""
         if self.history_limits is None or not self.history_limits.revisit_versions:
             return False
         state = self.load()
@@ -203,8 +203,8 @@ class AdmissionProcessor:
         # learning curve counts a skip at this version
         current = self.latest_version(VERSION_POLL_S) or 0
         if self.history_limits.revisit_versions and core.history_pass_done(state, current):
-            log.info("every train prompt was skipped at version %d and none is in flight: %s is admitted",
-                     current, prompt["prompt_id"])
+            log.info("an epoch's worth of train prompts was skipped at version %d and none is in flight: %s is "
+                     "admitted", current, prompt["prompt_id"])
             return None
         decision = history.decide_skip(past, explore, self.history_limits, prompt["prompt_id"], epoch, current)
         if not decision.skip:

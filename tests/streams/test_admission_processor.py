@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from rollstream.config import parse_config
+from rollstream.filtering import admission as core
 from rollstream.filtering.history import PromptHistory
 from rollstream.kafka import names
 from rollstream.kafka.topics import Topics
@@ -177,10 +178,10 @@ def test_revisits_paced_by_versions_read_the_published_version():
             assert [o.schema for o in out] == ["GenerationRequest"]
 
 
-def test_a_pass_that_skipped_every_prompt_at_one_version_waits_for_a_change_or_admits():
-    """Paced by versions, a pass at an unchanged version decides as the last did: with a prompt in
-    flight admission waits (history_stalled) until a new version; with none in flight the next
-    prompt is admitted, since the batch could not fill otherwise. No epoch is raced through."""
+def test_a_pass_that_skipped_every_prompt_at_one_version_is_not_repeated():
+    """Paced by versions, a pass at an unchanged version would decide as the last did: once an
+    epoch's worth was skipped, admission takes the next prompt in order, one at a time (it waits
+    while one is in flight: history_stalled), until a new version. No epoch is raced through."""
     version = [0]
     p = AdmissionProcessor(parse_config({**BASE, "history_filter": {"enable": True, "revisit_versions": 16},
                                          "num_epochs": 6}), TOPICS, MemoryStore(), TOKENIZE,
@@ -189,7 +190,7 @@ def test_a_pass_that_skipped_every_prompt_at_one_version_waits_for_a_change_or_a
     train = [prompt("a"), prompt("b")]
     for offset, record in enumerate(train):
         admit(p, record, offset=offset)
-        p.on_outcome({**outcome(record["prompt_id"], False, pattern="all_wrong")})
+        p.on_outcome(outcome(record["prompt_id"], False, pattern="all_wrong"))
     p.end_data(2, len(train))
 
     def next_schemas() -> tuple[str, list[str]]:
@@ -199,9 +200,11 @@ def test_a_pass_that_skipped_every_prompt_at_one_version_waits_for_a_change_or_a
 
     assert [next_schemas()[1] for _ in range(2)] == [["Group"]] * 2  # epoch 1: both skipped (E = 0)
     assert not p.history_stalled()  # nothing in flight: the next prompt is admitted
-    forced, schemas = next_schemas()
-    assert forced.endswith("#e2") and schemas == ["GenerationRequest"]
-    assert next_schemas()[1] == ["Group"] and next_schemas()[1] == ["Group"]  # a pass of skips again ...
-    assert p.history_stalled()  # ... with one in flight: wait for its outcome or a version
+    first, schemas = next_schemas()
+    assert first.endswith("#e2") and schemas == ["GenerationRequest"]
+    assert p.history_stalled()  # in flight: the next one waits for its outcome ...
+    p.on_outcome(outcome(first, False, pattern="all_wrong"))
+    second, schemas = next_schemas()  # ... then comes next, with no pass of skips between
+    assert second.endswith("#e2") and second != first and schemas == ["GenerationRequest"]
     version[0] = 1
-    assert not p.history_stalled()
+    assert not p.history_stalled() and not core.history_pass_done(p.load(), 1)  # a new version: judged again
