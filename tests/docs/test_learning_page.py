@@ -47,6 +47,7 @@ def test_the_mixed_workload_holds_the_prompts_the_page_gives():
     assert (cfg.num_return_sequences_in_group, cfg.rollout_batch_size, cfg.actor_infer.generating_args.max_new_tokens,
             cfg.max_steps, cfg.eval_steps) == (16, 2, 32, 16, 4)
     assert all(f.query_filter_config.type == "mean_filter" for f in cfg.rewards.values())
+    assert (cfg.history_filter.revisit_versions, cfg.history_filter.max_skips, cfg.num_epochs) == (8, 3, 64)
     train = [p["prompt"] for d in domains for p in prompts["train", d]]
     val = [p["prompt"] for d in domains for p in prompts["val", d]]
     assert not set(train) & set(val)  # held out: no validation sum is a train sum
