@@ -33,12 +33,12 @@ draws once per epoch, which suits epochs of hundreds of steps. When an epoch pas
 two, a prompt found hopeless is drawn again before the policy has changed, and prompts that
 ``max_skips`` forces back return together. With H set, what counts is the policy's change since
 the prompt was last generated: ``E`` = the policy versions since then. With ``P = 1 - p_e ** z``
-as above, the prompt is still skipped at ``E``
-with probability ``S(E) = P ** (x (x + 1) / 2)``, ``x = E / H``: at whole ``x`` this is the epoch
-rule's chance of ``x`` skips in a row, so H is the versions one GRESO epoch stands for (e.g.
-train prompts / rollout_batch_size). One uniform ``u`` per streak, drawn with
-``random.Random(f"{seed}/{prompt_id}/{epoch of the last entry}/revisit")``, decides: skipped
-while ``u < S(E)``, so the revisit comes at a seeded age however often the prompt is drawn.
+as above, the prompt is still skipped at ``E`` with probability ``S(E) = P ** (x (x + 1) / 2)``,
+``x = E / H``: at whole ``x`` this is the epoch rule's chance of ``x`` skips in a row, so H is
+the versions one GRESO epoch stands for (e.g. train prompts / rollout_batch_size). One uniform
+``u`` per streak, drawn with ``random.Random(f"{seed}/{prompt_id}/{epoch of the last entry}/revisit")``,
+decides: skipped while ``u < S(E)``, so the revisit comes at a seeded age however often the
+prompt is drawn.
 ``max_skips`` then admits it once ``E >= max_skips * H``. Since a pass at an unchanged version
 decides as the last one did, admission does not pass over the data again: once an epoch's worth
 was skipped at one version, it takes the next prompts in order one at a time until a new version

@@ -179,8 +179,9 @@ class EmbeddedBroker:
     Alone (the default) it is a single-node cluster; EmbeddedCluster makes several, giving each
     its ``node_id``, the shared ``voters`` and ``cluster_id``. ``sasl_users`` (name -> password;
     the first is the brokers' own inter-broker user) turns on SASL/SCRAM on the client listener;
-    ``properties`` (an attribute) holds more server.properties settings. Ports default to free ones picked at ``start()`` and are kept for restarts. Files in
-    ``data_dir``: ``server.properties``, ``broker.log`` (JVM stdout/stderr) and ``kraft/``.
+    ``properties`` (an attribute) holds more server.properties settings. Ports default to free
+    ones picked at ``start()`` and are kept for restarts. Files in ``data_dir``:
+    ``server.properties``, ``broker.log`` (JVM stdout/stderr) and ``kraft/``.
     """
 
     def __init__(self, data_dir: Path, port: int | None = None,
@@ -361,8 +362,8 @@ class EmbeddedCluster:
     """``brokers`` combined broker+controller nodes on loopback, one quorum, data under
     ``data_dir/node-<id>``; internal topics replicated min(3, brokers) times.
 
-    ``sasl_users`` and ``properties`` as for EmbeddedBroker (the same on every node). ``nodes[i]`` can be
-    killed, stopped and started again on its own (failover tests).
+    ``sasl_users`` and ``properties`` as for EmbeddedBroker (the same on every node). ``nodes[i]``
+    can be killed, stopped and started again on its own (failover tests).
     """
 
     def __init__(self, data_dir: Path, brokers: int = 3, sasl_users: Mapping[str, str] | None = None,

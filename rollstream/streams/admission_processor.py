@@ -147,10 +147,13 @@ class AdmissionProcessor:
         """Revisits paced by versions (history_filter.revisit_versions): an epoch's worth of train
         prompts was skipped at the newest version and a train prompt is in flight, so the next
         waits for its outcome or a new version (core.history_pass_done)."""
-        if self.history_limits is None or not self.history_limits.revisit_versions:
-            return False
         state = self.load()
-        return state.train_in_flight() > 0 and core.history_pass_done(state, self.latest_version(0.0) or 0)
+        return state.train_in_flight() > 0 and self._pass_done(state, self.latest_version(0.0) or 0)
+
+    def _pass_done(self, state: core.AdmissionState, version: int) -> bool:
+        """Revisits are paced by versions and an epoch's worth was skipped at ``version``."""
+        return (self.history_limits is not None and self.history_limits.revisit_versions > 0
+                and core.history_pass_done(state, version))
 
     def stall_message(self, prompt: dict, waited_s: float) -> str:
         state, version = self.load(), self.latest_version(0.0)
@@ -202,8 +205,8 @@ class AdmissionProcessor:
         # the policy's change since the last outcome paces revisits (revisit_versions); the
         # learning curve counts a skip at this version
         current = self.latest_version(VERSION_POLL_S) or 0
-        if self.history_limits.revisit_versions and core.history_pass_done(state, current):
-            log.info("an epoch's worth of train prompts was skipped at version %d and none is in flight: %s is "
+        if self._pass_done(state, current):  # the shell waited until none was in flight (history_stalled)
+            log.info("an epoch's worth of train prompts was skipped at version %d: %s, the next in order, is "
                      "admitted", current, prompt["prompt_id"])
             return None
         decision = history.decide_skip(past, explore, self.history_limits, prompt["prompt_id"], epoch, current)
