@@ -1,6 +1,7 @@
-"""What the faust apps share, and every reach into faust's internals: app construction, recovery,
-the table as a Store (TableStore), the timer (punctuate_every), raw topics, the Emitter (sends,
-the size guard, dead letters), and the one agent that runs a Processor (serve_processor)."""
+"""What the faust apps share, and every reach into faust's internals: app construction, the
+consumer's seek, recovery, the table as a Store (TableStore), the timer (punctuate_every), raw
+topics, the Emitter (sends, the size guard, dead letters), and the one agent that runs a
+Processor (serve_processor)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Mapping
 
-import aiokafka
 import faust
+from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.tables.manager import TableManager
 from faust.tables.recovery import Recovery
+from faust.types import TP
 
 from rollstream.config.base import KafkaConfig
 from rollstream.exceptions import StageFault
@@ -92,11 +94,50 @@ def make_app(app_id: str, bootstrap: Bootstrap, partitions: int, kafka: KafkaCon
     )
 
 
+class StageConsumer(aiokafka_driver.Consumer):
+    """faust's aiokafka consumer whose seek to the committed offsets also moves a stream
+    partition nothing was committed on: to its first offset.
+
+    faust drops what it fetched while its flow is stopped and then seeks every partition to its
+    committed offset, so the dropped events are fetched again. aiokafka seeks only partitions
+    whose committed offset is above 0, so a partition without one (a new group, a worker killed
+    before its first commit) kept its position past the dropped events. A fetch in flight when a
+    restarted stage resumed its stream partitions came back that way after every seek of its
+    recovery: a killed aggregator's successor lost the responses of its first prompts and the
+    run stalled. The first offset is what ``consumer_auto_offset_reset="earliest"`` means for
+    such a partition; what an agent already handled is handled again (at least once). Table
+    changelogs are left alone: recovery positions them itself."""
+
+    async def seek_to_committed(self) -> Mapping[TP, int]:
+        committed = await super().seek_to_committed()
+        changelogs = self.app.tables.changelog_topics
+        uncommitted = [tp for tp, offset in committed.items() if not offset and tp.topic not in changelogs]
+        if uncommitted:
+            await self._thread.call_thread(self._seek_to_first, uncommitted)
+        return committed
+
+    async def _seek_to_first(self, partitions: list[TP]) -> None:
+        """On the consumer thread's loop, where the aiokafka client lives. A seek to an offset,
+        not aiokafka's ``seek_to_beginning``: that leaves the position unset until the broker
+        answers, and faust's livelock check, which reads it from the main thread, asserts it is
+        set (a restarted aggregator crashed on it)."""
+        client = self._thread._ensure_consumer()
+        for tp, offset in (await client.beginning_offsets(partitions)).items():
+            client.seek(tp, offset)
+
+
+class StageTransport(aiokafka_driver.Transport):
+    Consumer = StageConsumer
+
+
 class StageApp(faust.App):
-    """faust restarts a failed agent forever, silently stuck if the cause persists. Our agents
-    only fail on infrastructure errors (event errors are dead-lettered), so the process exits
-    instead and its supervisor (`rollstream run`, compose) sees it; uncommitted input is
-    processed again by the restarted stage."""
+    """faust's App with :class:`StageConsumer`. faust restarts a failed agent forever, silently
+    stuck if the cause persists. Our agents only fail on infrastructure errors (event errors are
+    dead-lettered), so the process exits instead and its supervisor (`rollstream run`, compose)
+    sees it; uncommitted input is processed again by the restarted stage."""
+
+    def _new_transport(self) -> StageTransport:
+        return StageTransport(self.conf.broker_consumer, self)
 
     async def _on_agent_error(self, agent, exc: BaseException) -> None:
         await super()._on_agent_error(agent, exc)
@@ -119,34 +160,11 @@ class StageRecovery(Recovery):
 
     async def on_recovery_completed(self, generation_id: int = 0) -> None:
         self._stop_flow()
-        await self._rewind_uncommitted()
         await super().on_recovery_completed(generation_id)
 
     async def _resume_streams(self, generation_id: int = 0) -> None:  # the same order, for apps without tables
         self._stop_flow()
-        await self._rewind_uncommitted()
         await super()._resume_streams(generation_id)
-
-    async def _rewind_uncommitted(self) -> None:
-        """Put every stream partition without a committed offset back at its first offset.
-
-        faust's seek to the committed offsets is what makes up for the events the stopped flow
-        drops, but aiokafka seeks only partitions whose committed offset is above 0: a partition
-        nothing was committed on yet (a new group, a worker killed before its first commit) kept
-        its fetch position past the events fetched during the rebalance and then dropped. Two
-        processes starting while events arrived lost a prefix of a partition that way. The first
-        offset is what ``consumer_auto_offset_reset="earliest"`` means for such a partition; what
-        an agent already handled is handled again (at least once)."""
-        consumer = self.app.consumer
-        thread = consumer._thread  # faust's aiokafka consumer runs in its own thread
-        client = thread._ensure_consumer()
-        streams = [tp for tp in consumer.assignment() if not self._is_changelog_tp(tp)]
-        committed = {tp: await thread.call_thread(client.committed, aiokafka.TopicPartition(tp.topic, tp.partition))
-                     for tp in streams}
-        uncommitted = [tp for tp, offset in committed.items() if not offset]
-        if uncommitted:
-            for tp, offset in (await consumer.earliest_offsets(*uncommitted)).items():
-                await consumer.seek(tp, offset)
 
     def _stop_flow(self) -> None:
         """Hold the fetcher and the agents' queues until faust resumes them after its seek (a
