@@ -128,12 +128,19 @@ def prompt(prompt_id: str, mode: str = "train", text: str | None = None) -> dict
 
 
 def produce(bootstrap: str, topic: str, schema: str, records: list[dict], key_field: str = "prompt_id") -> None:
+    """Send ``records`` to ``topic`` and wait until the broker has every one (a failed send
+    raises here, not as a missing event later)."""
     producer = make_producer(bootstrap)
-    for rec in records:
-        key = rec["response"][key_field] if schema == "RewardedResponse" else rec[key_field]
-        producer.send(topic, key=key.encode(), value=encode(rec, schema))
-    producer.flush()
-    producer.close()
+    try:
+        sent = []
+        for rec in records:
+            key = rec["response"][key_field] if schema == "RewardedResponse" else rec[key_field]
+            sent.append(producer.send(topic, key=key.encode(), value=encode(rec, schema)))
+        producer.flush()
+        for future in sent:
+            future.get(timeout=60)
+    finally:
+        producer.close()
 
 
 class Responder(threading.Thread):
