@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Awaitable, Callable, Mapping
 
 import faust
-from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.tables.manager import TableManager
 from faust.tables.recovery import Recovery
+from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
 
 from rollstream.config.base import KafkaConfig
