@@ -34,9 +34,13 @@ stored validation curves afterwards. Per variant, each as ``{values, mean, stdev
   prompts only), ``val_accuracy_at_budget``: the accuracy of the newest validated version made
   (the same clock) by the time (a) of the same seed made its last version;
 * ``tokens_generated`` and ``share_of_tokens_trained_on`` (the summary's ``difficulty``; TRL
-  trains on every token it generates).
+  trains on every token it generates);
+* ``tokens_per_version``: ``tokens_generated`` over the steps trained, what a version costs.
 
 Then the ratios (d)/(a) of the mean ``tokens_to_target`` and ``seconds_to_target`` and per seed,
+and the two factors of the token ratio: ``tokens_per_version`` (what a version costs: screening
+and history act here) and ``version_to_target`` (how many versions learning needs: the batches'
+content acts here),
 and whether (d) reaches the target sooner than (e): per seed (a seed (e) never reaches counts
 for (d) when (d) does) and on the means (each over the seeds that reach it). ``--plots DIR``:
 the validation accuracy against seconds and against generated tokens, one line per variant
@@ -74,7 +78,7 @@ LEARNABLE_MIN_PASS = 0.05  # a domain's mean v0 pass rate from which it is the l
 SMOKE_GROUP = 3  # --smoke: groups of 3, so a screening of 2 fits (2 <= k < the group)
 FIGURES = ("seconds_to_target", "seconds_to_target_validation_inside", "tokens_to_target", "version_to_target",
            "final_val_accuracy", "final_learnable_val_accuracy", "val_accuracy_at_budget", "tokens_generated",
-           "share_of_tokens_trained_on", "wall_seconds")
+           "share_of_tokens_trained_on", "tokens_per_version", "wall_seconds")
 
 
 def variant_config(variant: str, seed: int, max_steps: int, screening_samples: int, smoke: bool = False,
@@ -200,6 +204,7 @@ def run_figures(run: dict, target: float | None, budget: float | None, weights: 
         "final_learnable_val_accuracy": curve[-1]["learnable_val_accuracy"] if curve else None,
         "val_accuracy_at_budget": made[-1]["val_accuracy"] if made else None,
         **{k: run.get(k) for k in ("tokens_generated", "share_of_tokens_trained_on", "wall_seconds")},
+        "tokens_per_version": round(run["tokens_generated"] / run["steps"], 1) if run.get("steps") else None,
     }
 
 
@@ -225,7 +230,7 @@ def compare(variants: dict, seeds: list[int]) -> dict:
         out[f"{OURS}_over_{BASELINE}"] = {key: {
             "mean": ratio(variants[OURS][key]["mean"], variants[BASELINE][key]["mean"]),
             "per_seed": [ratio(d, a) for d, a in zip(per_seed(OURS, key), per_seed(BASELINE, key))]}
-            for key in ("tokens_to_target", "seconds_to_target")}
+            for key in ("tokens_to_target", "seconds_to_target", "tokens_per_version", "version_to_target")}
     if OURS in variants and TRL in variants:
         key = "seconds_to_target"
         out[f"{OURS}_sooner_than_{TRL}"] = {

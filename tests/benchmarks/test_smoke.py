@@ -172,7 +172,7 @@ def test_filtering(benchmark_smoke):
     assert {"val_accuracy", "rule"} <= set(r["target"])
     figures = {"seconds_to_target", "seconds_to_target_validation_inside", "tokens_to_target",
                "final_val_accuracy", "final_learnable_val_accuracy", "val_accuracy_at_budget", "tokens_generated",
-               "share_of_tokens_trained_on"}
+               "share_of_tokens_trained_on", "tokens_per_version"}
     for name, variant in r["variants"].items():
         assert figures <= set(variant), name
         assert all(set(variant[k]) == {"values", "mean", "stdev"} and len(variant[k]["values"]) == 1 for k in figures)
@@ -190,5 +190,12 @@ def test_filtering(benchmark_smoke):
     assert [v["policy_version"] for v in r["variants"]["no_filter"]["runs"][0]["validation"]] == [0, 1]
     comparison = r["comparison"]
     assert set(comparison) == {"screening_history_over_no_filter", "screening_history_sooner_than_trl_grpo"}
-    assert set(comparison["screening_history_over_no_filter"]) == {"tokens_to_target", "seconds_to_target"}
+    assert set(comparison["screening_history_over_no_filter"]) == {"tokens_to_target", "seconds_to_target",
+                                                                   "tokens_per_version", "version_to_target"}
+    # what a version cost (none where a run trained no step: screening may reject every prompt)
+    per_version = {name: variant["tokens_per_version"]["values"] for name, variant in r["variants"].items()}
+    runs = {name: variant["runs"][0] for name, variant in r["variants"].items()}
+    assert per_version == {name: [round(run["tokens_generated"] / run["steps"], 1) if run["steps"] else None]
+                           for name, run in runs.items()}
+    assert per_version["no_filter"][0] > 0
     assert "plots" not in r  # --smoke draws none unless asked
