@@ -38,10 +38,9 @@ stored validation curves afterwards. Per variant, each as ``{values, mean, stdev
 * ``tokens_per_version``: ``tokens_generated`` over the steps trained, what a version costs.
 
 Then the ratios (d)/(a) of the mean ``tokens_to_target`` and ``seconds_to_target`` and per seed,
-and the two factors of the token ratio: ``tokens_per_version`` (what a version costs: screening
-and history act here) and ``version_to_target`` (how many versions learning needs: the batches'
-content acts here),
-and whether (d) reaches the target sooner than (e): per seed (a seed (e) never reaches counts
+and of the token ratio's two factors: ``tokens_per_version`` (what a version costs: screening and
+history act here) and ``version_to_target`` (how many versions learning needs: the batches'
+content acts here); and whether (d) reaches the target sooner than (e): per seed (a seed (e) never reaches counts
 for (d) when (d) does) and on the means (each over the seeds that reach it). ``--plots DIR``:
 the validation accuracy against seconds and against generated tokens, one line per variant
 (mean over seeds at each version) and its band (min to max), as ``filtering_seconds.png`` and

@@ -181,6 +181,10 @@ def test_filtering(benchmark_smoke):
         assert run["validation"][0]["policy_version"] == 0, name
         assert all(0 <= v["seconds"] <= v["validated_seconds"] for v in run["validation"]), (name, run["validation"])
         assert run["tokens_generated"] > 0 and all(v.isdigit() for v in run["tokens_by_version"]), name
+        # what a version cost (none where a run trained no step: screening may reject every prompt)
+        per_version = round(run["tokens_generated"] / run["steps"], 1) if run["steps"] else None
+        assert variant["tokens_per_version"]["values"] == [per_version], name
+    assert r["variants"]["no_filter"]["tokens_per_version"]["values"][0] > 0
     # 4 new tokens never sum two 4-digit numbers: those groups end at their screening round
     screened = r["variants"]["screening_history"]["runs"][0]
     assert "screened_out" in screened["groups_rejected"], screened["groups_rejected"]
@@ -192,10 +196,4 @@ def test_filtering(benchmark_smoke):
     assert set(comparison) == {"screening_history_over_no_filter", "screening_history_sooner_than_trl_grpo"}
     assert set(comparison["screening_history_over_no_filter"]) == {"tokens_to_target", "seconds_to_target",
                                                                    "tokens_per_version", "version_to_target"}
-    # what a version cost (none where a run trained no step: screening may reject every prompt)
-    per_version = {name: variant["tokens_per_version"]["values"] for name, variant in r["variants"].items()}
-    runs = {name: variant["runs"][0] for name, variant in r["variants"].items()}
-    assert per_version == {name: [round(run["tokens_generated"] / run["steps"], 1) if run["steps"] else None]
-                           for name, run in runs.items()}
-    assert per_version["no_filter"][0] > 0
     assert "plots" not in r  # --smoke draws none unless asked
