@@ -46,7 +46,7 @@ the validation accuracy against seconds and against generated tokens, one line p
 (mean over seeds at each version) and its band (min to max), as ``filtering_seconds.png`` and
 ``filtering_tokens.png``. JSON to ``--out``.
 
-    .venv/bin/python benchmarks/filtering.py [--base examples/rlvr_mixed.yaml] [--seeds 1,2,3] [--variants no_filter,...] [--max-steps 16]
+    .venv/bin/python benchmarks/filtering.py [--base examples/rlvr_mixed.yaml] [--seeds 1,2,3] [--variants no_filter,...] [--max-steps 24]
         [--screening-samples 4] [--diagnose] [--out runs/bench/filtering.json] [--plots docs/img]
 """
 
@@ -176,6 +176,11 @@ def trl_run(seed: int, max_steps: int, out: Path, smoke: bool, base: Path = BASE
     return {**run, "share_of_tokens_trained_on": 1.0} if "validation" in run else run
 
 
+def horizon(requested: int | None, base: Path) -> int:
+    """The steps of every run: ``requested``, else the workload's own ``max_steps``."""
+    return requested if requested is not None else int(yaml.safe_load(base.read_text())["max_steps"])
+
+
 # -- the figures, from the stored curves -----------------------------------------------------------
 
 def learnable_accuracy(row: dict, weights: dict[str, int]) -> float | None:
@@ -302,8 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--max-steps", type=int, default=16,
-                        help="steps of every run: the horizon (examples/rlvr_mixed.yaml's max_steps)")
+    parser.add_argument("--max-steps", type=int, default=None,
+                        help="steps of every run: the horizon (default: the --base config's max_steps)")
     # k = 2 would screen out more than half of every learnable group: two 0/1 samples agree with
     # probability p^2 + (1-p)^2 >= 0.5; k = 4 of 16 with p^4 + (1-p)^4 (0.21 at p = 0.33)
     parser.add_argument("--screening-samples", type=int, default=4, help="k of the screening variants")
@@ -325,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     from rollstream.data import dataset_prompts
 
     base = args.base.resolve()
+    args.max_steps = horizon(args.max_steps, base)
     probe_cfg = variant_config(BASELINE, seeds[0], args.max_steps, args.screening_samples, args.smoke, base=base)
     workload = probe_v0(probe_cfg, args.probe_samples, args.screening_samples)
     print(json.dumps({"workload": workload}), flush=True)

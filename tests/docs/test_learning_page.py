@@ -3,6 +3,7 @@ real one, with the values they say."""
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 
@@ -41,16 +42,26 @@ def test_the_mixed_workload_holds_the_prompts_the_page_gives():
     cfg = load_config(ROOT / "examples" / "rlvr_mixed.yaml")
     prompts = {(d.mode, d.domain): dataset_prompts(d, cfg.seed) for d in cfg.datasets}
     domains = ("arithmetic", "arithmetic_4digit")
-    assert tuple(len(prompts["train", d]) for d in domains) == (16, 48)
-    assert tuple(len(prompts["val", d]) for d in domains) == (8, 24)
+    assert tuple(len(prompts["train", d]) for d in domains) == (8, 24)
+    assert tuple(len(prompts["val", d]) for d in domains) == (16, 48)
     assert tuple(cfg.domain_interleave_probs[d] for d in domains) == (0.25, 0.75)
     assert (cfg.num_return_sequences_in_group, cfg.rollout_batch_size, cfg.actor_infer.generating_args.max_new_tokens,
-            cfg.max_steps, cfg.eval_steps) == (16, 2, 32, 16, 4)
+            cfg.max_steps, cfg.eval_steps) == (16, 2, 32, 24, 4)
     assert all(f.query_filter_config.type == "mean_filter" for f in cfg.rewards.values())
     assert (cfg.history_filter.revisit_versions, cfg.history_filter.max_skips, cfg.num_epochs) == (8, 3, 64)
     train = [p["prompt"] for d in domains for p in prompts["train", d]]
     val = [p["prompt"] for d in domains for p in prompts["val", d]]
     assert not set(train) & set(val)  # held out: no validation sum is a train sum
+    assert len(set(val)) == len(val)  # and each validation sum counts once
+
+
+def test_the_filtering_benchmark_runs_the_workload_for_its_own_steps(monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # the benchmark sets it on import; restored after
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    filtering = importlib.import_module("filtering")
+    mixed = ROOT / "examples" / "rlvr_mixed.yaml"
+    assert filtering.horizon(None, mixed) == load_config(mixed).max_steps == 24  # it once ran 16 of 24
+    assert filtering.horizon(3, mixed) == 3
 
 
 @pytest.mark.parametrize("overrides, message", [
