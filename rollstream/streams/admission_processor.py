@@ -92,6 +92,7 @@ class AdmissionProcessor:
         self.history_limits = config.history_limits()
         self.histories: dict[str, history.PromptHistory] | None = None  # base prompt_id -> history, once loaded
         self._tokenize = tokenize
+        self._eval_checked: int | None = None  # the newest version eval_version_due has seen
 
     # -- state
     def load(self) -> core.AdmissionState:
@@ -270,8 +271,16 @@ class AdmissionProcessor:
 
     # -- validation rounds
     def eval_version_due(self) -> int | None:
-        """The policy version whose validation round starts now, or None (none due)."""
-        return core.eval_due(self.load(), self.limits, self.latest_version(0.0))
+        """The policy version whose validation round starts now, or None (none due). The first
+        check of each version that is not due a round says so in the log."""
+        version = self.latest_version(0.0)
+        due = core.eval_due(self.load(), self.limits, version)
+        if version != self._eval_checked:
+            self._eval_checked = version
+            if due is None and version is not None and self.limits.eval_steps is not None:
+                log.info("policy version %d is not due a validation round (eval_steps %d)", version,
+                         self.limits.eval_steps)
+        return due
 
     def eval_running(self) -> bool:
         return core.next_eval(self.load()) is not None

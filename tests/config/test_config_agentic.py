@@ -109,7 +109,7 @@ def test_episodes_per_group_counts_steps_for_train_only():
     assert cfg.episodes_per_group("val") == 4  # validation runs once
     no_val = parse_modified(lambda d: d.pop("val_env_manager"))
     assert list(no_val.env_managers()) == ["train"]
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="val"):
         no_val.episodes_per_group("val")
     zero_val = parse_modified(lambda d: d["val_env_manager"].update(num_env_groups=0))
     assert list(zero_val.env_managers()) == ["train"]  # a val manager without groups is off

@@ -47,7 +47,7 @@ def simulate(lim, prompts, accept=lambda pid: True, state=None, crash_after=None
         core.admit(state, pid, mode)
         admitted.append(pid)
         if crash_after is not None and len(admitted) == crash_after:
-            raise Crash
+            raise Crash(f"crashed after admitting {crash_after}")
 
     if state.end_offset is None:
         for pid in prompts:
@@ -133,7 +133,7 @@ def test_a_restarted_admission_resumes_mid_epoch_without_duplicates_or_gaps():
     _, expected, expected_effects = simulate(lim, prompts)
     for crash_after in range(len(prompts) + 1, len(expected)):
         state, before = core.AdmissionState(), []
-        with pytest.raises(Crash):
+        with pytest.raises(Crash, match=f"crashed after admitting {crash_after}$"):
             simulate(lim, prompts, state=state, crash_after=crash_after, admitted=before)
         saved = json.loads(json.dumps(state.to_dict()))  # the table entry as last saved
         restored = core.AdmissionState.from_dict(saved)

@@ -188,10 +188,15 @@ def test_a_redelivered_outcome_of_an_epoch_changes_no_history():
     assert h.PromptHistory.from_record(past.to_record()) == past
 
 
-@pytest.mark.parametrize("bad", [dict(explore_min=0.0), dict(explore_min=0.6), dict(window=0), dict(target_all_wrong=2.0),
-                                 dict(revisit_versions=-1)])
-def test_absurd_limits_are_refused(bad):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("bad, message", [
+    (dict(explore_min=0.0), "explore_min <= explore_init <= 1, got 0.0, 0.5"),
+    (dict(explore_min=0.6), "explore_min <= explore_init <= 1, got 0.6, 0.5"),
+    (dict(window=0), "window must be >= 1"),
+    (dict(target_all_wrong=2.0), r"target_all_wrong must be in \[0, 1\], got 2.0"),
+    (dict(revisit_versions=-1), "revisit_versions >= 0"),
+])
+def test_absurd_limits_are_refused(bad, message):
+    with pytest.raises(ValueError, match=message):
         h.HistoryLimits(**bad)
 
 
@@ -223,7 +228,7 @@ def test_a_validation_round_is_admitted_in_order_and_holds_the_end_of_data():
     assert core.check_step(state, limits)[1] == []  # a round prompt still to admit: no verdict yet
     core.admit(core.take_eval(state), core.eval_prompt_id("v1", 2), "val")
     assert core.next_eval(state) is None
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no validation prompt left to take"):
         core.take_eval(state)
     state, _ = core.on_outcome(state, limits, "v0#v2", True, "accepted")
     state, effects = core.on_outcome(state, limits, "v1#v2", True, "accepted")

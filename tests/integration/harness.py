@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable
 
 import yaml
-from kafka import TopicPartition
+from kafka import KafkaConsumer, TopicPartition
 
 from rollstream.app.processes import StageProcesses
 from rollstream.app.stages import Stage
@@ -203,6 +203,15 @@ class SyntheticRollout(Responder):
     def stop(self) -> None:
         super().stop()
         self.publisher.close()
+
+
+def committed(bootstrap: str, group_id: str, topic: str, partition: int = 0) -> int | None:
+    """The offset consumer group ``group_id`` committed on ``topic``/``partition`` (None: none)."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False)
+    try:
+        return consumer.committed(TopicPartition(topic, partition))
+    finally:
+        consumer.close()
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 180.0, interval: float = 0.5, what: str = "",

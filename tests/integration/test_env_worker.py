@@ -12,7 +12,6 @@ import time
 import numpy as np
 import pytest
 import torch
-from kafka import KafkaConsumer, TopicPartition
 
 from rollstream.kafka.context import StageContext
 from rollstream.kafka.clients import make_producer
@@ -22,7 +21,7 @@ from rollstream.workers.engines import TransformersBackend
 from rollstream.workers.env_worker import EnvSampling, EnvWorker
 
 from ..workers.fault_envs import SlowEnv
-from .harness import wait_for
+from .harness import committed, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -56,14 +55,6 @@ def start(worker: EnvWorker, max_idle_s: float | None = None) -> threading.Threa
     thread = threading.Thread(target=worker.run, kwargs={"max_idle_s": max_idle_s}, daemon=True)
     thread.start()
     return thread
-
-
-def committed(bootstrap: str, group_id: str, topic: str, partition: int = 0) -> int | None:
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False)
-    try:
-        return consumer.committed(TopicPartition(topic, partition))
-    finally:
-        consumer.close()
 
 
 def test_requests_become_trajectories_and_offsets_are_committed(kafka_broker, topic_factory, backend):

@@ -32,7 +32,8 @@ from rollstream.tools.readback import read_values
 from tests.fuzz_events import interleave, malformed
 from tests.tiny_models import build_tiny_qwen2
 
-from .harness import DOMAIN, prompt, response, response_payload, synthetic_trajectory, write_agentic_config, write_config
+from .harness import (DOMAIN, prompt, response, response_payload, synthetic_trajectory, wait_for, write_agentic_config,
+                      write_config)
 from .test_end_of_data import end_data, verdicts
 
 pytestmark = pytest.mark.integration
@@ -111,9 +112,18 @@ def test_malformed_events_on_every_rlvr_input_are_dead_lettered_and_the_good_one
         for stage in (Stage.admission, Stage.aggregator, Stage.generation, Stage.reward, Stage.trainer):
             stages.start(stage)
         end_data(kafka_broker, topics, GOOD_PROMPTS)
-        time.sleep(5)
+
+        def dead_letters(at_least: int) -> bool:
+            stages.check(finished=frozenset({"trainer"}))  # none may die; the trainer may end
+            return len(read_values(kafka_broker, topics.dead_letter)) >= at_least
+
+        # the second half goes in once the stages have dead-lettered the first: while they run
+        first_half = sum(len(v) if k == "prompts" else len(v) // 2 for k, v in bad.items())
+        wait_for(lambda: dead_letters(first_half), timeout=300, what="the first half's dead letters")
         inject(1)
         await_trainer(stages, tmp_path)
+        wait_for(lambda: dead_letters(sum(len(v) for v in bad.values())), timeout=120,
+                 what="every malformed event's dead letter")  # the trainer may end before the last is read
         dead = read_values(kafka_broker, topics.dead_letter)
         stages.check(finished=frozenset({"trainer"}))  # every other stage still alive after all of it
     finally:

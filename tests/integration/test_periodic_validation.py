@@ -5,8 +5,6 @@ version that generated a response, so a round validated by the wrong version sho
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from rollstream.app.stages import Stage
@@ -36,6 +34,7 @@ def test_validation_runs_at_every_eval_steps_versions_with_the_current_version(k
         return holder["v"]
 
     stages = start_stages(config, kafka_broker, tmp_path / "logs", Stage.admission, Stage.aggregator)
+    admission_log = tmp_path / "logs" / "admission.log"
     rollout = SyntheticRollout(kafka_broker, topics, script, policy_version=stamped)
     rollout.start()
     publisher = PolicyPublisher(kafka_broker, topics)
@@ -54,8 +53,9 @@ def test_validation_runs_at_every_eval_steps_versions_with_the_current_version(k
             publisher.publish(v, v - 1, "", trained=False)
             if v % 2 == 0:
                 wait_for(lambda: round_done(v), what=f"the validation round of version {v}", stages=stages)
-            else:
-                time.sleep(6)  # an odd version is not due a round: give the admission time to be wrong
+            else:  # an odd version is not due a round: the admission says so once it has checked
+                wait_for(lambda: f"policy version {v} is not due a validation round" in admission_log.read_text(),
+                         what=f"the admission to check version {v}", stages=stages)
         assert sorted(rounds()) == [0, 2, 4]
         assert {v: (r["generated_by"], r["accuracy"], r["responses"]) for v, r in rounds().items()} == {
             0: ([0], 0.0, 8), 2: ([2], 0.5, 8), 4: ([4], 1.0, 8)}

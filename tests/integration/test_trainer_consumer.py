@@ -22,6 +22,7 @@ from rollstream.trainer.batch_builder import BatchBuilder
 
 from ..trainer import records
 from ..trainer.records import group_schema_of, write_payloads
+from .harness import committed
 
 pytestmark = pytest.mark.integration
 
@@ -95,15 +96,6 @@ def read_all(bootstrap, topic, count, partitions=1):
     return out
 
 
-def committed(bootstrap, topic, group_id, partition=0):
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group_id,
-                             enable_auto_commit=False)
-    try:
-        return consumer.committed(TopicPartition(topic, partition))
-    finally:
-        consumer.close()
-
-
 def wait_buffered(builder, n):
     deadline = time.monotonic() + WAIT_S
     while builder.buffered < n and time.monotonic() < deadline:
@@ -133,7 +125,7 @@ def test_batches_hold_exactly_batch_size_groups_and_restart_resumes_after_last_c
         assert second.group_keys == ["g2", "g3"] and second.step == 1
         builder.commit(second)
 
-    assert committed(bootstrap, topics.groups_accepted, gid) == 4
+    assert committed(bootstrap, gid, topics.groups_accepted) == 4
     lines = [json.loads(line) for line in manifest.read_text().splitlines()]
     assert [(e["step"], e["status"], e["group_keys"], e["offsets"]) for e in lines] == [
         (0, "complete", ["g0", "g1"], {"0": 2}),

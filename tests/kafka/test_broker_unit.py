@@ -71,7 +71,7 @@ def test_kafka_home_overrides_maven(tmp_path, monkeypatch):
 
 
 def test_bootstrap_before_start_is_an_error(tmp_path):
-    with pytest.raises(BrokerStartError):
+    with pytest.raises(BrokerStartError, match=r"broker has no port yet; call start\(\) first"):
         b.EmbeddedBroker(tmp_path).bootstrap
 
 

@@ -104,7 +104,7 @@ def test_writer_schema_without_a_newer_field_still_decodes():
     writer = SchemaRegistry()
     writer.add(old)
     data = writer.encode({"prompt_id": "p", "domain": "d", "mode": "train", "prompt": "q", "ground_truth": "1"}, "Prompt")
-    with pytest.raises(UnknownFingerprintError):
+    with pytest.raises(UnknownFingerprintError, match="unknown writer schema fingerprint 0x"):
         registry.decode(data)  # the old version is not registered yet
     registry.add(old, current=False)
     assert registry.decode(data) == ("Prompt", {"prompt_id": "p", "domain": "d", "mode": "train", "prompt": "q",

@@ -165,7 +165,7 @@ def test_weights_that_do_not_fit_are_refused_and_leave_the_model_untouched(tmp_p
     with pytest.raises(RollstreamError, match="shape_mismatch"):
         load_weights_into(other, path)
     assert all(torch.equal(before[k], v) for k, v in other.state_dict().items())
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match="weights not found: .*missing"):
         load_weights_into(other, tmp_path / "missing")
 
 

@@ -29,7 +29,7 @@ def test_shard_ranges_are_contiguous_and_even(groups, world, expected):
 
 
 def test_shard_ranges_refuse_nonsense():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="world_size >= 1, got 3, 0"):
         shard_ranges(3, 0)
 
 

@@ -22,5 +22,5 @@ def test_every_figure_is_taken_from_actor_train():
 
 
 def test_the_config_has_no_settings_method_any_more():
-    with pytest.raises(AttributeError):
+    with pytest.raises(AttributeError, match="settings"):
         ActorTrainConfig().settings()

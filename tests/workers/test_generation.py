@@ -226,10 +226,11 @@ def test_bad_input_is_an_error_sample_not_an_exception(backend):
 
 
 def test_argument_length_mismatch_and_bad_params_raise(backend, prompts):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="must have equal lengths, got 2, 1, 1"):
         backend.generate(prompts, [1], [SamplingParams()])
     for bad in ({"temperature": -1.0}, {"top_p": 0.0}, {"top_p": 1.5}, {"max_new_tokens": 0}):
-        with pytest.raises(ValueError):
+        [(key, value)] = bad.items()
+        with pytest.raises(ValueError, match=f"{key} must be .*, got {value}"):
             SamplingParams(**bad)
 
 
@@ -241,9 +242,9 @@ def test_load_weights_sets_version_and_rejects_bad_files(backend, prompts, tmp_p
     assert backend.generate(prompts[:1], [1], p)[0][0].token_ids == before
     bad = tmp_path / "bad.pt"
     torch.save({"model.embed_tokens.weight": torch.zeros(2, 2)}, bad)
-    with pytest.raises(RollstreamError):
+    with pytest.raises(RollstreamError, match="do not fit the model"):
         backend.load_weights(str(bad), 4)
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match="missing"):
         backend.load_weights(str(tmp_path / "missing"), 5)
     assert backend.policy_version == 3
     assert backend.generate(prompts[:1], [1], p)[0][0].token_ids == before

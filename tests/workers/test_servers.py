@@ -115,18 +115,18 @@ class _Broken(BaseHTTPRequestHandler):
         elif mode == "no_logprobs":
             self._send(200, json.dumps({"choices": [{**_choice(i, [5], [-1.0]), "logprobs": None}
                                                     for i in range(body["n"])]}))
-        elif mode == "silent":
-            time.sleep(3)
-            self._send(200, "{}")
+        elif mode == "silent":  # until the test ends
+            self.server.ended.wait(60)
 
 
 @pytest.fixture
 def broken():
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Broken)
-    server.mode, server.requests = "ok", []
+    server.mode, server.requests, server.ended = "ok", [], threading.Event()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
+    server.ended.set()
     server.shutdown()
     server.server_close()
 
@@ -188,7 +188,7 @@ def test_a_server_that_never_answers_times_the_request_out(broken):
         backend.close()
     assert [s.finish_reason for s in out[0]] == [FINISH_ERROR] * 2
     assert "Timeout" in out[0][0].error
-    assert took < 2.5  # bounded by request_timeout_s, not by the server's 3 s
+    assert took < 30.0  # bounded by request_timeout_s (1 s), not by the server's silence (60 s)
 
 
 def test_a_dead_server_leaves_the_rotation_and_the_live_one_serves(broken):
@@ -214,7 +214,7 @@ def test_no_reachable_server_gives_error_samples_within_the_timeout():
         backend.close()
     assert [[s.finish_reason for s in row] for row in out] == [[FINISH_ERROR] * 2, [FINISH_ERROR]]
     assert "no inference server reachable" in out[0][0].error and dead in out[0][0].error
-    assert took < 5.0
+    assert took < 30.0  # a few 1.5 s timeouts at most, not a wait for the dead server to return
 
 
 def test_an_update_no_server_can_load_keeps_the_old_version(broken):
