@@ -37,8 +37,9 @@ stored validation curves afterwards. Per variant, each as ``{values, mean, stdev
   trains on every token it generates);
 * ``tokens_per_version``: ``tokens_generated`` over the steps trained, what a version costs.
 
-Then the ratios (d)/(a) of the mean ``tokens_to_target`` and ``seconds_to_target`` and per seed,
-and of the token ratio's two factors: ``tokens_per_version`` (what a version costs: screening and
+Then the ratios (d)/(a) of the mean ``tokens_to_target`` and ``seconds_to_target`` and per seed
+(``at_most``, ``at_most_per_seed``: the same with a seed (a) never brought to the target counted
+at what it spent, which bounds the ratio from above), and of the token ratio's two factors: ``tokens_per_version`` (what a version costs: screening and
 history act here) and ``version_to_target`` (how many versions learning needs: the batches'
 content acts here); and whether (d) reaches the target sooner than (e): per seed (a seed (e) never reaches counts
 for (d) when (d) does) and on the means (each over the seeds that reach it). ``--plots DIR``:
@@ -223,11 +224,34 @@ def sooner(ours: float | None, theirs: float | None) -> bool | None:
     return ours < theirs
 
 
+def spent(run: dict) -> dict[str, float]:
+    """What a run spent before its last validated version, in the units of ``tokens_to_target``
+    and ``seconds_to_target``: the least it would have needed for a target it never reached."""
+    last = run["validation"][-1]
+    return {"tokens_to_target": sum(n for v, n in run["tokens_by_version"].items() if int(v) < last["policy_version"]),
+            "seconds_to_target": last["seconds"]}
+
+
 def compare(variants: dict, seeds: list[int]) -> dict:
-    """(d) against (a) and (e), per seed and on the means."""
+    """(d) against (a) and (e), per seed and on the means. A mean is over the seeds that reached
+    the target, so a seed (a) never brought there drops out of (a)'s mean: ``at_most`` and
+    ``at_most_per_seed`` count it at what (a) spent in its whole run (less than it would have
+    needed), which bounds the ratio from above."""
     def per_seed(variant: str, key: str) -> list:
         values = dict(zip(variants[variant]["seeds"], variants[variant][key]["values"])) if variant in variants else {}
         return [values.get(s) for s in seeds]
+
+    def at_least_baseline(key: str) -> list:
+        runs = {r["seed"]: r for r in variants[BASELINE]["runs"] if r.get("validation")}
+        return [a if a is not None else spent(runs[s])[key] if s in runs else None
+                for s, a in zip(seeds, per_seed(BASELINE, key))]
+
+    def at_most(key: str) -> dict:
+        ours, theirs = per_seed(OURS, key), at_least_baseline(key)
+        both = [(d, a) for d, a in zip(ours, theirs) if d is not None and a is not None]
+        return {"at_most": ratio(statistics.fmean(d for d, _ in both), statistics.fmean(a for _, a in both))
+                if both and len(both) == sum(d is not None for d in ours) else None,
+                "at_most_per_seed": [ratio(d, a) if d is not None else None for d, a in zip(ours, theirs)]}
 
     out: dict = {}
     if OURS in variants and BASELINE in variants:
@@ -235,6 +259,8 @@ def compare(variants: dict, seeds: list[int]) -> dict:
             "mean": ratio(variants[OURS][key]["mean"], variants[BASELINE][key]["mean"]),
             "per_seed": [ratio(d, a) for d, a in zip(per_seed(OURS, key), per_seed(BASELINE, key))]}
             for key in ("tokens_to_target", "seconds_to_target", "tokens_per_version", "version_to_target")}
+        for key in ("tokens_to_target", "seconds_to_target"):
+            out[f"{OURS}_over_{BASELINE}"][key].update(at_most(key))
     if OURS in variants and TRL in variants:
         key = "seconds_to_target"
         out[f"{OURS}_sooner_than_{TRL}"] = {

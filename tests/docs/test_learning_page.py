@@ -42,7 +42,7 @@ def test_the_mixed_workload_holds_the_prompts_the_page_gives():
     cfg = load_config(ROOT / "examples" / "rlvr_mixed.yaml")
     prompts = {(d.mode, d.domain): dataset_prompts(d, cfg.seed) for d in cfg.datasets}
     domains = ("arithmetic", "arithmetic_4digit")
-    assert tuple(len(prompts["train", d]) for d in domains) == (8, 24)
+    assert tuple(len(prompts["train", d]) for d in domains) == (12, 36)
     assert tuple(len(prompts["val", d]) for d in domains) == (16, 48)
     assert tuple(cfg.domain_interleave_probs[d] for d in domains) == (0.25, 0.75)
     assert (cfg.num_return_sequences_in_group, cfg.rollout_batch_size, cfg.actor_infer.generating_args.max_new_tokens,
@@ -51,6 +51,7 @@ def test_the_mixed_workload_holds_the_prompts_the_page_gives():
     assert (cfg.history_filter.revisit_versions, cfg.history_filter.max_skips, cfg.num_epochs) == (8, 3, 64)
     train = [p["prompt"] for d in domains for p in prompts["train", d]]
     val = [p["prompt"] for d in domains for p in prompts["val", d]]
+    assert len(set(train)) == len(train)  # each train sum once
     assert not set(train) & set(val)  # held out: no validation sum is a train sum
     assert len(set(val)) == len(val)  # and each validation sum counts once
 

@@ -1,0 +1,43 @@
+"""The filtering benchmark's comparison of (d) against (a), on stored curves: a seed where (a)
+never reached the target still says how far below 1 (d)'s ratio is at most."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(seed: int, curve: list[tuple[int, float, float]], tokens_per_version: int) -> dict:
+    """A stored run: validation rows (version, accuracy, seconds), the same tokens for every version."""
+    last = curve[-1][0]
+    return {"seed": seed, "steps": last, "tokens_generated": tokens_per_version * last,
+            "tokens_by_version": {str(v): tokens_per_version for v in range(last)},
+            "validation": [{"policy_version": v, "val_accuracy": a, "seconds": t, "validated_seconds": t + 1,
+                            "domains": {}} for v, a, t in curve]}
+
+
+def test_a_seed_the_baseline_never_brought_to_the_target_is_bounded_by_its_whole_run(monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # the benchmark sets it on import; restored after
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    filtering = importlib.import_module("filtering")
+    runs = {
+        # (a): seed 1 ends at 0.1, seed 2 at 0.3: the target is 0.2, which seed 1 never reaches
+        "no_filter": [run(1, [(0, 0.0, 0.0), (4, 0.1, 40.0), (8, 0.1, 80.0)], 100),
+                      run(2, [(0, 0.0, 0.0), (4, 0.2, 40.0), (8, 0.3, 80.0)], 100)],
+        "screening_history": [run(1, [(0, 0.0, 0.0), (4, 0.25, 30.0)], 50),
+                              run(2, [(0, 0.0, 0.0), (4, 0.25, 30.0)], 50)],
+    }
+    target, figures = filtering.report_variants(runs, {})
+    assert target == 0.2
+    assert figures["no_filter"]["tokens_to_target"]["values"] == [None, 400]
+    over = filtering.compare(figures, [1, 2])["screening_history_over_no_filter"]
+    assert over["tokens_to_target"]["per_seed"] == [None, 0.5]  # 200 of 400 tokens
+    # seed 1: (a) spent 800 tokens and 80 s without reaching it, (d) reached it with 200 and 30
+    assert over["tokens_to_target"]["at_most_per_seed"] == [0.25, 0.5]
+    assert over["seconds_to_target"]["at_most_per_seed"] == [0.375, 0.75]
+    # the means: (a)'s over seed 2 alone (400 tokens) against (d)'s over both (200): 0.5; counting
+    # seed 1 at the 800 tokens it spent, (a)'s mean is at least 600: the ratio at most 1/3
+    assert (over["tokens_to_target"]["mean"], over["tokens_to_target"]["at_most"]) == (0.5, 0.333)
+    assert (over["seconds_to_target"]["mean"], over["seconds_to_target"]["at_most"]) == (0.75, 0.5)
