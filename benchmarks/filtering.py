@@ -45,10 +45,12 @@ at what it spent, which bounds the ratio from above), and of the token ratio's t
 for (d) when (d) does) and on the means (each over the seeds that reach it). ``--plots DIR``:
 the validation accuracy against seconds and against generated tokens, one line per variant
 (mean over seeds at each version) and its band (min to max), as ``filtering_seconds.png`` and
-``filtering_tokens.png``. JSON to ``--out``.
+``filtering_tokens.png``. JSON to ``--out``, written after every run (``complete`` false until
+the last): the full run takes hours on 2 cores, and ``--resume`` goes on from such a file, running
+only the variant-seed pairs it lacks (same settings, or it refuses).
 
     .venv/bin/python benchmarks/filtering.py [--base examples/rlvr_mixed.yaml] [--seeds 1,2,3] [--variants no_filter,...] [--max-steps 24]
-        [--screening-samples 4] [--diagnose] [--out runs/bench/filtering.json] [--plots docs/img]
+        [--screening-samples 4] [--diagnose] [--out runs/bench/filtering.json] [--resume] [--plots docs/img]
 """
 
 from __future__ import annotations
@@ -330,6 +332,34 @@ def plot(variants: dict, target: float | None, folder: Path) -> list[str]:
     return written
 
 
+# -- the report, written after every run ----------------------------------------------------------
+
+def report(settings: dict, seeds: list[int], workload: dict, runs: dict[str, list[dict]], weights: dict[str, int],
+           complete: bool) -> dict:
+    """The JSON of the runs so far (``complete``: every variant-seed pair asked for has run)."""
+    target, figures = report_variants({v: rs for v, rs in runs.items() if rs}, weights)
+    return {**settings, "complete": complete, "seeds": seeds,
+            "target": {"val_accuracy": target, "rule": f"mean over seeds of {BASELINE}'s final validation accuracy"},
+            "workload": workload, "variants": figures, "comparison": compare(figures, seeds)}
+
+
+def earlier(out: Path, settings: dict) -> tuple[dict | None, dict[str, list[dict]]]:
+    """The v0 workload and the runs (variant -> runs) of the report at ``out``, for ``--resume``;
+    (None, {}) when there is none. Raises ValueError when it was made with other ``settings``."""
+    if not out.exists():
+        return None, {}
+    old = json.loads(out.read_text())
+    differ = {k: {"there": old.get(k), "now": v} for k, v in settings.items() if old.get(k) != v}
+    if differ:
+        raise ValueError(f"--resume: {out} was made with other settings {differ}; move it away or run without --resume")
+    return old["workload"], {v: figures["runs"] for v, figures in old["variants"].items()}
+
+
+def write(out: Path, result: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+
+
 # -- main ------------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
@@ -347,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base", type=Path, default=BASE, help="the workload: an RLVR config whose reward "
                         "domains all have a query filter (default examples/rlvr_mixed.yaml)")
     parser.add_argument("--out", type=Path, default=Path("runs/bench/filtering.json"))
+    parser.add_argument("--resume", action="store_true", help="keep the runs already in --out (written after "
+                        "every run) and run only the missing variant-seed pairs, with the same settings")
     parser.add_argument("--plots", type=Path, default=None, help="a folder for the PNG plots (none: no plots)")
     args = parse_args(parser, argv, {"seeds": "1", "variants": "no_filter,screening_history,trl_grpo", "max_steps": 1,
                                      "probe_samples": 2, "screening_samples": 2})
@@ -360,16 +392,27 @@ def main(argv: list[str] | None = None) -> int:
 
     base = args.base.resolve()
     args.max_steps = horizon(args.max_steps, base)
+    settings = {"smoke": args.smoke, "config": os.path.relpath(base, ROOT), "max_steps": args.max_steps,
+                "screening_samples": args.screening_samples, "diagnose": args.diagnose}
+    try:
+        workload, runs = earlier(args.out, settings) if args.resume else (None, {})
+    except ValueError as e:
+        parser.error(str(e))
     probe_cfg = variant_config(BASELINE, seeds[0], args.max_steps, args.screening_samples, args.smoke, base=base)
-    workload = probe_v0(probe_cfg, args.probe_samples, args.screening_samples)
+    if workload is None:
+        workload = probe_v0(probe_cfg, args.probe_samples, args.screening_samples)
     print(json.dumps({"workload": workload}), flush=True)
     cfg = parse_config(probe_cfg)
     val_prompts = Counter(p["domain"] for d in cfg.datasets if d.mode == "val" for p in dataset_prompts(d, cfg.seed))
     weights = {d: n for d, n in val_prompts.items() if workload["domains"].get(d, {}).get("learnable")}
-    runs: dict[str, list[dict]] = {v: [] for v in variants}
+    workload = {**workload, "learnable_domains": sorted(weights)}
+    runs = {v: runs.get(v, []) for v in dict.fromkeys([*variants, *runs])}
+    seeds = [*seeds, *sorted({r["seed"] for rs in runs.values() for r in rs} - set(seeds))]
     with tempfile.TemporaryDirectory(prefix="rollstream-filtering-") as tmp:
         for seed in seeds:
             for variant in variants:
+                if any(r["seed"] == seed for r in runs[variant]):
+                    continue
                 if variant == TRL:
                     run = trl_run(seed, args.max_steps, Path(tmp) / f"trl-{seed}.json", args.smoke, base)
                 else:
@@ -380,18 +423,13 @@ def main(argv: list[str] | None = None) -> int:
                     "outcome", "wall_seconds", "tokens_generated", "not_run", "failed")},
                     "validation": [(r["policy_version"], r["val_accuracy"], r["seconds"])
                                    for r in run.get("validation") or []]}), flush=True)
-    target, figures = report_variants(runs, weights)
-    report = {"smoke": args.smoke, "config": os.path.relpath(base, ROOT), "seeds": seeds, "max_steps": args.max_steps,
-              "screening_samples": args.screening_samples, "diagnose": args.diagnose,
-              "target": {"val_accuracy": target, "rule": f"mean over seeds of {BASELINE}'s final validation accuracy"},
-              "workload": {**workload, "learnable_domains": sorted(weights)}, "variants": figures,
-              "comparison": compare(figures, seeds)}
+                write(args.out, report(settings, seeds, workload, runs, weights, complete=False))
+    result = report(settings, seeds, workload, runs, weights, complete=True)
     if args.plots is not None:
-        report["plots"] = plot(figures, target, args.plots)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
-    print(json.dumps({"target": target, "comparison": report["comparison"],
-                      **{v: {k: f[k]["mean"] for k in FIGURES} for v, f in figures.items()}}, indent=1))
+        result["plots"] = plot(result["variants"], result["target"]["val_accuracy"], args.plots)
+    write(args.out, result)
+    print(json.dumps({"target": result["target"]["val_accuracy"], "comparison": result["comparison"],
+                      **{v: {k: f[k]["mean"] for k in FIGURES} for v, f in result["variants"].items()}}, indent=1))
     return 0
 
 

@@ -60,6 +60,9 @@ VARIANTS = ("no_filter", "dynamic_sampling", "ds_history", "trl_grpo", "vllm_no_
 SMOKE_CONFIG = {"rollout_batch_size": 1, "num_return_sequences_in_group": 2, "val_num_return_sequences": 1,
                 "max_running_prompts": 1, "eval_steps": 1, "num_epochs": 1}
 SMOKE_SAMPLES, SMOKE_NEW_TOKENS = 2, 4
+# TRL's validation generates this many prompts' samples per `generate` call (left-padded): one
+# call a prompt left the 2 cores mostly idle between small decode steps
+VAL_PROMPTS_PER_CALL = 16
 
 
 def variant_config(base: dict, variant: str, seed: int, max_steps: int, smoke: bool = False) -> dict:
@@ -168,6 +171,17 @@ def trl_variant(seed: int, max_steps: int, threshold: float, out: Path, smoke: b
     return json.loads(out.read_text())
 
 
+def left_padded(rows: list[list[int]], pad_id: int):
+    """``rows`` of token ids as one left-padded ``(len(rows), longest)`` int64 batch and its
+    attention mask (1 on tokens, 0 on padding), for ``generate`` to extend every row at once."""
+    import torch
+
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    return ids, mask
+
+
 def trl_worker(seed: int, max_steps: int, threshold: float, out: Path, smoke: bool = False,
                base: Path = BASE) -> None:
     started = time.monotonic()
@@ -197,6 +211,7 @@ def trl_worker(seed: int, max_steps: int, threshold: float, out: Path, smoke: bo
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return [score(t, g).response_level_reward for t, g in zip(texts, ground_truth)]
 
+    val_ids = [chat_prompt_ids(tokenizer, p["prompt"]) for p in val]
     curve: list[dict] = []
     eval_spent = [0.0]
 
@@ -207,15 +222,17 @@ def trl_worker(seed: int, max_steps: int, threshold: float, out: Path, smoke: bo
         model.eval()
         torch.manual_seed(seed * 1000 + step)
         with torch.no_grad():
-            for p in val:
-                ids = torch.tensor([chat_prompt_ids(tokenizer, p["prompt"])])
-                outs = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
+            for start in range(0, len(val), VAL_PROMPTS_PER_CALL):
+                chunk = val[start:start + VAL_PROMPTS_PER_CALL]
+                ids, mask = left_padded(val_ids[start:start + VAL_PROMPTS_PER_CALL], tokenizer.pad_token_id)
+                outs = model.generate(ids, attention_mask=mask, do_sample=True,
                                       temperature=gen.temperature, top_p=gen.top_p, max_new_tokens=gen.max_new_tokens,
                                       num_return_sequences=cfg.val_num_return_sequences,
                                       pad_token_id=tokenizer.pad_token_id)
-                tally = correct.setdefault(p["domain"], [0, 0])
-                for o in outs:
+                for row, o in enumerate(outs):  # a prompt's samples are adjacent rows
+                    p = chunk[row // cfg.val_num_return_sequences]
                     text = tokenizer.decode(o[ids.shape[1]:], skip_special_tokens=True)
+                    tally = correct.setdefault(p["domain"], [0, 0])
                     tally[0] += score(text, p["ground_truth"]).scores.get("acc", 0.0) >= 1.0
                     tally[1] += 1
         model.train()

@@ -1,12 +1,23 @@
-"""The filtering benchmark's comparison of (d) against (a), on stored curves: a seed where (a)
-never reached the target still says how far below 1 (d)'s ratio is at most."""
+"""The filtering benchmark on stored curves: its comparison of (d) against (a), where a seed that
+(a) never brought to the target still says how far below 1 (d)'s ratio is at most; and the runs
+``--resume`` keeps."""
 
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def filtering(monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # the benchmark sets it on import; restored after
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    return importlib.import_module("filtering")
 
 
 def run(seed: int, curve: list[tuple[int, float, float]], tokens_per_version: int) -> dict:
@@ -18,10 +29,7 @@ def run(seed: int, curve: list[tuple[int, float, float]], tokens_per_version: in
                             "domains": {}} for v, a, t in curve]}
 
 
-def test_a_seed_the_baseline_never_brought_to_the_target_is_bounded_by_its_whole_run(monkeypatch):
-    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # the benchmark sets it on import; restored after
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    filtering = importlib.import_module("filtering")
+def test_a_seed_the_baseline_never_brought_to_the_target_is_bounded_by_its_whole_run(filtering):
     runs = {
         # (a): seed 1 ends at 0.1, seed 2 at 0.3: the target is 0.2, which seed 1 never reaches
         "no_filter": [run(1, [(0, 0.0, 0.0), (4, 0.1, 40.0), (8, 0.1, 80.0)], 100),
@@ -41,3 +49,18 @@ def test_a_seed_the_baseline_never_brought_to_the_target_is_bounded_by_its_whole
     # seed 1 at the 800 tokens it spent, (a)'s mean is at least 600: the ratio at most 1/3
     assert (over["tokens_to_target"]["mean"], over["tokens_to_target"]["at_most"]) == (0.5, 0.333)
     assert (over["seconds_to_target"]["mean"], over["seconds_to_target"]["at_most"]) == (0.75, 0.5)
+
+
+def test_resume_keeps_the_runs_of_a_report_made_with_the_same_settings(filtering, tmp_path):
+    settings = {"smoke": False, "config": "examples/rlvr_mixed.yaml", "max_steps": 8, "screening_samples": 4,
+                "diagnose": False}
+    runs = {"no_filter": [run(1, [(0, 0.0, 0.0), (4, 0.1, 40.0), (8, 0.3, 80.0)], 100)]}
+    workload = {"samples": 16, "domains": {}}
+    out = tmp_path / "filtering.json"
+    assert filtering.earlier(out, settings) == (None, {})  # nothing yet: every run is to do
+    filtering.write(out, filtering.report(settings, [1], workload, runs, {}, complete=False))
+    stored = json.loads(out.read_text())
+    assert (stored["complete"], stored["max_steps"], stored["target"]["val_accuracy"]) == (False, 8, 0.3)
+    assert filtering.earlier(out, settings) == (workload, json.loads(json.dumps(runs)))
+    with pytest.raises(ValueError, match=r"other settings \{'max_steps': \{'there': 8, 'now': 24\}\}"):
+        filtering.earlier(out, {**settings, "max_steps": 24})

@@ -161,7 +161,7 @@ def test_engine(kafka_broker, vllm_server, tmp_path):
 
 
 @pytest.mark.benchmark_smoke("filtering", "--base", "examples/rlvr_mixed.yaml", timeout=600)
-def test_filtering(benchmark_smoke):
+def test_filtering(benchmark_smoke, tmp_path):
     r = benchmark_smoke
     assert (r["max_steps"], r["seeds"], r["screening_samples"], r["config"]) == (1, [1], 2, "examples/rlvr_mixed.yaml")
     w = r["workload"]
@@ -197,3 +197,8 @@ def test_filtering(benchmark_smoke):
     assert set(comparison["screening_history_over_no_filter"]) == {"tokens_to_target", "seconds_to_target",
                                                                    "tokens_per_version", "version_to_target"}
     assert "plots" not in r  # --smoke draws none unless asked
+    assert r["complete"] is True
+    # --resume on a finished report keeps every run and the v0 probe: nothing runs again
+    (tmp_path / "filtering.json").write_text(json.dumps(r))
+    again = run_benchmark("filtering", tmp_path, "--base", "examples/rlvr_mixed.yaml", "--resume", timeout=120)
+    assert (again["workload"], again["variants"], again["comparison"]) == (r["workload"], r["variants"], r["comparison"])
