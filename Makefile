@@ -18,7 +18,7 @@ export UV_LINK_MODE ?= hardlink
 export UV_COMPILE_BYTECODE ?= 1
 export PYTHONWARNINGS ?= ignore::SyntaxWarning,ignore::DeprecationWarning
 
-.PHONY: env vllm-env browser docs demo demo-byo demo-agentic demo-learn demo-vllm test test-unit chaos bench gpu-check clean
+.PHONY: env vllm-env browser docs reference demo demo-byo demo-agentic demo-learn demo-vllm test test-unit chaos bench gpu-check clean
 
 $(UV):
 	$(PYTHON) -m venv $(CACHE)/tools
@@ -79,6 +79,11 @@ test: env vllm-env browser
 # The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or anchor fails it.
 docs: .venv/.installed
 	.venv/bin/mkdocs build --strict
+
+# the reference pages generated from the code (a test fails when they are stale)
+reference: .venv/.installed
+	$(PY) -m rollstream.config.reference > docs/reference/config.md
+	$(PY) -m rollstream.app.cli_reference > docs/reference/cli.md
 
 test-unit: env
 	.venv/bin/lint-imports

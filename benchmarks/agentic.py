@@ -521,7 +521,8 @@ def player_requests(n: int, actions: int, tokens: int) -> list[dict]:
 
 
 def bench_player(n: int, actions: int, tokens: int) -> dict:
-    from rollstream.workers.engines import SamplingParams, TransformersBackend
+    from rollstream.inference.engine import SamplingParams
+    from rollstream.inference.transformers_engine import TransformersBackend
     from rollstream.workers.episodes import EpisodePlayer
 
     t0 = time.perf_counter()

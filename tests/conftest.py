@@ -23,7 +23,7 @@ from rollstream.kafka.broker import SASL_ADMIN_USER, EmbeddedBroker, EmbeddedClu
 from rollstream.kafka.cluster import Cluster
 from rollstream.kafka.topics import TOPICS, Topics
 from rollstream.policy.model import model_folder
-from rollstream.workers.local_server import PROJECT_ROOT, LocalInferenceServer, vllm_python
+from rollstream.inference.local_server import PROJECT_ROOT, LocalInferenceServer, vllm_python
 from tests.processes import run_script, tail
 
 
@@ -150,7 +150,7 @@ class _Background:
 _SERVERS = ("vllm_server", "vllm_spare_server")
 # jobs under the vLLM environment's Python, by the fixture that returns their result
 _VLLM_JOBS = {
-    "vllm_inprocess_probe": lambda folder: [str(PROJECT_ROOT / "tests" / "workers" / "vllm_inprocess_probe.py"),
+    "vllm_inprocess_probe": lambda folder: [str(PROJECT_ROOT / "tests" / "inference" / "vllm_inprocess_probe.py"),
                                             str(folder / "v1")],
     "vllm_gpu_check": lambda folder: [str(PROJECT_ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--tiny",
                                       "--out", str(folder / "gpu-check.json")],
@@ -240,7 +240,7 @@ def vllm_spare_server(_background) -> LocalInferenceServer:
 
 @pytest.fixture(scope="session")
 def vllm_inprocess_probe(_background) -> dict:
-    """What tests/workers/vllm_inprocess_probe.py printed (its RESULT line, as a dict): the
+    """What tests/inference/vllm_inprocess_probe.py printed (its RESULT line, as a dict): the
     in-process VLLMBackend's greedy probe before and after loading perturbed weights in place."""
     output = _background.vllm().jobs.output("vllm_inprocess_probe")
     [line] = [line for line in output.splitlines() if line.startswith("RESULT ")]

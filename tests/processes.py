@@ -8,7 +8,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from rollstream.workers.local_server import PROJECT_ROOT
+from rollstream.inference.local_server import PROJECT_ROOT
 
 
 def run_script(command: list[str], log: Path, *, timeout_s: float, env: dict[str, str] | None = None,

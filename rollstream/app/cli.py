@@ -212,7 +212,7 @@ def create_topics_cmd(
 class ProducePromptsOptions:
     config: Path = typer.Option(..., "--config", "-c", help="Pipeline YAML (topic prefix, rewards domains, seed).")
     bootstrap: str = BOOTSTRAP_OPT
-    file: Optional[str] = typer.Option(None, "--file", "-f", help="Publish this .jsonl / .json / .parquet file or Hugging "
+    file: Optional[str] = typer.Option(None, "--file", help="Publish this .jsonl / .json / .parquet file or Hugging "
                                        "Face datasets folder instead of the config's datasets.")
     domain: Optional[str] = typer.Option(None, "--domain", help="--file: the reward domain of every row.")
     domain_key: Optional[str] = typer.Option(None, "--domain-key", help="--file: the key of each row's reward domain.")

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import logging
-from typing import Iterable
 
 from rollstream.config import AgenticConfig, DatasetConfig, RLVRConfig
-from rollstream.data import dataset_prompts, interleave
+from rollstream.data import dataset_prompts, interleave, publish_end, publish_prompts
 from rollstream.kafka.admin import create_pipeline_topics
 from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import Topics
 from rollstream.runtime import now_ms
 from rollstream.schemas import encode
-from rollstream.schemas.records import PROMPTS_END_KEY, prompts_end
 
 log = logging.getLogger(__name__)
 
@@ -66,23 +64,6 @@ def val_after(config: RLVRConfig) -> int:
     with ``max_steps: 1`` no second step is admitted, which would starve the round."""
     steps = 1 if config.max_staleness == 0 or config.max_steps == 1 else 2
     return steps * config.rollout_batch_size
-
-
-def publish_prompts(producer, topics: Topics, records: Iterable[dict]) -> int:
-    """Send Prompt ``records`` (key prompt_id, ``created_ms`` stamped now); returns how many.
-    ``producer``: a kafka-python producer (``make_producer``); the caller flushes."""
-    sent = 0
-    for record in records:
-        producer.send(topics.prompts, key=record["prompt_id"].encode(),
-                      value=encode({**record, "created_ms": now_ms()}, "Prompt"))
-        sent += 1
-    return sent
-
-
-def publish_end(producer, topics: Topics, prompts: int, name: str) -> None:
-    """Send the ``PromptsEnd`` marker (key ``PROMPTS_END_KEY``): ``prompts`` were published and
-    none follow. The prompts topic has one partition, so it comes after them."""
-    producer.send(topics.prompts, key=PROMPTS_END_KEY, value=encode(prompts_end(prompts, name), "PromptsEnd"))
 
 
 def produce_prompts(config: RLVRConfig, bootstrap: Bootstrap, prompts: list[dict] | None = None, *,

@@ -42,7 +42,7 @@ from rollstream.runtime import now_ms
 from rollstream.tools.learning import final_round_done
 from rollstream.tools.readback import first_record_ms, read_values
 from rollstream.tools.summary import startup_seconds, summarize_agentic, summarize_rlvr
-from rollstream.workers.local_server import LocalInferenceServer, vllm_python
+from rollstream.inference.local_server import LocalInferenceServer, vllm_python
 
 if TYPE_CHECKING:  # the trainer imports torch: only once the broker and the stages are starting
     from rollstream.trainer.loop import LoopResult

@@ -70,40 +70,6 @@ def preflight(config: Config) -> None:
         load_group_filter(manager.group_filter_cls, config, manager, mode)
 
 
-def backend_kwargs(config: Config, instance: int = 0, instances: int = 1) -> dict:
-    """Constructor arguments of the configured generation backend beyond its defaults: the
-    generation model (``config.infer_model_path``; None = the bundled one), its dtype,
-    ``max_num_seqs`` when set and, for transformers, its device (vLLM picks its own GPU). For
-    ``vllm_server``: this worker's share of ``actor_infer.servers`` (server i belongs to worker
-    i mod ``instances``: each server has one worker, which alone updates its weights). Raises
-    ConfigError for no servers, or fewer servers than workers."""
-    actor_infer = config.actor_infer
-    if actor_infer.backend == "vllm_server":
-        return _server_kwargs(config, instance, instances)
-    rows = {} if actor_infer.max_num_seqs is None else {"max_num_seqs": actor_infer.max_num_seqs}
-    if actor_infer.backend == "transformers":
-        import torch  # only the model stages pay for it
-
-        return {"model_dir": config.infer_model_path, "dtype": getattr(torch, actor_infer.dtype),
-                "device": actor_infer.device, **rows}
-    return {"model_dir": config.infer_model_path, "dtype": actor_infer.dtype, **rows}  # vllm.LLM takes the name
-
-
-def _server_kwargs(config: Config, instance: int, instances: int) -> dict:
-    from rollstream.policy.model import load_tokenizer, model_folder
-
-    actor_infer = config.actor_infer
-    if len(actor_infer.servers) < instances:
-        raise ConfigError(f"actor_infer.servers: {len(actor_infer.servers)} server(s) for {instances} generation "
-                          "workers; each worker needs at least one server of its own (empty: `rollstream run` "
-                          "starts one)")
-    server = actor_infer.server
-    return {"servers": actor_infer.servers[instance::instances], "tokenizer": load_tokenizer(config.infer_model_path),
-            "initial_weights": str(model_folder(config.infer_model_path)), "max_inflight": server.max_inflight,
-            "request_timeout_s": server.request_timeout_s, "retries": server.retries, "down_s": server.down_s,
-            "pause_mode": server.pause_mode}
-
-
 def start_metrics(context: StageContext, port: int = 0):
     """This process's metrics, named after ``context``'s stage: snapshots to ``metrics`` every
     10 s, and ``/metrics`` for Prometheus on ``port`` (0: not served)."""
@@ -146,8 +112,9 @@ def check_stage(stage: Stage, config: Config) -> None:
 
 
 def load_engine(stage: Stage, config: Config, instance: int = 0, instances: int = 1):
-    """The generation engine (a GenerationBackend, rollstream.workers.engines) of a stage in
-    MODEL_STAGES, built from ``config.actor_infer`` (backend_kwargs); None for any other stage.
+    """The generation engine (a GenerationBackend, rollstream.inference.engine) of a stage in
+    MODEL_STAGES, built from ``config.actor_infer`` (rollstream.inference.backends.load_backend);
+    None for any other stage.
     Loading it needs no broker: `rollstream worker` does it before waiting for one. Raises
     ConfigError when the stage does not belong to the config's pipeline, or for a bad backend
     configuration."""
@@ -155,10 +122,10 @@ def load_engine(stage: Stage, config: Config, instance: int = 0, instances: int 
     if stage not in MODEL_STAGES:
         return None
     _log_to_stderr()
-    from rollstream.workers.engines import make_backend
+    from rollstream.inference.backends import load_backend
 
     started = time.monotonic()
-    engine = make_backend(config.actor_infer.backend, **backend_kwargs(config, instance, instances))
+    engine = load_backend(config.actor_infer, config.infer_model_path, instance, instances)
     log.info("%s engine %s loaded in %.1f s", stage.value, config.actor_infer.backend, time.monotonic() - started)
     return engine
 
@@ -200,15 +167,15 @@ def _run(stage: Stage, config: Config, context: StageContext, max_idle_s: float 
     if stage in (Stage.admission, Stage.aggregator, Stage.group_queue):
         create_changelog_topics(bootstrap, config.kafka)
     if stage is Stage.admission:
-        from rollstream.streams.admission import build_admission_app
+        from rollstream.streams.admission_agent import build_admission_app
 
         run_faust_app(build_admission_app(config, context))
     elif stage is Stage.aggregator:
-        from rollstream.streams.aggregator import build_aggregator_app
+        from rollstream.streams.aggregator_agent import build_aggregator_app
 
         run_faust_app(build_aggregator_app(config, context))
     elif stage is Stage.generation:
-        from rollstream.workers.engines import SamplingParams
+        from rollstream.inference.engine import SamplingParams
         from rollstream.workers.generation import run_generation_worker
 
         args = config.actor_infer.generating_args
@@ -223,7 +190,7 @@ def _run(stage: Stage, config: Config, context: StageContext, max_idle_s: float 
         run_reward_worker(context, specs, group_id=names.consumer_group(topics, "reward"), max_idle_s=max_idle_s,
                           concurrency=concurrency or config.reward_concurrency)
     elif stage is Stage.group_queue:
-        from rollstream.streams.group_queue import build_group_queue_app
+        from rollstream.streams.group_queue_agent import build_group_queue_app
 
         run_faust_app(build_group_queue_app(config, context))
     elif stage is Stage.env:

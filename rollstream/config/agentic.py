@@ -49,7 +49,8 @@ class EnvManagerConfig(FrozenModel):
     max_replaced_episodes: int = Field(8, ge=0, le=100_000, description="Replacement episodes per group id at most; then the group id stops (bounded resampling).")
     episode_timeout_s: float = Field(600.0, gt=0, description="Runs still missing this long after an episode started are reissued.")
     max_reissues_per_episode: int = Field(1, ge=0, le=100, description="Deadline reissues per episode; after the last one the episode is dropped (episode_timeout).")
-    refill: RefillConfig = Field(default_factory=RefillConfig)
+    refill: RefillConfig = Field(default_factory=RefillConfig, description="Replacement runs for trajectories "
+                                 "an infrastructure failure ended.")
 
     @model_validator(mode="after")
     def _sizes(self) -> "EnvManagerConfig":
@@ -90,12 +91,13 @@ class AgenticConfig(PipelineConfig):
     """The agentic pipeline: the shared fields (PipelineConfig) plus env workers, env managers
     and environments."""
 
-    name: str = "agentic"
+    name: str = Field("agentic", description="The run's name: its folder runs/<name> and its trackers' run name.")
     max_concurrent_episodes: int = Field(16, gt=0, le=4096, description="Trajectories one env worker plays at once (their turns are generated as one batch).")
     max_context_tokens: int = Field(2048, gt=0, le=1_000_000, description="Tokens of a trajectory's context at most; a turn that would pass it ends the run (stop_reason max_length).")
-    train_env_manager: EnvManagerConfig
-    val_env_manager: EnvManagerConfig | None = None
-    custom_envs: dict[str, EnvConfig]
+    train_env_manager: EnvManagerConfig = Field(..., description="The env groups that play train episodes.")
+    val_env_manager: EnvManagerConfig | None = Field(None, description="The env groups that play validation "
+                                                     "episodes (never trained on); null: none.")
+    custom_envs: dict[str, EnvConfig] = Field(..., description="Environments by tag (the env managers' tags).")
 
     @model_validator(mode="after")
     def _consistent(self) -> "AgenticConfig":

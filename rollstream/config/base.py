@@ -37,7 +37,8 @@ class FrozenModel(BaseModel):
 
 class KafkaConfig(FrozenModel):
     bootstrap_servers: str | None = Field(None, description="null starts the embedded local broker.")
-    topic_prefix: str = DEFAULT_TOPIC_PREFIX
+    topic_prefix: str = Field(DEFAULT_TOPIC_PREFIX, description="Prefix of every topic, table and consumer group "
+                              "name of the run (`<prefix>prompts`, ...): two runs on one cluster need two prefixes.")
     partitions: int = Field(4, gt=0, le=1024, description="Partitions of the prompt_id-keyed topics.")
     max_message_bytes: int = Field(
         PAYLOAD_MAX_MESSAGE_BYTES, ge=1024 * 1024, le=512 * 1024 * 1024,
@@ -71,7 +72,9 @@ class KafkaConfig(FrozenModel):
                                    "run a faust stage (admission, aggregator, group-queue), so a failed worker's "
                                    "table moves without replaying its whole changelog.")
     # -- client security (kafka-python, faust/aiokafka and the admin client alike)
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="How every client reaches the brokers: plain, TLS (SSL), SASL (sasl_mechanism, "
+                                 "credentials from the environment) without or with TLS.")
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
         None, description="Required with SASL_PLAINTEXT and SASL_SSL.")
     sasl_username_env: str = Field("ROLLSTREAM_KAFKA_USERNAME", description="Environment variable holding the SASL user name.")
@@ -135,8 +138,9 @@ Device = Literal["cpu", "cuda", "auto"]
 
 
 class GeneratingArgs(FrozenModel):
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature; 0: greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling: the smallest set of tokens whose "
+                         "probability reaches top_p (1: every token).")
     max_new_tokens: int = Field(64, gt=0, le=32768, description="response_length: tokens per response at most.")
 
 
@@ -160,11 +164,13 @@ class InferenceServerConfig(FrozenModel):
 class ActorInferConfig(FrozenModel):
     backend: Literal["transformers", "vllm", "vllm_server"] = Field("transformers", description="transformers or vllm: an engine in each generation worker; vllm_server: inference servers over HTTP (servers), weights updated in place.")
     servers: list[str] = Field(default_factory=list, description="vllm_server: base URLs of the inference servers (http://host:port). Empty: `rollstream run` starts one locally. With several generation workers, each drives its own share (server i belongs to worker i mod instances).")
-    server: InferenceServerConfig = Field(default_factory=InferenceServerConfig)
-    model_args: ModelArgs = Field(default_factory=ModelArgs)
+    server: InferenceServerConfig = Field(default_factory=InferenceServerConfig, description="vllm_server: how the "
+                                          "client talks to the servers, and the local server `rollstream run` starts.")
+    model_args: ModelArgs = Field(default_factory=ModelArgs, description="The generation model.")
     device: Device = Field("auto", description="Where generation runs; auto: cuda when available, else cpu.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Generation weights' dtype; the trainer computes old_log_probs in float32, so bfloat16 here gives the train-inference mismatch the correction masks handle.")
-    generating_args: GeneratingArgs = Field(default_factory=GeneratingArgs)
+    generating_args: GeneratingArgs = Field(default_factory=GeneratingArgs, description="How train responses are "
+                                            "sampled (validation rounds sample the same way).")
     max_batch: int = Field(16, gt=0, description="Generation requests per engine call (each request is one prompt's num_return_sequences samples). A worker with an in-process engine polls up to 4 calls' worth and generates their train requests before the validation ones; an inference-server worker polls one call's worth at a time.")
     max_num_seqs: int | None = Field(None, gt=0, le=65536, description="Sequences (rows) per engine batch: per transformers generate call, in generation and env workers (None: 32); vLLM's max_num_seqs (None: vLLM's default).")
     nice: int = Field(10, ge=0, le=19, description="CPU priority the model's generators give up (os.nice): a generation or env worker once its engine is loaded, the local vLLM server from its start. A trainer sharing their cores then trains at full speed while they use the CPU it leaves (validation rounds included); 0: same priority as the trainer. No effect on cores nothing else uses.")
@@ -182,10 +188,10 @@ class ActorInferConfig(FrozenModel):
 
 class ActorTrainConfig(FrozenModel):
     """The trainer's GRPO step (reference names: pg_clip, loss_agg_mode). The trainer builds its
-    own settings from it (rollstream.trainer.policy.TrainSettings.from_config)."""
+    own settings from it (rollstream.trainer.policy_trainer.TrainSettings.from_config)."""
 
     enabled: bool = Field(True, description="False: build and commit batches without training (no model in the trainer).")
-    model_args: ModelArgs = Field(default_factory=ModelArgs)
+    model_args: ModelArgs = Field(default_factory=ModelArgs, description="The trained model.")
     device: Device = Field("auto", description="Where training runs; auto: cuda when available, else cpu.")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Training weights' dtype (old_log_probs are computed in it).")
     lr: float = Field(1e-6, gt=0.0, le=1.0, description="AdamW learning rate.")
@@ -193,7 +199,9 @@ class ActorTrainConfig(FrozenModel):
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
     pg_clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="The ratio is clipped below at 1 - pg_clip_low.")
     pg_clip_high: float = Field(0.2, ge=0.0, description="The ratio is clipped above at 1 + pg_clip_high.")
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean"] = Field(
+        "token-mean", description="token-mean: the loss averaged over every trained token of the batch; "
+                                  "seq-mean-token-mean: each response's token mean, averaged over the responses.")
     keep_checkpoints: int = Field(2, gt=0, le=1000, description="Policy-version checkpoints kept on disk (runs/<name>/checkpoints); older ones are deleted.")
     async_save: bool = Field(True, description="Write each checkpoint on a thread of its own while the next step trains (a copy in memory first); the batch is committed once it is durable. False: the step waits for the write. Under torchrun the write is always waited for.")
 

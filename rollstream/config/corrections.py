@@ -58,11 +58,11 @@ class CorrectionFilterConfig(FrozenModel):
     enabled: bool = Field(False, description="Apply this filter (a listed filter is inert by default).")
     agg_type: AggType = Field("token", description="token | segment | geometric | sequence.")
     ratio_enabled: bool = Field(True, description="Check ratio_low <= ratio <= ratio_high.")
-    ratio_low: float = 0.8
-    ratio_high: float = 1.2
+    ratio_low: float = Field(0.8, description="Lowest train/inference probability ratio kept.")
+    ratio_high: float = Field(1.2, description="Highest train/inference probability ratio kept.")
     diff_enabled: bool = Field(False, description="Check diff_low <= diff <= diff_high.")
-    diff_low: float = -0.2
-    diff_high: float = 0.2
+    diff_low: float = Field(-0.2, description="Lowest train minus inference probability kept.")
+    diff_high: float = Field(0.2, description="Highest train minus inference probability kept.")
 
     @model_validator(mode="after")
     def _bounds_ok(self) -> "CorrectionFilterConfig":
@@ -83,9 +83,13 @@ class TrainInferCorrectionConfig(FrozenModel):
     filters may remove before ``actor/train_infer_mask_collapse`` is raised.
     """
 
-    is_weight: ISWeightConfig = Field(default_factory=ISWeightConfig)
-    filters: list[CorrectionFilterConfig] = Field(default_factory=list)
-    mask_collapse_threshold: float = Field(0.5, ge=0.0, le=1.0)
+    is_weight: ISWeightConfig = Field(default_factory=ISWeightConfig, description="The train-inference "
+                                      "importance-sampling weight on each token's loss.")
+    filters: list[CorrectionFilterConfig] = Field(default_factory=list, description="Filters that drop tokens, "
+                                                  "segments or responses whose train and inference probabilities "
+                                                  "disagree.")
+    mask_collapse_threshold: float = Field(0.5, ge=0.0, le=1.0, description="Share of a batch's valid tokens the "
+                                           "filters may remove before actor/train_infer_mask_collapse is raised.")
 
     @field_validator("is_weight", "filters", mode="before")
     @classmethod

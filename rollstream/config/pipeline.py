@@ -17,13 +17,14 @@ class PipelineConfig(FrozenModel):
     pipeline. RLVRConfig and AgenticConfig add their own stages; each sets its ``name`` default.
     Pydantic lists these fields first in ``model_dump`` and in validation errors."""
 
-    name: str  # each pipeline sets its default
-    seed: int = 42
+    # each pipeline sets its default name
+    name: str = Field(..., description="The run's name: its folder runs/<name> and its trackers' run name.")
+    seed: int = Field(42, description="Seeds the prompt order, each generation request's sampling and the trainer.")
     pretrain: str | None = Field(
         None, description="The policy model of both roles (reference name): a local Hugging Face folder or a hub "
                           "id in the local cache; actor_infer/actor_train.model_args.model_name_or_path override "
                           "it per role. null: the bundled SmolLM2-135M-Instruct.")
-    kafka: KafkaConfig = Field(default_factory=KafkaConfig)
+    kafka: KafkaConfig = Field(default_factory=KafkaConfig, description="The cluster, topics and client settings.")
     rollout_batch_size: int = Field(
         ..., gt=0, description="Per trainer batch: groups (prompts) in RLVR; trajectories in agentic, a multiple of "
                                "train_env_manager.group_size.")
@@ -55,10 +56,15 @@ class PipelineConfig(FrozenModel):
                             "(leave-one-out); or an import path 'pkg.module:fn' of your own, "
                             "fn(centred, rewards, eps) -> advantages on (G, n) tensors. "
                             "rollstream.trainer.batch.group_advantages.")
-    actor_infer: ActorInferConfig = Field(default_factory=ActorInferConfig)
-    actor_train: ActorTrainConfig = Field(default_factory=ActorTrainConfig)
-    train_infer_correction: TrainInferCorrectionConfig = Field(default_factory=TrainInferCorrectionConfig)
-    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    actor_infer: ActorInferConfig = Field(default_factory=ActorInferConfig, description="Generation: engine, model, "
+                                          "sampling.")
+    actor_train: ActorTrainConfig = Field(default_factory=ActorTrainConfig, description="Training: model, optimiser, "
+                                          "the GRPO step, checkpoints.")
+    train_infer_correction: TrainInferCorrectionConfig = Field(
+        default_factory=TrainInferCorrectionConfig, description="The train-inference mismatch correction: IS weight "
+                                                                "and token filters.")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="The trainer process: experiment "
+                                   "trackers and their folder.")
 
     @field_validator("adv_estimator")
     @classmethod

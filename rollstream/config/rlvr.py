@@ -108,7 +108,8 @@ class DatasetConfig(FrozenModel):
     domain_key: str | None = Field(None, description="File sources: the key holding each row's reward domain.")
     num_samples: int | None = Field(None, gt=0, description="Prompts taken from the source: a seeded sample of a bundled one "
                                                             "(required there); the first rows of a file (default: all).")
-    mode: Literal["train", "val"] = "train"
+    mode: Literal["train", "val"] = Field("train", description="train: prompts to learn from; val: held-out "
+                                          "prompts generated in validation rounds (eval_steps), never trained on.")
     seed: int | None = Field(None, description="Bundled sources: the sample's seed instead of the run's (e.g. a "
                                                "validation set drawn apart from the train prompts).")
     config: dict[str, Any] = Field(default_factory=dict, description="Task config (reasoning-gym).")
@@ -186,9 +187,10 @@ class HistoryFilterConfig(FrozenModel):
 class RLVRConfig(PipelineConfig):
     """The RLVR pipeline: the shared fields (PipelineConfig) plus admission, rounds, rewards and data."""
 
-    name: str = "rlvr"
+    name: str = Field("rlvr", description="The run's name: its folder runs/<name> and its trackers' run name.")
     num_return_sequences_in_group: int = Field(..., gt=0, description="Responses per prompt (group size).")
-    val_num_return_sequences: int = Field(1, gt=0)
+    val_num_return_sequences: int = Field(1, gt=0, description="Responses per validation prompt in each "
+                                          "validation round.")
     max_running_prompts: int = Field(8, gt=0, description="Train prompts in flight at most (a validation round is "
                                      "admitted whole, beside them: it takes none of these slots).")
     max_additional_running_prompts: int = Field(0, ge=0, description="Over-provisioning beyond the batch's deficit.")
@@ -209,10 +211,15 @@ class RLVRConfig(PipelineConfig):
     eval_steps: int | None = Field(None, gt=0, description="Validate every this many policy versions: the "
                                    "validation prompts are generated again by the current version (ROLL's eval_steps, "
                                    "verl's trainer.test_freq). None: once, at the start.")
-    history_filter: HistoryFilterConfig = Field(default_factory=HistoryFilterConfig)
-    rewards: dict[str, RewardDomainConfig]
-    datasets: list[DatasetConfig]
-    domain_interleave_probs: dict[str, float] = Field(default_factory=dict)
+    history_filter: HistoryFilterConfig = Field(default_factory=HistoryFilterConfig, description="History-aware "
+                                                "admission: skip prompts whose past groups had zero variance.")
+    rewards: dict[str, RewardDomainConfig] = Field(..., description="Reward domains by name: each its reward "
+                                                   "function and its response and query filters.")
+    datasets: list[DatasetConfig] = Field(..., description="Prompt sources, train and validation; [] when the "
+                                          "prompts come from outside (rollstream produce-prompts, rollstream.client).")
+    domain_interleave_probs: dict[str, float] = Field(default_factory=dict, description="Train prompts of each "
+                                                      "domain are interleaved with these weights (a domain left out: "
+                                                      "1.0), each domain's order kept.")
     reward_concurrency: int = Field(4, gt=0, description="Processes per reward worker running user reward functions "
                                     "(`rollstream worker reward --concurrency` overrides).")
 

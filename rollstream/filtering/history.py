@@ -1,5 +1,5 @@
 """History-aware admission (pre-rollout filtering): skip, before generation, a prompt whose
-recent groups taught nothing. Pure state; the admission shell keeps it (rollstream.streams.admission).
+recent groups taught nothing. Pure state; the admission shell keeps it (rollstream.streams.admission_agent).
 
 Source: GRESO (Zheng et al. 2025, "Act Only When It Pays", arXiv 2506.02177). A prompt that was
 zero-variance (every response the same reward, so every GRPO advantage is 0) in one epoch tends

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -30,7 +29,6 @@ import jinja2
 import tokenizers
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from rollstream.config.model_paths import default_cache_dir, is_built_model_cache
 
 Prompt = str | Sequence[Mapping[str, str]]
 PromptIds = Callable[[Prompt], list[int]]
@@ -126,19 +124,3 @@ def template_tokenizer(folder: Path) -> TemplateTokenizer | None:
     special = {k: config[k] for k in SPECIAL_TOKENS if isinstance(config.get(k), str)}
     special["eos_token"] = special["pad_token"] = BUNDLED_EOS
     return TemplateTokenizer(tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json")), template, special)
-
-
-def load_prompt_ids(model_dir: str | os.PathLike | None = None) -> PromptIds:
-    """A function from a prompt (see chat_messages) to its chat-templated token ids, the same as
-    rollstream.policy.model.chat_prompt_ids with that model's tokenizer. ``model_dir``: a model
-    folder or a hub id in the local cache (through transformers); None: the bundled model
-    (without transformers once its cache is built, see template_tokenizer). Raises ConfigError
-    for a missing or incomplete folder; the transformers path raises RollstreamError for a
-    tokenizer without a chat template or an eos token."""
-    if model_dir is None and is_built_model_cache(folder := default_cache_dir()):
-        light = template_tokenizer(folder)
-        if light is not None:
-            return light.prompt_ids
-    from rollstream.policy.model import chat_prompt_ids, load_tokenizer
-
-    return functools.partial(chat_prompt_ids, load_tokenizer(model_dir))

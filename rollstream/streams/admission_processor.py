@@ -1,5 +1,5 @@
 """What the admission does with each prompt, outcome and marker, without faust or asyncio: a
-Store (rollstream.streams.store) in, events out. The faust agents (rollstream.streams.admission) wait for credits,
+Store (rollstream.streams.store) in, events out. The faust agents (rollstream.streams.admission_agent) wait for credits,
 read Kafka and send; the decisions are rollstream.filtering.admission's.
 
 Table layout (one partition: the admission is a single writer):
@@ -29,10 +29,10 @@ from rollstream.kafka import names
 from rollstream.kafka.events import Output
 from rollstream.kafka.topics import Topics
 from rollstream.observability.metrics import process_metrics
-from rollstream.policy.chat import load_prompt_ids
+from rollstream.policy.prompt_ids import load_prompt_ids
 from rollstream.runtime import now_ms
 from rollstream.schemas.records import batch_event
-from rollstream.streams.records import derive_seed, generation_request, group_record
+from rollstream.streams.event_builders import derive_seed, generation_request, group_record
 from rollstream.streams.store import Store
 
 log = logging.getLogger(__name__)

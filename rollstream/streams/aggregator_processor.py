@@ -1,6 +1,6 @@
 """What the aggregator does with its input events and with the passing of time, without faust:
 the processor shape of rollstream.streams.processor over a Store keyed by prompt_id. The faust
-agent (rollstream.streams.aggregator), the benchmark and replay tools call the same code.
+agent (rollstream.streams.aggregator_agent), the benchmark and replay tools call the same code.
 
 Inputs: ``responses.rewarded`` (each RewardedResponse steps its prompt's state machine,
 rollstream.filtering.prompt_state) and ``generation.requests`` (each request gives its prompt's
@@ -57,7 +57,7 @@ from rollstream.runtime import now_ms
 from rollstream.schemas import REGISTRY, encode
 from rollstream.schemas.codec import HEADER_LEN
 from rollstream.streams.processor import Handled
-from rollstream.streams.records import decided_group, derive_seed, prompt_outcome, replacement_request
+from rollstream.streams.event_builders import decided_group, derive_seed, prompt_outcome, replacement_request
 from rollstream.streams.store import MemoryStore, Store
 
 log = logging.getLogger(__name__)

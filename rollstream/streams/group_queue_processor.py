@@ -1,6 +1,6 @@
 """What the group queue does with one input event, and with the passing of time, without faust:
 the processor shape of rollstream.streams.processor, a Store (rollstream.streams.store) in,
-sends out. The faust agent (rollstream.streams.group_queue), benchmarks and tests share it.
+sends out. The faust agent (rollstream.streams.group_queue_agent), benchmarks and tests share it.
 
 Time: ``tick(partitions, now)`` reissues or gives up the runs whose deadlines passed, in the
 queues of the partitions the worker owns; the agent's timer calls it.

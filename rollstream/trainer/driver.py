@@ -29,7 +29,7 @@ from rollstream.trainer.loop import LoopControl, LoopResult, build_batches
 from rollstream.trainer.rollout_stream import RolloutStream
 
 if TYPE_CHECKING:  # model code (transformers) is imported only by a trainer that trains
-    from rollstream.trainer.policy import PolicyTrainer
+    from rollstream.trainer.policy_trainer import PolicyTrainer
 
 __all__ = ["LoopResult", "TrainerLoader", "build_batches", "policy_trainer", "run_trainer"]
 
@@ -39,7 +39,7 @@ def policy_trainer(config: Config, checkpoint_dir: Path) -> PolicyTrainer | None
     ``checkpoint_dir``), or None when ``actor_train.enabled`` is off."""
     if not config.actor_train.enabled:
         return None
-    from rollstream.trainer.policy import PolicyTrainer
+    from rollstream.trainer.policy_trainer import PolicyTrainer
 
     return PolicyTrainer.from_config(config, _checkpoints(config, checkpoint_dir))
 

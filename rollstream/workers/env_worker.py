@@ -29,12 +29,13 @@ from rollstream.kafka.clients import commit_offsets
 from rollstream.kafka.events import Output, Send, SourceRecord, dead_letter, decode_expected, fit, too_large_error
 from rollstream.kafka.offsets import OffsetTracker
 from rollstream.kafka.context import StageContext
-from rollstream.kafka.worker import PartitionWorker
+from rollstream.kafka.event_worker import PartitionWorker
 from rollstream.observability.metrics import process_metrics
 from rollstream.policy.versions import PolicyFollower, PolicyVersionWatcher
 from rollstream.runtime import lower_cpu_priority
 from rollstream.schemas.records import STOP_ENV_FAILED
-from rollstream.workers.engines import GenerationBackend, make_backend
+from rollstream.inference.backends import make_backend
+from rollstream.inference.engine import GenerationBackend
 from rollstream.workers.envs import TextEnv, make_env, resolve_env
 from rollstream.workers.episodes import EpisodePlayer, Finished, identity_of
 

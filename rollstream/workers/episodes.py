@@ -66,7 +66,7 @@ from rollstream.schemas.records import (
     STOP_MAX_ACTIONS,
     STOP_MAX_LENGTH,
 )
-from rollstream.workers.engines import GenerationBackend, SamplingParams
+from rollstream.inference.engine import GenerationBackend, SamplingParams
 from rollstream.workers.env_calls import EnvCall, close_quietly
 from rollstream.workers.envs import StepResult, TextEnv, make_env
 

@@ -1,7 +1,7 @@
 """The generation worker: an EventWorker handler that samples responses for GenerationRequest
 events and emits one ``Response`` payload event per sample (topic ``responses``: the token
 arrays, written once; everything downstream names it by a PayloadRef). The sampling itself is an
-engine's (rollstream.workers.engines: transformers or vLLM behind ``GenerationBackend``).
+engine's (rollstream.inference: transformers or vLLM behind ``GenerationBackend``).
 """
 
 from __future__ import annotations
@@ -18,14 +18,15 @@ from rollstream.filtering.admission import eval_version_of
 from rollstream.kafka.events import Input, Output, Send, fit, too_large_error
 from rollstream.kafka.topics import Topics
 from rollstream.kafka.context import StageContext
-from rollstream.kafka.worker import EventWorker
+from rollstream.kafka.event_worker import EventWorker
 from rollstream.observability.metrics import process_metrics
 from rollstream.policy.model import chat_prompt_ids, load_tokenizer
 from rollstream.policy.versions import PolicyFollower, PolicyVersionWatcher
 from rollstream.runtime import PAYLOAD_MAX_MESSAGE_BYTES, lower_cpu_priority, now_ms
 from rollstream.schemas.packed import packed_array
 from rollstream.schemas.records import FINISH_ERROR
-from rollstream.workers.engines import GenerationBackend, Sample, SamplingParams, error_samples, make_backend
+from rollstream.inference.backends import make_backend
+from rollstream.inference.engine import GenerationBackend, Sample, SamplingParams, error_samples
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ class GenerationWorker:
         return self._outputs(job, samples, (time.perf_counter() - t0) * 1000.0)
 
     def parts(self, inputs: Sequence[Input]) -> list[list[Input]]:
-        """A poll's requests in the order to generate them (``rollstream.kafka.worker``; the
+        """A poll's requests in the order to generate them (``rollstream.kafka.event_worker``; the
         worker polls ``LOOKAHEAD`` engine calls' worth): the train requests, then the validation
         ones. A round admitted beside a step's train prompts shares polls with them; generated
         in topic order, the step's batch waited for the round's samples. Whether the weights are
@@ -128,7 +129,7 @@ class GenerationWorker:
 
     def submit(self, inputs: Sequence[Input]) -> "_InFlight":
         """Start generating ``inputs`` and return at once (``pipelined`` backends only); the
-        worker builds the Responses when it is done (``rollstream.kafka.worker.InFlight``)."""
+        worker builds the Responses when it is done (``rollstream.kafka.event_worker.InFlight``)."""
         job = self._prepare(inputs)
         future: Future = self.backend.submit(*job.arguments()) if job.live else _done([])
         with self._lock:
@@ -266,7 +267,7 @@ class _Job:
 
 
 class _InFlight:
-    """A submitted poll (``rollstream.kafka.worker.InFlight``): its samples' future, and how
+    """A submitted poll (``rollstream.kafka.event_worker.InFlight``): its samples' future, and how
     its Responses are built once they are in."""
 
     def __init__(self, future: Future, build: Callable[[list, float], list]) -> None:

@@ -60,7 +60,7 @@ from rollstream.filtering.response_filters import BLANK_TEXT, REWARD_FAILURE
 from rollstream.kafka.events import Input, Output
 from rollstream.kafka.topics import Topics
 from rollstream.kafka.context import StageContext
-from rollstream.kafka.worker import EventWorker
+from rollstream.kafka.event_worker import EventWorker
 from rollstream.schemas.records import FINISH_ERROR, payload_ref, response_summary
 from rollstream.workers import reward_pool
 from rollstream.answers import last_boxed

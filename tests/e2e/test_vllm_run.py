@@ -2,7 +2,7 @@
 policy versions advance, each is loaded into the servers in place, one server is killed mid-run
 and the run completes on the other, which then answers with the trainer's new weights. (How a
 server that comes back loads the newest weights before it serves is tested against a scripted
-server in tests/workers/test_servers.py.)"""
+server in tests/inference/test_server_client.py.)"""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from rollstream.tools.audit import run_audit
 from rollstream.tools.readback import read_values
 from rollstream.trainer.checkpoint import CheckpointStore
 from rollstream.trainer.logprobs import sequence_log_probs
-from tests.workers.teacher_forcing import PROBE
+from tests.inference.teacher_forcing import PROBE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.vllm]
 

@@ -51,7 +51,7 @@ def test_a_screened_out_group_enters_the_history_as_zero_variance():
     """Screening decides from k samples: the outcome it writes carries their pattern, so the
     history filter learns from k samples what it learns from a full group."""
     from rollstream.filtering.prompt_state import Decided, DomainFilters, step
-    from rollstream.streams.records import prompt_outcome
+    from rollstream.streams.event_builders import prompt_outcome
     from tests.filtering.test_prompt_state import rr
 
     filters = DomainFilters(num_return_sequences=8, screening_samples=2,

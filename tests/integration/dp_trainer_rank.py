@@ -19,7 +19,7 @@ from rollstream.trainer.rollout_stream import RolloutStream
 from rollstream.trainer.checkpoint import CheckpointStore
 from rollstream.trainer.corrections import TrainInferCorrectionConfig
 from rollstream.trainer.distributed import process_group_from_env
-from rollstream.trainer.policy import PolicyTrainer, TrainSettings
+from rollstream.trainer.policy_trainer import PolicyTrainer, TrainSettings
 from tests.tiny_models import tiny_model
 
 GROUPS_PER_BATCH = 3

@@ -11,7 +11,7 @@ import pytest
 
 from rollstream.app.stages import Stage
 from rollstream.config import load_config
-from rollstream.streams.records import derive_seed
+from rollstream.streams.event_builders import derive_seed
 from rollstream.tools.readback import read_values
 from rollstream.trainer.batch_builder import BatchBuilder
 from rollstream.trainer.loop import build_batches

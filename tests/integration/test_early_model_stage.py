@@ -18,7 +18,7 @@ from rollstream.kafka.clients import make_producer
 from rollstream.kafka.topics import Topics
 from rollstream.config import load_config
 from rollstream.schemas import encode
-from rollstream.streams.records import generation_request
+from rollstream.streams.event_builders import generation_request
 from rollstream.tools.readback import read_values
 
 from .harness import wait_for

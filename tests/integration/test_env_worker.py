@@ -17,7 +17,7 @@ from rollstream.kafka.context import StageContext
 from rollstream.kafka.clients import make_producer
 from rollstream.schemas import encode
 from rollstream.tools.readback import read_topic, read_values
-from rollstream.workers.engines import TransformersBackend
+from rollstream.inference.transformers_engine import TransformersBackend
 from rollstream.workers.env_worker import EnvSampling, EnvWorker
 
 from ..workers.fault_envs import SlowEnv

@@ -8,7 +8,7 @@ from rollstream.kafka.context import StageContext
 from rollstream.kafka.admin import create_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.events import Send
-from rollstream.kafka.worker import EventWorker
+from rollstream.kafka.event_worker import EventWorker
 from rollstream.tools.readback import count_records, read_topic, read_values
 
 from .harness import produce, prompt

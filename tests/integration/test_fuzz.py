@@ -26,7 +26,7 @@ from rollstream.config import load_config
 from rollstream.kafka.admin import create_pipeline_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.schemas import encode
-from rollstream.streams.records import derive_seed, generation_request, group_record, prompt_outcome
+from rollstream.streams.event_builders import derive_seed, generation_request, group_record, prompt_outcome
 from rollstream.tools.audit import run_audit
 from rollstream.tools.readback import read_values
 from tests.fuzz_events import interleave, malformed

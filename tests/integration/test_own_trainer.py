@@ -16,7 +16,7 @@ from rollstream.tools.readback import read_values
 from rollstream.trainer import RolloutStream
 from rollstream.trainer.batch import build_batch
 from rollstream.trainer.corrections import TrainInferCorrectionConfig
-from rollstream.trainer.policy import PolicyTrainer
+from rollstream.trainer.policy_trainer import PolicyTrainer
 
 from ..trainer import records
 from tests.tiny_models import tiny_model

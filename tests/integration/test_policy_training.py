@@ -12,7 +12,7 @@ import torch
 
 from rollstream.kafka.context import StageContext
 from rollstream.kafka.clients import make_producer
-from rollstream.kafka.worker import EventWorker
+from rollstream.kafka.event_worker import EventWorker
 from rollstream.policy.versions import PolicyFollower, PolicyVersionWatcher
 from rollstream.schemas import encode
 from rollstream.schemas.records import payload_ref, response_summary
@@ -20,9 +20,10 @@ from rollstream.tools.readback import read_topic, read_values
 from rollstream.trainer.checkpoint import CheckpointStore
 from rollstream.trainer.batch_builder import BatchBuilder
 from rollstream.trainer.corrections import parse_correction_config
-from rollstream.trainer.policy import PolicyTrainer, TrainSettings
+from rollstream.trainer.policy_trainer import PolicyTrainer, TrainSettings
 from rollstream.trainer.publisher import PolicyPublisher
-from rollstream.workers.engines import SamplingParams, TransformersBackend
+from rollstream.inference.engine import SamplingParams
+from rollstream.inference.transformers_engine import TransformersBackend
 from rollstream.workers.generation import GenerationWorker
 
 from .harness import wait_for

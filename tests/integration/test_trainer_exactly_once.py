@@ -18,7 +18,7 @@ from rollstream.tools.readback import read_values
 from rollstream.trainer.checkpoint import CheckpointStore
 from rollstream.trainer.batch_builder import BatchBuilder
 from rollstream.trainer.corrections import TrainInferCorrectionConfig
-from rollstream.trainer.policy import PolicyTrainer, TrainSettings
+from rollstream.trainer.policy_trainer import PolicyTrainer, TrainSettings
 
 from tests.tiny_models import tiny_model
 from .harness import wait_for, write_config

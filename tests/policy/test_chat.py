@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from rollstream.policy.chat import TemplateTokenizer, load_prompt_ids, template_tokenizer
+from rollstream.policy.chat import TemplateTokenizer, template_tokenizer
+from rollstream.policy.prompt_ids import load_prompt_ids
 from rollstream.policy.model import chat_prompt_ids, ensure_model_cache, load_tokenizer
 from tests.tiny_models import build_tiny_qwen2
 
@@ -131,16 +132,16 @@ def test_a_folder_without_tokenizer_json_is_declined(tmp_path, bundled):
     assert template_tokenizer(folder) is None
 
 
-MODEL_FREE_STAGES = ["rollstream.streams.admission", "rollstream.streams.aggregator", "rollstream.streams.group_queue",
+MODEL_FREE_STAGES = ["rollstream.streams.admission_agent", "rollstream.streams.aggregator_agent", "rollstream.streams.group_queue_agent",
                      "rollstream.workers.rewards", "rollstream.app.stages", "rollstream.observability.metrics",
-                     "rollstream.kafka.worker", "rollstream.app.run"]  # run: the broker starts before torch loads
+                     "rollstream.kafka.event_worker", "rollstream.app.run"]  # run: the broker starts before torch loads
 
 
 def test_the_stages_that_hold_no_model_import_neither_transformers_nor_torch(bundled):
     # ~25 CPU-s per process start on 2 cores; the admission stage tokenises prompts all the same.
     # (The aggregator and group queue load torch when their app is built, for their filters.)
     code = ("import sys\n" + "".join(f"import {m}\n" for m in MODEL_FREE_STAGES)
-            + "from rollstream.streams.admission import default_tokenize\n"
+            + "from rollstream.streams.admission_agent import default_tokenize\n"
             + "assert default_tokenize(None)({'prompt': '2+3?'})[-4:] == [1, 520, 9531, 198]\n"
             + "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

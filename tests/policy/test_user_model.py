@@ -25,8 +25,9 @@ from rollstream.policy.model import (
     resolve_device,
 )
 from rollstream.trainer.checkpoint import CheckpointStore
-from rollstream.trainer.policy import PolicyTrainer
-from rollstream.workers.engines import SamplingParams, TransformersBackend
+from rollstream.trainer.policy_trainer import PolicyTrainer
+from rollstream.inference.engine import SamplingParams
+from rollstream.inference.transformers_engine import TransformersBackend
 from tests.tiny_models import TINY_EOS, TINY_EOS_ID, build_tiny_qwen2
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "rlvr_math.yaml"

@@ -14,7 +14,7 @@ from fastavro import parse_schema
 from rollstream.schemas import REGISTRY, decode, encode
 from rollstream.schemas.codec import MAGIC, fingerprint_of
 from rollstream.schemas.records import payload_ref, response_summary
-from rollstream.streams.records import generation_request, group_record
+from rollstream.streams.event_builders import generation_request, group_record
 
 CHAT = [{"role": "system", "content": "Answer with a number."}, {"role": "user", "content": "2+2?"}]
 PROMPT = {"prompt_id": "p1", "domain": "math", "mode": "train", "prompt": "2+2?", "ground_truth": "4",

@@ -11,7 +11,7 @@ from rollstream.filtering.history import PromptHistory
 from rollstream.kafka import names
 from rollstream.kafka.topics import Topics
 from rollstream.streams.admission_processor import AdmissionProcessor, Screened, default_tokenize
-from rollstream.streams.records import derive_seed
+from rollstream.streams.event_builders import derive_seed
 from rollstream.streams.store import MemoryStore
 
 TOPICS = Topics("t.")

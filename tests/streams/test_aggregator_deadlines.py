@@ -6,7 +6,7 @@ from __future__ import annotations
 from rollstream.config import parse_config
 from rollstream.schemas import decode, encode
 from rollstream.streams.aggregator_processor import AggregatorProcessor, prompt_partition
-from rollstream.streams.records import derive_seed, generation_request
+from rollstream.streams.event_builders import derive_seed, generation_request
 from tests.integration.harness import response
 
 PARTITIONS = 4

@@ -19,7 +19,7 @@ from rollstream.kafka.payloads import PayloadFetcher, ref_key
 from rollstream.kafka.topics import Topics
 from rollstream.schemas import decode, encode
 from rollstream.schemas.records import is_payload_ref
-from rollstream.streams.records import group_record
+from rollstream.streams.event_builders import group_record
 from rollstream.tools import export as export_module
 from rollstream.tools.export import export_run
 from rollstream.tools.readback import read_values

@@ -8,7 +8,7 @@ import numpy as np
 from rollstream.config import parse_config
 from rollstream.filtering.prompt_state import Decided, Replacement, step
 from rollstream.schemas.records import payload_ref, response_summary, trajectory_summary
-from rollstream.streams.records import decided_group
+from rollstream.streams.event_builders import decided_group
 from rollstream.tools.whatif import whatif_rlvr
 
 DOMAIN = "synth"

@@ -17,7 +17,7 @@ from rollstream.policy.model import load_weights_into
 from rollstream.trainer.batch import build_batch
 from rollstream.trainer.checkpoint import OPTIMIZER_FILE, SPARE_OPTIMIZER, STATE_FILE, CheckpointStore, snapshot
 from rollstream.trainer.corrections import TrainInferCorrectionConfig
-from rollstream.trainer.policy import PolicyTrainer, TrainSettings
+from rollstream.trainer.policy_trainer import PolicyTrainer, TrainSettings
 
 from . import records
 from tests.tiny_models import tiny_model

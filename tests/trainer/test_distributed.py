@@ -9,7 +9,7 @@ import torch
 from rollstream.trainer.batch import build_batch
 from rollstream.trainer.corrections import TrainInferCorrectionConfig
 from rollstream.trainer.distributed import Ranks, group_shard, shard_batch, shard_ranges
-from rollstream.trainer.policy import PolicyTrainer, TrainSettings
+from rollstream.trainer.policy_trainer import PolicyTrainer, TrainSettings
 
 from . import records
 from tests.tiny_models import tiny_model

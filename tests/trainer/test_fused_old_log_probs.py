@@ -1,5 +1,5 @@
 """The old_log_probs pass is fused into the training forward only when that cannot change the
-step (rollstream.trainer.policy): no correction needing the old log-probs before the step, no
+step (rollstream.trainer.policy_trainer): no correction needing the old log-probs before the step, no
 dropout; on-policy or lagged rows alike. Then the step and every figure equal the separate
 pass's."""
 
@@ -12,7 +12,7 @@ import torch
 
 from rollstream.trainer.batch import build_batch
 from rollstream.trainer.corrections import TrainInferCorrectionConfig
-from rollstream.trainer.policy import PolicyTrainer, TrainSettings
+from rollstream.trainer.policy_trainer import PolicyTrainer, TrainSettings
 
 from . import records
 from tests.tiny_models import tiny_model

@@ -12,7 +12,7 @@ from rollstream.policy.model import chat_prompt_ids, load_model
 from rollstream.trainer.batch import build_batch
 from rollstream.trainer.grpo import PolicyLossConfig, policy_loss, train_step
 from rollstream.trainer.logprobs import response_log_probs
-from rollstream.workers.engines import SamplingParams
+from rollstream.inference.engine import SamplingParams
 
 from . import records
 
@@ -79,7 +79,7 @@ def test_bad_config_and_shapes_raise():
 @pytest.fixture(scope="module")
 def model_and_batch():
     tokenizer, model = load_model()
-    from rollstream.workers.engines import TransformersBackend
+    from rollstream.inference.transformers_engine import TransformersBackend
 
     backend = TransformersBackend()
     prompt = chat_prompt_ids(tokenizer, "Pick a number from 1 to 9.")

@@ -12,7 +12,8 @@ import torch
 from rollstream.policy.model import chat_prompt_ids
 from rollstream.trainer.batch import build_batch
 from rollstream.trainer.logprobs import response_log_probs, sequence_log_probs
-from rollstream.workers.engines import SamplingParams, TransformersBackend
+from rollstream.inference.engine import SamplingParams
+from rollstream.inference.transformers_engine import TransformersBackend
 from rollstream.workers.episodes import EpisodePlayer
 
 from . import records

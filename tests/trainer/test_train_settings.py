@@ -6,7 +6,7 @@ import pytest
 
 from rollstream.config import ActorTrainConfig
 from rollstream.trainer.grpo import PolicyLossConfig
-from rollstream.trainer.policy import TrainSettings
+from rollstream.trainer.policy_trainer import TrainSettings
 
 
 def test_defaults_match_the_trainer_defaults():

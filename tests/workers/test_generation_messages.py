@@ -8,7 +8,7 @@ from rollstream.kafka.events import Input, Send
 from rollstream.kafka.topics import Topics
 from rollstream.policy.model import chat_prompt_ids, load_tokenizer
 from rollstream.schemas import decode, encode
-from rollstream.workers.engines import Sample, SamplingParams
+from rollstream.inference.engine import Sample, SamplingParams
 from rollstream.workers.generation import GenerationWorker
 
 CHAT = [{"role": "system", "content": "You are a terse calculator."}, {"role": "user", "content": "6 * 7?"}]

@@ -14,13 +14,13 @@ from kafka import KafkaConsumer, TopicPartition
 
 from rollstream.kafka.context import StageContext
 from rollstream.kafka.clients import make_producer
-from rollstream.kafka.worker import EventWorker
+from rollstream.kafka.event_worker import EventWorker
 from rollstream.policy.model import load_tokenizer
 from rollstream.schemas import encode
 from rollstream.tools.readback import count_records, read_values
-from rollstream.workers.engines import SamplingParams
+from rollstream.inference.engine import SamplingParams
 from rollstream.workers.generation import GenerationWorker
-from rollstream.workers.servers import ServerBackend
+from rollstream.inference.server_client import ServerBackend
 from tests.integration.harness import wait_for
 
 pytestmark = pytest.mark.integration

@@ -33,8 +33,8 @@ import httpx
 
 from rollstream.exceptions import RollstreamError
 from rollstream.schemas.records import FINISH_LENGTH, FINISH_STOP
-from rollstream.workers.engines import Sample, SamplingParams, _check_args, error_samples
-from rollstream.workers.vllm_extension import WORKER_EXTENSION
+from rollstream.inference.engine import Sample, SamplingParams, check_args, error_samples
+from rollstream.inference.vllm_extension import WORKER_EXTENSION
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +245,7 @@ class ServerBackend:
         """``generate`` without waiting: a ``concurrent.futures.Future`` of its result. Calls
         may overlap (the generation worker submits each poll while earlier ones are in flight);
         the servers see one stream of requests. Raises ValueError for mismatched arguments."""
-        _check_args(prompt_token_ids, n, params)
+        check_args(prompt_token_ids, n, params)
         return asyncio.run_coroutine_threadsafe(self._generate_all(prompt_token_ids, n, params), self._loop)
 
     @property
@@ -459,7 +459,7 @@ class ServerBackend:
 
     async def _refresh_output_embedding(self, server: Server) -> None:
         """rollstream's worker extension rebuilds a tied output embedding's kernel, which vLLM's
-        CPU build leaves on the old weights after a reload (rollstream.workers.vllm_extension).
+        CPU build leaves on the old weights after a reload (rollstream.inference.vllm_extension).
         A server started without the extension is told once in the log, then left alone."""
         if server.extension is False:
             return

@@ -8,9 +8,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rollstream.policy.model import model_folder
-from rollstream.workers.engines import SamplingParams, VLLMBackend
+from rollstream.inference.engine import SamplingParams
+from rollstream.inference.vllm_engine import VLLMBackend
 from rollstream.trainer.logprobs import sequence_log_probs
-from tests.workers.teacher_forcing import PROBE
+from tests.inference.teacher_forcing import PROBE
 
 def main(out_dir: str) -> None:
     backend = VLLMBackend(dtype="bfloat16", max_model_len=512, enforce_eager=True,

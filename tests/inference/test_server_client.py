@@ -13,8 +13,9 @@ import pytest
 
 from rollstream.kafka.broker import free_port
 from rollstream.schemas.records import FINISH_ERROR
-from rollstream.workers.engines import SamplingParams, make_backend
-from rollstream.workers.servers import ServerBackend, ServerError, _has_version, completion_request, parse_completion
+from rollstream.inference.backends import make_backend
+from rollstream.inference.engine import SamplingParams
+from rollstream.inference.server_client import ServerBackend, ServerError, _has_version, completion_request, parse_completion
 
 
 def _choice(index, ids, logprobs, reason="stop", text="x"):

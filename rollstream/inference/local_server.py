@@ -19,7 +19,7 @@ import httpx
 
 from rollstream.exceptions import ConfigError, RollstreamError
 from rollstream.kafka.broker import free_port
-from rollstream.workers.vllm_extension import WORKER_EXTENSION
+from rollstream.inference.vllm_extension import WORKER_EXTENSION
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON_ENV = "ROLLSTREAM_VLLM_PYTHON"

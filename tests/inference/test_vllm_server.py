@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from rollstream.policy.model import load_model, model_folder
-from rollstream.workers.engines import SamplingParams
-from rollstream.workers.servers import ServerBackend
+from rollstream.inference.engine import SamplingParams
+from rollstream.inference.server_client import ServerBackend
 from rollstream.trainer.logprobs import sequence_log_probs
-from tests.workers.teacher_forcing import PROBE
+from tests.inference.teacher_forcing import PROBE
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 

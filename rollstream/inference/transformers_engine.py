@@ -1,109 +1,21 @@
-"""Generation engines: transformers on a CPU or one GPU, vLLM on a GPU, behind one small
-protocol (``GenerationBackend``), so the Kafka handler (rollstream.workers.generation) and the
-env workers do not care which one samples.
-
-Every backend returns, for each sampled token, its log-probability under the *raw* model
-distribution (log_softmax of the unprocessed logits, before temperature/top-p): these are the
-``infer_logprobs`` the trainer compares with its own ``old_log_probs``.
-"""
+"""The transformers engine: batched sampling with ``model.generate`` on a CPU or one GPU, seeded
+per sample so a sample depends only on its own request."""
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Sequence
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
-from rollstream.exceptions import ConfigError, RollstreamError
-from rollstream.policy.model import load_model, load_tokenizer, load_weights_into, model_folder, resolve_device
+from rollstream.inference.engine import Sample, SamplingParams, check_args, error_samples
+from rollstream.policy.model import load_model, load_weights_into, resolve_device
 from rollstream.runtime import now_ms
-from rollstream.schemas.records import FINISH_ERROR, FINISH_LENGTH, FINISH_STOP
-from rollstream.workers.vllm_extension import WORKER_EXTENSION
+from rollstream.schemas.records import FINISH_LENGTH, FINISH_STOP
 
 log = logging.getLogger(__name__)
-
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to sample. ``temperature`` 0 means greedy; ``top_p`` in (0, 1]; ``seed`` makes a
-    request reproducible (same prompt + params + seed + weights -> same tokens)."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 64
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        """Raises ValueError for temperature < 0, top_p outside (0, 1] or max_new_tokens < 1."""
-        if not self.temperature >= 0.0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One sampled response.
-
-    ``token_ids``: generated ids, eos included when generated, no padding.
-    ``logprobs``: one float (nats, <= 0) per token id, under the raw model distribution.
-    ``finish_reason``: ``"stop"`` (eos sampled), ``"length"`` (max_new_tokens hit) or
-    ``"error"`` (engine failed; tokens empty and ``error`` holds the message).
-    ``extras``: optional per-token arrays by name (e.g. ``routed_experts``: a numpy array of
-    shape ``(len(token_ids), layers, top_k)``, uint8/uint16); the first dimension is always the
-    response length. They travel in ``Response.extras`` (rollstream.schemas.packed).
-    ``versions``: the policy versions whose weights produced the tokens, ascending (two when
-    an in-place weight update fell inside the request); empty: the backend's ``policy_version``.
-    """
-
-    token_ids: list[int]
-    logprobs: list[float]
-    text: str
-    finish_reason: str
-    error: str | None = None
-    extras: dict = field(default_factory=dict)
-    versions: tuple[int, ...] = ()
-
-
-@runtime_checkable
-class GenerationBackend(Protocol):
-    """An inference engine. ``generate`` never raises for engine failures: they come back as
-    ``finish_reason="error"`` samples."""
-
-    policy_version: int
-
-    def generate(
-        self, prompt_token_ids: list[list[int]], n: list[int], params: list[SamplingParams]
-    ) -> list[list[Sample]]:
-        """Sample ``n[i]`` responses of prompt ``i`` with ``params[i]``; returns one list of
-        ``n[i]`` samples per prompt, in order. Raises ValueError only when the three argument
-        lists differ in length."""
-        ...
-
-    def load_weights(self, path: str, version: int) -> None:
-        """Swap in new policy weights from ``path`` and set ``policy_version`` to ``version``."""
-        ...
-
-
-def error_samples(k: int, message: str) -> list[Sample]:
-    """``k`` samples of a failed request: no tokens, ``finish_reason="error"``, ``error`` set."""
-    return [Sample([], [], "", FINISH_ERROR, message) for _ in range(k)]
-
-
-def _check_args(prompt_token_ids, n, params) -> None:
-    if not (len(prompt_token_ids) == len(n) == len(params)):
-        raise ValueError(
-            f"prompt_token_ids, n and params must have equal lengths, got "
-            f"{len(prompt_token_ids)}, {len(n)}, {len(params)}"
-        )
 
 
 def _row_seed(seed: int, index: int) -> int:
@@ -223,7 +135,7 @@ class TransformersBackend:
     ) -> list[list[Sample]]:
         """See GenerationBackend.generate. Token ids are ints < vocab size; logprobs float32
         values widened to Python floats."""
-        _check_args(prompt_token_ids, n, params)
+        check_args(prompt_token_ids, n, params)
         out: list[list[Sample | None]] = [[None] * max(int(k), 0) for k in n]
         # rows: (prompt index, sample index)
         rows = [(i, j) for i, k in enumerate(n) for j in range(max(int(k), 0))]
@@ -347,102 +259,3 @@ class TransformersBackend:
         (see rollstream.policy.model.load_weights_into)."""
         load_weights_into(self.model, path)
         self.policy_version = int(version)
-
-
-class VLLMBackend:
-    """vLLM engine in this process behind the same interface (``pip install rollstream[vllm]``,
-    or the CPU build in ``.venv-vllm``: ``make vllm-env``).
-
-    vLLM's V1 sampler returns logprobs of the raw logits by default (``logprobs_mode=
-    "raw_logprobs"``), matching TransformersBackend. ``model_dir`` as TransformersBackend's;
-    ``tokenizer`` is the model's (load_tokenizer), for the workers' chat templating. Raises
-    RuntimeError when vllm is missing, ConfigError for a missing or incomplete model folder.
-    """
-
-    def __init__(self, model_dir: str | os.PathLike | None = None, **llm_kwargs: Any) -> None:
-        if importlib.util.find_spec("vllm") is None:
-            raise RuntimeError(
-                "the 'vllm' generation backend needs the optional vllm package: "
-                "pip install rollstream[vllm]  (or use backend='transformers')"
-            )
-        # vllm is an optional, heavy dependency with a torch of its own: it is imported only
-        # when this backend is built, here and in generate.
-        from vllm import LLM
-
-        self._model_dir = str(model_folder(model_dir))
-        self.tokenizer = load_tokenizer(model_dir)
-        # refresh_output_embedding after each in-place reload (rollstream.workers.vllm_extension)
-        llm_kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION)
-        self.llm = LLM(model=self._model_dir, **llm_kwargs)
-        self.policy_version = 0
-
-    def generate(
-        self, prompt_token_ids: list[list[int]], n: list[int], params: list[SamplingParams]
-    ) -> list[list[Sample]]:
-        """See GenerationBackend.generate."""
-        _check_args(prompt_token_ids, n, params)
-        from vllm import SamplingParams as VSamplingParams
-
-        out: list[list[Sample]] = [[] for _ in n]
-        live = [i for i, k in enumerate(n) if k > 0]
-        if not live:
-            return out
-        try:
-            vparams = [
-                VSamplingParams(
-                    n=int(n[i]), temperature=params[i].temperature, top_p=params[i].top_p,
-                    max_tokens=params[i].max_new_tokens, seed=params[i].seed, logprobs=0,
-                )
-                for i in live
-            ]
-            prompts = [{"prompt_token_ids": list(prompt_token_ids[i])} for i in live]
-            results = self.llm.generate(prompts, sampling_params=vparams, use_tqdm=False)
-            for i, res in zip(live, results):
-                for comp in res.outputs:
-                    ids = list(comp.token_ids)
-                    # logprobs=0 -> each step's dict holds just the sampled token
-                    lps = [float(step[t].logprob) for t, step in zip(ids, comp.logprobs or [])]
-                    if len(lps) != len(ids):
-                        raise RollstreamError("vllm returned no logprob for some sampled tokens")
-                    reason = comp.finish_reason if comp.finish_reason in (FINISH_STOP, FINISH_LENGTH) else FINISH_ERROR
-                    err = None if reason != FINISH_ERROR else f"vllm finish_reason={comp.finish_reason}"
-                    out[i].append(Sample(ids, lps, comp.text, reason, err))
-        except Exception as exc:  # one vLLM call is one chunk: all or nothing
-            log.exception("vllm generation failed")
-            msg = f"{type(exc).__name__}: {exc}"[:2000]
-            return [error_samples(max(int(k), 0), msg) for k in n]
-        return out
-
-    def load_weights(self, path: str, version: int) -> None:
-        """Load new weights from a saved model folder into the live engine, in place (the
-        workers' ``reload_weights``: same engine, same KV cache, no restart). Raises ValueError
-        for a bare state-dict file, which vLLM cannot load by path; a failed load leaves the
-        old weights and ``policy_version``."""
-        if not Path(path).is_dir():
-            raise ValueError(f"VLLMBackend.load_weights needs a saved model folder, got {path}")
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
-        self.llm.collective_rpc("refresh_output_embedding")
-        self.llm.reset_prefix_cache()  # its blocks hold keys and values of the old weights
-        self._model_dir = str(path)
-        self.policy_version = int(version)
-
-
-def _server_backend(**kw: Any) -> GenerationBackend:
-    from rollstream.workers.servers import ServerBackend  # HTTP client code: only when asked for
-
-    return ServerBackend(**kw)
-
-
-BACKENDS: dict[str, Any] = {"transformers": TransformersBackend, "vllm": VLLMBackend, "vllm_server": _server_backend}
-
-
-def make_backend(name: str, **kw: Any) -> GenerationBackend:
-    """Build a backend by name (``"transformers"``, ``"vllm"`` or ``"vllm_server"``); ``kw``
-    go to its constructor. Raises ConfigError naming the valid backends for an unknown name."""
-    try:
-        build = BACKENDS[name]
-    except KeyError:
-        raise ConfigError(
-            f"generation.backend: unknown backend {name!r}; valid: {', '.join(sorted(BACKENDS))}"
-        ) from None
-    return build(**kw)
