@@ -85,14 +85,23 @@ def anchor(title: str) -> str:
     return re.sub(r"[\s]+", "-", re.sub(r"[^\w\s-]", "", title.lower()).strip())
 
 
-def sections(path: str, model: type[BaseModel], seen: dict[type, str]) -> Iterator[tuple[str, type[BaseModel]]]:
-    """(path, model) of ``model`` and every section below it, each model once (where first reached)."""
-    seen[model] = path
+def sections(path: str, model: type[BaseModel], seen: dict[type, list[str]]) -> Iterator[tuple[str, type[BaseModel]]]:
+    """(path, model) of ``model`` and every section below it, each model once (where first
+    reached); ``seen`` collects every path that reaches each model."""
+    seen[model] = [path]
     yield path, model
     for key, field in model.model_fields.items():
         for inner in models_of(field.annotation):
-            if inner not in seen:
-                yield from sections(f"{path}{'.' if path else ''}{key}{suffix(field.annotation)}", inner, seen)
+            at = f"{path}{'.' if path else ''}{key}{suffix(field.annotation)}"
+            if inner in seen:
+                seen[inner].append(at)
+            else:
+                yield from sections(at, inner, seen)
+
+
+def heading(paths: list[str]) -> str:
+    """A section's title: every key path that reaches it (one model may sit under several keys)."""
+    return ", ".join(f"`{p}`" for p in paths)
 
 
 def markdown_text(text: str) -> str:
@@ -102,13 +111,13 @@ def markdown_text(text: str) -> str:
     return "`".join(part if i % 2 else part.replace("<", "&lt;") for i, part in enumerate(parts))
 
 
-def table(path: str, model: type[BaseModel], seen: dict[type, str]) -> list[str]:
+def table(model: type[BaseModel], seen: dict[type, list[str]]) -> list[str]:
     rows = ["| key | type | default | description |", "|---|---|---|---|"]
     for key, field in model.model_fields.items():
         description = markdown_text(field.description or "")
         inner = models_of(field.annotation)
         if inner:
-            description += " " + ", ".join(f"[`{seen[m]}`](#{anchor(seen[m])})" for m in inner)
+            description += " " + ", ".join(f"[`{seen[m][0]}`](#{anchor(heading(seen[m]))})" for m in inner)
         rows.append(f"| `{key}` | {type_name(field.annotation)} | {default_of(field)} | {description.strip()} |")
     return rows
 
@@ -127,12 +136,12 @@ def render() -> str:
     out = [HEADER]
     documented: set[type] = set()
     for title, root in ROOTS:
-        seen: dict[type, str] = {}
+        seen: dict[type, list[str]] = {}
         for path, model in list(sections("", root, seen)):
             if model in documented:
                 continue
             documented.add(model)
-            out += ["", f"## {f'`{path}`' if path else title}", ""] + table(path, model, seen)
+            out += ["", f"## {heading(seen[model]) if path else title}", ""] + table(model, seen)
     return "\n".join(out) + "\n"
 
 
