@@ -22,8 +22,8 @@ def test_the_site_builds_with_every_link_and_anchor_resolved(tmp_path):
 
 def test_every_page_is_in_the_navigation():
     nav = (ROOT / "mkdocs.yml").read_text()
-    pages = {p.name for p in (ROOT / "docs").glob("*.md")}
-    assert pages == set(re.findall(r"([\w-]+\.md)$", nav, re.MULTILINE))
+    pages = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}
+    assert pages == set(re.findall(r"([\w/-]+\.md)$", nav, re.MULTILINE))
 
 
 def test_the_readme_is_a_front_door_whose_links_resolve():
