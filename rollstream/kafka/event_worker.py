@@ -4,10 +4,7 @@ consume a batch -> decode (undecodable -> dead-letter) -> handler -> produce out
 flush -> commit. Offsets are committed only after every output of the batch is acknowledged, so
 a killed worker re-processes (never loses) its last batch; downstream recognises redelivered
 events by their deterministic identity. A handler may split a batch into parts handled in turn
-(``parts``, in priority order: generation's train requests before validation ones), each produced
-as soon as it is handled; between two calls such a worker looks for newly arrived input, which
-takes its place by priority among the batch's rest (a train request that arrives while a
-validation round is generated waits for one engine call, not for the round).
+(``parts``), each produced as soon as it is handled.
 
 A handler that can work on several batches at once (``PipelinedHandler``: generation by
 inference servers) is handed each batch as it is polled, while earlier ones are still in flight;
@@ -41,9 +38,6 @@ BatchHandler = Callable[[Sequence[Input]], Iterable[Output | Send]]
 PIPELINE_POLL_MS = 20
 # with lookahead, a poll is topped up while more records arrive within this long: a step's
 # requests span partitions, whose records a single fetch may not hold yet
-# a batch handled in parts takes in newly arrived records between its calls until it holds this
-# many polls' worth, so that its commit is not put off without bound
-MAX_POLLS_PER_BATCH = 4
 LOOKAHEAD_LINGER_MS = 100
 
 
@@ -153,7 +147,7 @@ class EventWorker(PartitionWorker):
     ``lookahead * max_batch`` at once, so a handler that orders a poll (``parts``: generation,
     train requests before validation ones) orders what is waiting, not only the share of one
     partition that a poll of ``max_batch`` happens to return. Offsets are committed once the
-    whole batch (the poll and what it took in between calls, see ``_process_parts``) is produced.
+    whole poll is produced.
     """
 
     def __init__(self, context: StageContext, *, input_topic: str, group_id: str, expected_schema: str,
@@ -206,42 +200,23 @@ class EventWorker(PartitionWorker):
         self.dead_lettered += sum(1 for o in outputs if o.topic == self.topics.dead_letter)
 
     def _process_parts(self, messages: Sequence) -> Iterator[list[Output | Send]]:
-        """Decode one poll of raw messages, then handle it a call at a time (at most
-        ``max_batch`` inputs), yielding each call's outputs (the dead letters of the poll come
-        with the first). A handler with ``parts(inputs)`` (generation: train requests before
-        validation ones) names the parts in the order to handle them; before each call the
-        batch's rest is ordered again with what arrived since (``_top_up``), so new input of an
-        earlier part goes before the rest of a later one. Else the poll is one part."""
+        """Decode one poll of raw messages, then handle it a part at a time, yielding each
+        part's outputs (the dead letters of the poll come with the first). A handler with
+        ``parts(inputs)`` (generation: train requests before validation ones) names the parts,
+        in the order to handle them; else the poll is one part. A part above ``max_batch`` is
+        handled ``max_batch`` at a time."""
         inputs, dead = self._decoded(messages)
         parts = getattr(self.handler, "parts", None)
-        polled = len(messages)
-        while True:
-            ordered = parts(inputs) if parts is not None and inputs else [inputs]
-            call = next((part for part in ordered if part), [])[:self.max_batch]
-            taken = {id(i) for i in call}
-            inputs = [i for i in inputs if id(i) not in taken]
+        ordered = (parts(inputs) if parts is not None and inputs else None) or [inputs]
+        for part in _chunks(ordered, self.max_batch):
             outputs, dead = dead, []
-            if call:
+            if part:
                 try:
-                    outputs.extend(self.handler(call))
+                    outputs.extend(self.handler(part))
                 except Exception as exc:
-                    outputs.extend(self._handler_failed(call, exc))
-            self._count(call, outputs)
+                    outputs.extend(self._handler_failed(part, exc))
+            self._count(part, outputs)
             yield outputs
-            if not inputs:
-                return
-            if parts is not None and polled < MAX_POLLS_PER_BATCH * self.max_batch * self.lookahead:
-                more = self._top_up()
-                polled += len(more)
-                new_inputs, dead = self._decoded(more)
-                inputs += new_inputs
-
-    def _top_up(self) -> list:
-        """What arrived since the last poll (none once the worker is stopping)."""
-        if self.stop_event.is_set():
-            return []
-        polled = self.consumer.poll(timeout_ms=0, max_records=self.max_batch * self.lookahead)
-        return [m for batch in polled.values() for m in batch]
 
     def produce(self, outputs: Iterable[Output | Send]) -> None:
         before = self.too_large
@@ -343,3 +318,11 @@ class EventWorker(PartitionWorker):
                 self.consumer.commit({tp: OffsetAndMetadata(offset, "", -1) for tp, offset in offsets.items()})
         except CommitFailedError as exc:
             log.warning("offset commit refused (%s); the batch may be redelivered", exc)
+
+
+def _chunks(parts: Sequence[list[Input]], size: int) -> Iterator[list[Input]]:
+    """Each part in order, ``size`` inputs at a time (an empty part stays one: it carries the
+    poll's dead letters)."""
+    for part in parts:
+        for k in range(0, max(len(part), 1), size):
+            yield part[k:k + size]

@@ -116,16 +116,12 @@ class GenerationWorker:
         return self._outputs(job, samples, (time.perf_counter() - t0) * 1000.0)
 
     def parts(self, inputs: Sequence[Input]) -> list[list[Input]]:
-        """The requests not yet generated of a batch in the order to generate them
-        (``rollstream.kafka.event_worker``: the worker polls ``LOOKAHEAD`` engine calls' worth and
-        asks again before each call, with what arrived since): the train requests, then the
-        validation ones. A round admitted beside a step's train prompts shares polls with them;
-        generated in topic order, the step's batch waited for the round's samples, and a step
-        admitted while a round was generated waited for all of it. Whether the weights are kept
-        for a round (``_refresh``) is decided over these requests: while a round of the loaded
-        version is pending, the train requests generated between its calls keep them too. (An
-        in-process engine only: an inference-server backend takes every request of a poll at
-        once.)"""
+        """A poll's requests in the order to generate them (``rollstream.kafka.event_worker``; the
+        worker polls ``LOOKAHEAD`` engine calls' worth): the train requests, then the validation
+        ones. A round admitted beside a step's train prompts shares polls with them; generated
+        in topic order, the step's batch waited for the round's samples. Whether the weights are
+        kept for a round (``_refresh``) is decided for the whole poll. (An in-process engine
+        only: an inference-server backend takes every request of a poll at once.)"""
         self._poll = [i.record for i in inputs]
         train = [i for i in inputs if i.record.get("mode") != "val"]
         val = [i for i in inputs if i.record.get("mode") == "val"]

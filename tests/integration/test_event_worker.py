@@ -104,38 +104,3 @@ def test_a_handlers_parts_are_handled_in_its_order_each_produced_before_the_next
                         group_id=f"{topics.prefix}parts", expected_schema="Prompt", handler=lambda inputs: [])
     again.run(max_idle_s=3.0)
     assert again.processed == 0  # committed after the last part
-
-
-def test_input_of_an_earlier_part_that_arrives_during_a_batch_goes_before_the_batchs_rest(
-        kafka_broker, topic_factory):
-    """A step's train requests that come while a validation round is generated wait for one
-    engine call, not for the round: between calls the worker takes in what arrived and orders
-    it with the batch's rest."""
-    topics = topic_factory(["prompts", "responses", "dead-letter"])
-    # six validation prompts, then two train prompts: a poll of six (max_batch 2, lookahead 3)
-    # holds the validation ones only, and the train ones arrive with the next poll
-    produce(kafka_broker, topics.prompts, "Prompt", [prompt(f"p{i}", mode="val") for i in range(6)]
-            + [prompt(f"t{i}") for i in (6, 7)])
-    calls: list[list[str]] = []
-
-    class Handler:
-        def parts(self, inputs):
-            return [[x for x in inputs if x.record["mode"] == "train"], [x for x in inputs if x.record["mode"] == "val"]]
-
-        def __call__(self, inputs):
-            calls.append([x.record["prompt_id"] for x in inputs])
-            return [Send(topics.responses, x.record["prompt_id"], b"r") for x in inputs]
-
-    worker = EventWorker(StageContext(kafka_broker, topics, "late"), input_topic=topics.prompts,
-                         group_id=f"{topics.prefix}late", expected_schema="Prompt", handler=Handler(), max_batch=2,
-                         lookahead=3)
-    worker.run(max_idle_s=3.0)
-    # however the broker splits the polls, the train prompts are the second call: after the
-    # validation call that was under way, before the rest of the round
-    assert calls[1] == ["t6", "t7"], calls
-    assert sorted(pid for call in calls for pid in call) == [f"p{i}" for i in range(6)] + ["t6", "t7"]
-    assert count_records(kafka_broker, topics.responses) == 8
-    again = EventWorker(StageContext(kafka_broker, topics, "late"), input_topic=topics.prompts,
-                        group_id=f"{topics.prefix}late", expected_schema="Prompt", handler=lambda inputs: [])
-    again.run(max_idle_s=3.0)
-    assert again.processed == 0  # the whole batch, what it took in included, was committed
