@@ -171,17 +171,6 @@ def trl_variant(seed: int, max_steps: int, threshold: float, out: Path, smoke: b
     return json.loads(out.read_text())
 
 
-def left_padded(rows: list[list[int]], pad_id: int):
-    """``rows`` of token ids as one left-padded ``(len(rows), longest)`` int64 batch and its
-    attention mask (1 on tokens, 0 on padding), for ``generate`` to extend every row at once."""
-    import torch
-
-    width = max(len(r) for r in rows)
-    ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    return ids, mask
-
-
 def trl_worker(seed: int, max_steps: int, threshold: float, out: Path, smoke: bool = False,
                base: Path = BASE) -> None:
     started = time.monotonic()
@@ -192,6 +181,7 @@ def trl_worker(seed: int, max_steps: int, threshold: float, out: Path, smoke: bo
 
     from rollstream.config import parse_config
     from rollstream.data import dataset_prompts
+    from rollstream.inference.transformers_engine import left_padded
     from rollstream.policy.model import chat_prompt_ids, ensure_model_cache, load_tokenizer
     from rollstream.tools.learning import first_reaching
     from rollstream.workers.rewards import get_reward_fn

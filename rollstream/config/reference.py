@@ -5,7 +5,6 @@ writes it, and a test fails when it is stale or a field has no description."""
 
 from __future__ import annotations
 
-import enum
 import json
 import re
 import sys
@@ -75,8 +74,6 @@ def default_of(field: Any) -> str:
     value = field.default_factory() if field.default_factory is not None else field.default
     if isinstance(value, BaseModel):
         return "(section)"
-    if isinstance(value, enum.Enum):
-        value = value.value
     return f"`{json.dumps(value)}`"
 
 

@@ -26,6 +26,19 @@ def _row_seed(seed: int, index: int) -> int:
     return (x ^ (x >> 31)) & 0x7FFFFFFFFFFFFFFF
 
 
+def left_padded(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)``, both ``(len(prompts), width)`` int64 with ``width`` the
+    longest prompt: left padding with ``pad_id``, so the last prompt token of every row is at the
+    edge, for ``generate`` to extend every row at once."""
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(prompts), width), dtype=torch.long)
+    for r, p in enumerate(prompts):
+        input_ids[r, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        attention[r, width - len(p):] = 1
+    return input_ids, attention
+
+
 class _SeededSampler:
     """A logits processor that does the sampling itself, one torch.Generator per row.
 
@@ -171,13 +184,13 @@ class TransformersBackend:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new}")
         if any(len(p) == 0 for p in prompts):
             raise ValueError("empty prompt")
-        input_ids, attention = self._left_padded(prompts)
+        input_ids, attention = left_padded(prompts, self.pad_id)
         width = input_ids.shape[1]
         distinct: dict[tuple[int, ...], int] = {}  # a prompt's tokens -> its row in the prefill
         row_of = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
         cache = None
         if self.share_prefill and width > 1 and len(distinct) < len(prompts):  # a request's samples
-            cache = self._prefill(*self._left_padded(list(distinct)))  # the same width: the same longest prompt
+            cache = self._prefill(*left_padded(list(distinct), self.pad_id))  # the same width: the same longest prompt
             cache.batch_select_indices(torch.tensor(row_of, device=self.device))
         sampler = _SeededSampler(
             [(sp.temperature, sp.top_p, _row_seed(sp.seed, j)) for sp, j in row_params], self.device
@@ -224,17 +237,6 @@ class TransformersBackend:
                 )
             )
         return samples
-
-    def _left_padded(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(input_ids, attention_mask)``, both ``(len(prompts), width)`` int64 with ``width`` the
-        longest prompt: left padding, so the last prompt token of every row is at the edge."""
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for r, p in enumerate(prompts):
-            input_ids[r, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            attention[r, width - len(p):] = 1
-        return input_ids, attention
 
     def _prefill(self, input_ids: torch.Tensor, attention: torch.Tensor):
         """The KV cache of every token but the last of each distinct prompt (``(prompts, width)``
