@@ -18,7 +18,7 @@
    was seen to skip an event during its first rebalances; that start-up path is not what this
    measures.)
 3. ``env_player_*``: the real model (TransformersBackend on CPU) plays the same N EpisodeRequests
-   (gym:FrozenLake-v1, is_slippery false) with ``EpisodePlayer(max_concurrent=1)`` (one
+   (frozen_lake, is_slippery false) with ``EpisodePlayer(max_concurrent=1)`` (one
    trajectory at a time, batch 1) and ``max_concurrent=N`` (all waiting turns in one batched
    generate call), in the order batched, sequential, batched (the mean of the two batched runs
    is reported, with both runs). Sampling seeds depend on the request only, so both variants
@@ -81,7 +81,7 @@ OPEN_EPISODES = 2  # max_traj_per_env: episodes each group id keeps open at once
 ZERO_STD_EVERY = 4  # episode e of group g has all-zero rewards when (e + g) % 4 == 3
 TURNS = 3
 TAG = "lake"
-ENV_TYPE = "gym:FrozenLake-v1"
+ENV_TYPE = "frozen_lake"
 STD_FILTER = "rollstream.filtering.group_filters:EnvFailureStdGroupFilter"
 DEFAULT_FILTER = "rollstream.filtering.group_filters:GroupFilter"
 SAFETY_TIMEOUT_S = 300.0

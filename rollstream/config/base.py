@@ -4,11 +4,14 @@ Kafka connection, the inference engine and the trainer (one meaning in both pipe
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from rollstream.config.model_paths import check_model_path
+from rollstream.exceptions import ConfigError
+from rollstream.extensions import BACKENDS, LOGGERS
+from rollstream.registry import Registry
 from rollstream.runtime import DEFAULT_TOPIC_PREFIX, PAYLOAD_MAX_MESSAGE_BYTES
 
 
@@ -19,6 +22,24 @@ def _admits_bool(annotation: Any) -> bool:
     if get_origin(annotation) is Literal:
         return any(isinstance(arg, bool) for arg in get_args(annotation))
     return any(_admits_bool(arg) for arg in get_args(annotation))
+
+
+def extension(registry: Registry) -> Any:
+    """The type of a config field that names an object of ``registry`` (rollstream.extensions): a
+    built-in name or an import path, checked when the config loads without importing anything."""
+    def check(name: str) -> str:
+        try:
+            return registry.check_name(name)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+    return Annotated[str, AfterValidator(check)]
+
+
+def builtins(registry: Registry) -> str:
+    """``registry``'s built-in names for a field description: ``a, b or c``."""
+    *rest, last = registry.names()
+    return f"{', '.join(rest)} or {last}" if rest else last
 
 
 class FrozenModel(BaseModel):
@@ -161,8 +182,12 @@ class InferenceServerConfig(FrozenModel):
     extra_args: list[str] = Field(default_factory=list, description="More command-line arguments of the local server, e.g. [--max-num-seqs, '128'].")
 
 
+Backend = extension(BACKENDS)
+"""A generation backend `actor_infer.backend` may name (rollstream.extensions.BACKENDS)."""
+
+
 class ActorInferConfig(FrozenModel):
-    backend: Literal["transformers", "vllm", "vllm_server"] = Field("transformers", description="transformers or vllm: an engine in each generation worker; vllm_server: inference servers over HTTP (servers), weights updated in place.")
+    backend: Backend = Field("transformers", description=f"{builtins(BACKENDS)}, or an import path 'pkg.module:Class'. transformers or vllm: an engine in each generation worker; vllm_server: inference servers over HTTP (servers), weights updated in place; a class of yours is built as Class(model_dir, dtype, max_num_seqs).")
     servers: list[str] = Field(default_factory=list, description="vllm_server: base URLs of the inference servers (http://host:port). Empty: `rollstream run` starts one locally. With several generation workers, each drives its own share (server i belongs to worker i mod instances).")
     server: InferenceServerConfig = Field(default_factory=InferenceServerConfig, description="vllm_server: how the "
                                           "client talks to the servers, and the local server `rollstream run` starts.")
@@ -206,8 +231,8 @@ class ActorTrainConfig(FrozenModel):
     async_save: bool = Field(True, description="Write each checkpoint on a thread of its own while the next step trains (a copy in memory first); the batch is committed once it is durable. False: the step waits for the write. Under torchrun the write is always waited for.")
 
 
-Logger = Literal["console", "tensorboard", "wandb", "mlflow"]
-"""The experiment trackers `trainer.loggers` may name (rollstream.observability.trackers)."""
+Logger = extension(LOGGERS)
+"""An experiment tracker `trainer.loggers` may name (rollstream.extensions.LOGGERS)."""
 
 
 class TrainerConfig(FrozenModel):
@@ -216,8 +241,9 @@ class TrainerConfig(FrozenModel):
     resolved config (rollstream.observability.trackers)."""
 
     loggers: list[Logger] = Field(
-        default_factory=list, description="Experiment trackers the trainer logs to: any of console, tensorboard, "
-                                          "wandb, mlflow (each needs its extra: pip install 'rollstream[wandb]'). "
+        default_factory=list, description=f"Experiment trackers the trainer logs to: any of {builtins(LOGGERS)} (all "
+                                          "but console need their extra: pip install 'rollstream[wandb]'), or the "
+                                          "import path 'pkg.module:Class' of yours, built as Class(project, log_dir). "
                                           "Empty: none. A tracker that fails mid-run warns once and is dropped; "
                                           "training goes on.")
     log_dir: str | None = Field(

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from rollstream.config.base import ActorInferConfig, ActorTrainConfig, FrozenModel, KafkaConfig, TrainerConfig
+from rollstream.config.base import ActorInferConfig, ActorTrainConfig, FrozenModel, KafkaConfig, TrainerConfig, builtins
 from rollstream.config.corrections import TrainInferCorrectionConfig
 from rollstream.config.model_paths import check_model_path
 from rollstream.filtering.decision import config_hash
-from rollstream.estimators import ADV_ESTIMATORS
+from rollstream.extensions import ADV_ESTIMATORS
 
 
 class PipelineConfig(FrozenModel):
@@ -51,7 +51,8 @@ class PipelineConfig(FrozenModel):
         1.0, ge=0.0, le=600.0, description="`rollstream run`: wait before a stage's first restart, doubled for each "
                                            "later one.")
     adv_estimator: str = Field(
-        "grpo", description="Advantage of each response from its group's rewards: grpo (r - mean) / (std + eps); "
+        "grpo", description=f"Advantage of each response from its group's rewards, {builtins(ADV_ESTIMATORS)}: "
+                            "grpo (r - mean) / (std + eps); "
                             "dr_grpo r - mean (Dr. GRPO, no std normalisation); rloo r - mean of the others "
                             "(leave-one-out); or an import path 'pkg.module:fn' of your own, "
                             "fn(centred, rewards, eps) -> advantages on (G, n) tensors. "

@@ -53,6 +53,8 @@ def type_name(annotation: Any) -> str:
     """A reader's spelling of a field type: ``a | b`` for a Literal, model names for sections."""
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
+    if origin is typing.Annotated:  # a checked str (an extension's name): its base type
+        return type_name(args[0])
     if origin is typing.Literal:
         return " \\| ".join(str(a) for a in args)
     if origin in (typing.Union, types.UnionType):

@@ -1,8 +1,8 @@
 """Reward functions named by a domain's ``reward_type``: a built-in name or a user import path.
 
-A user function is named ``pkg.module:function``. Its module is imported when the config loads
-(like any ``import pkg.module``: installed, on ``PYTHONPATH``, or under the working directory,
-which is added to ``sys.path`` as a last resort), so a typo fails before anything starts.
+The built-ins are rollstream.extensions.REWARDS. A user function is named ``pkg.module:function``;
+its module is imported when the config loads (installed, on ``PYTHONPATH`` or under the working
+directory, as every extension), so a typo fails before anything starts.
 
 Per response (``reward_batched: false``)::
 
@@ -20,25 +20,12 @@ must pickle, so it is a module-level function (or a module-level callable object
 
 from __future__ import annotations
 
-import importlib
 import inspect
-import os
 import pickle
-import sys
 from typing import Callable
 
 from rollstream.exceptions import ConfigError
-from rollstream.registry import Registry
-
-REWARD_FUNCTIONS: Registry[Callable] = Registry("reward_type", builtins={
-    "gsm8k": "rollstream.workers.rewards:gsm8k_reward",
-    "math": "rollstream.workers.rewards:math_reward",
-    "reasoning_gym": "rollstream.workers.rewards:reasoning_gym_reward",
-})
-"""The reward functions shipped with rollstream, by ``reward_type`` name: the one list of their
-names. Their code (and the libraries it scores with) is imported when a reward worker first asks."""
-
-BUILTIN_REWARD_TYPES = REWARD_FUNCTIONS.names()
+from rollstream.extensions import REWARDS
 
 INFO_KEYS = ("prompt_id", "domain", "mode", "prompt", "messages", "sample_index", "round",
              "finish_reason", "response_length", "policy_version")
@@ -48,32 +35,22 @@ tokens, ``finish_reason`` ``stop``, ``length`` or ``abort``."""
 
 
 def is_builtin(reward_type: str) -> bool:
-    return reward_type in REWARD_FUNCTIONS
+    return reward_type in REWARDS
 
 
 def load_reward_function(reward_type: str, batched: bool = False) -> Callable:
-    """The user function ``reward_type`` (``pkg.module:function``) names, checked.
+    """The function ``reward_type`` names (rollstream.extensions.REWARDS: a built-in, or a user's
+    ``pkg.module:function``), checked.
 
-    Raises ConfigError when it is not an import path, the module or attribute is missing, the
-    module fails to import, the object is not callable or does not pickle by reference, or it
-    cannot be called with two positional arguments (three when ``batched``)."""
-    module_name, sep, attr = reward_type.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"reward_type {reward_type!r} is neither a built-in {list(BUILTIN_REWARD_TYPES)} "
+    Raises ConfigError when the name is unknown, the module or attribute is missing, the module
+    fails to import, the object is not callable or does not pickle by reference, or it cannot be
+    called with two positional arguments (three when ``batched``)."""
+    if ":" not in reward_type and not is_builtin(reward_type):
+        raise ConfigError(f"reward_type {reward_type!r} is neither a built-in {list(REWARDS)} "
                           "nor an import path 'pkg.module:function'")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.append(os.getcwd())  # `rollstream` as a console script has no cwd on its path
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # a user module may fail to import with anything
-        raise ConfigError(f"reward_type {reward_type!r}: cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
-    fn = module
-    for part in attr.split("."):
-        if not hasattr(fn, part):
-            raise ConfigError(f"reward_type {reward_type!r}: module {module_name!r} has no attribute {attr!r}")
-        fn = getattr(fn, part)
-    if not callable(fn):
-        raise ConfigError(f"reward_type {reward_type!r} is not callable ({type(fn).__name__})")
+    fn = REWARDS.get_named(reward_type)
+    if is_builtin(reward_type):
+        return fn
     try:
         pickle.dumps(fn)
     except Exception as exc:

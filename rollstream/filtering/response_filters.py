@@ -37,7 +37,8 @@ from typing import Any, Callable, Mapping
 from rollstream.exceptions import ConfigError
 from rollstream.filtering.decision import Decision
 from rollstream.filtering.reasons import RejectReason
-from rollstream.filtering.registry import RESPONSE_FILTERS
+from rollstream.extensions import RESPONSE_FILTERS
+from rollstream.filtering.registry import resolve_filter
 from rollstream.schemas.records import FINISH_ERROR, FINISH_LENGTH
 
 ResponseFilterFn = Callable[[Mapping[str, Any], Mapping[str, Any]], Decision]
@@ -65,12 +66,10 @@ DEFAULT_RULES = {
 _KEEP = Decision.accept()  # shared: a Decision is immutable by convention, its values are never changed
 
 
-@RESPONSE_FILTERS.register("no_filter")
 def keep_all(rewarded: Mapping[str, Any], filter_args: Mapping[str, Any]) -> Decision:
     return _KEEP
 
 
-@RESPONSE_FILTERS.register("default")
 def default_response_filter(rewarded: Mapping[str, Any], filter_args: Mapping[str, Any]) -> Decision:
     rules = {**DEFAULT_RULES, **filter_args}
     response = rewarded["response"]
@@ -110,7 +109,7 @@ def resolve_response_filter(config: Mapping[str, Any]) -> ResponseFilterFn:
     unknown = set(config.get("filter_args") or {}) - set(DEFAULT_RULES)
     if name == "default" and unknown:
         raise ConfigError(f"response_filter_config.filter_args: unknown rules {sorted(unknown)}; valid: {sorted(DEFAULT_RULES)}")
-    return RESPONSE_FILTERS.resolve(name)
+    return resolve_filter(RESPONSE_FILTERS, name)
 
 
 def response_decider(config: Mapping[str, Any]) -> Callable[[Mapping[str, Any]], Decision]:

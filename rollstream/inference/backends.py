@@ -1,33 +1,23 @@
-"""The engines by name (config ``actor_infer.backend``), each imported only when built (the
-transformers engine needs torch, the in-process vLLM engine vllm, the server client httpx), and
-built from the typed ``actor_infer`` config."""
+"""The engines by name (config ``actor_infer.backend``: rollstream.extensions.BACKENDS, or a
+user's class by import path), each imported only when built (the transformers engine needs torch,
+the in-process vLLM engine vllm, the server client httpx), and built from the typed
+``actor_infer`` config."""
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from rollstream.config.base import ActorInferConfig
 from rollstream.exceptions import ConfigError
+from rollstream.extensions import BACKENDS
 from rollstream.inference.engine import GenerationBackend
-
-BACKENDS: dict[str, str] = {
-    "transformers": "rollstream.inference.transformers_engine:TransformersBackend",
-    "vllm": "rollstream.inference.vllm_engine:VLLMBackend",
-    "vllm_server": "rollstream.inference.server_client:ServerBackend",
-}
 
 
 def make_backend(name: str, **kw: Any) -> GenerationBackend:
-    """Build a backend by name (``"transformers"``, ``"vllm"`` or ``"vllm_server"``); ``kw``
-    go to its constructor. Raises ConfigError naming the valid backends for an unknown name."""
-    try:
-        module, attr = BACKENDS[name].split(":")
-    except KeyError:
-        raise ConfigError(
-            f"generation.backend: unknown backend {name!r}; valid: {', '.join(sorted(BACKENDS))}"
-        ) from None
-    return getattr(importlib.import_module(module), attr)(**kw)
+    """Build the backend ``name`` (a ``BACKENDS`` name or an import path); ``kw`` go to its
+    constructor. Raises ConfigError naming the valid backends for an unknown name, or naming
+    what failed for a bad import path or a class without ``generate``."""
+    return BACKENDS.get_named(name)(**kw)
 
 
 def load_backend(actor_infer: ActorInferConfig, model_path: str | None, instance: int = 0,
@@ -41,13 +31,16 @@ def backend_kwargs(actor_infer: ActorInferConfig, model_path: str | None, instan
                    instances: int = 1) -> dict:
     """Constructor arguments of the backend ``actor_infer`` configures, beyond its defaults: the
     generation model (``model_path``: a config's ``infer_model_path``; None = the bundled one),
-    its dtype, ``max_num_seqs`` when set and, for transformers, its device (vLLM picks its own GPU). For
+    its dtype, ``max_num_seqs`` when set and, for transformers, its device (vLLM picks its own GPU). A
+user's class gets ``model_dir``, ``dtype`` (its name) and ``max_num_seqs`` (None: unset). For
     ``vllm_server``: this worker's share of ``actor_infer.servers`` (server i belongs to worker
     i mod ``instances``: each server has one worker, which alone updates its weights). Raises
     ConfigError for no servers, or fewer servers than workers."""
     if actor_infer.backend == "vllm_server":
         return _server_kwargs(actor_infer, model_path, instance, instances)
     rows = {} if actor_infer.max_num_seqs is None else {"max_num_seqs": actor_infer.max_num_seqs}
+    if actor_infer.backend not in BACKENDS:  # a user's class: the vllm engine's arguments
+        return {"model_dir": model_path, "dtype": actor_infer.dtype, "max_num_seqs": actor_infer.max_num_seqs}
     if actor_infer.backend == "transformers":
         import torch  # only the model stages pay for it
 

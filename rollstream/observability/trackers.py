@@ -43,12 +43,11 @@ from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 import yaml
 
 from rollstream.exceptions import ConfigError
+from rollstream.extensions import LOGGERS
 from rollstream.observability.metrics import check_name
 
 log = logging.getLogger(__name__)
 
-PACKAGES = {"tensorboard": "tensorboardX", "wandb": "wandb", "mlflow": "mlflow"}
-"""The module each tracker needs -> the extra of the tracker's name installs it."""
 
 AXIS_LABELS = ("step", "policy_version")
 """Labels that are a figure's x axis, not part of its name."""
@@ -129,10 +128,11 @@ def flat_params(config: Mapping, prefix: str = "") -> dict[str, str]:
 
 
 def check_installed(loggers: Iterable[str]) -> None:
-    """Raises ConfigError (one line naming ``trainer.loggers``) for a tracker whose package is not
-    installed; imports nothing."""
+    """Raises ConfigError (one line naming ``trainer.loggers``) for a tracker whose package
+    (its class's ``package``) is not installed, or a name that is not a tracker class
+    (rollstream.extensions.LOGGERS); imports no tracker library."""
     for name in loggers:
-        module = PACKAGES.get(name)
+        module = getattr(LOGGERS.get_named(name), "package", None)
         if module is not None and importlib.util.find_spec(module) is None:
             raise ConfigError(f"trainer.loggers: {name} needs the {module} package, which is not installed: "
                               f"pip install 'rollstream[{name}]'")
@@ -141,7 +141,9 @@ def check_installed(loggers: Iterable[str]) -> None:
 # -- the trackers --------------------------------------------------------------------------------
 
 class Tracker(Protocol):
-    """One experiment tracker; its methods are called from one thread, in order."""
+    """One experiment tracker, built as ``Class(project, log_dir)`` (``trainer.project``, the run's
+    ``trainer.log_dir``); its methods are called from one thread, in order. A class may name the
+    module it needs as ``package`` (checked before the run starts)."""
 
     name: str
 
@@ -162,6 +164,9 @@ class ConsoleTracker:
 
     name = "console"
 
+    def __init__(self, project: str = "", log_dir: Path | None = None) -> None:
+        pass
+
     def start(self, run_name: str, config: Mapping[str, Any]) -> None:
         self._print(f"run {run_name}, config {json.dumps(config, separators=(',', ':'))}")
 
@@ -177,13 +182,14 @@ class ConsoleTracker:
 
 
 class TensorBoardTracker:
-    """Event files under ``log_dir`` (tensorboardX's SummaryWriter: no torch); the run name and
-    the config as YAML are text summaries ``run_name`` and ``config`` at step 0."""
+    """Event files under ``log_dir``/tensorboard (tensorboardX's SummaryWriter: no torch); the run
+    name and the config as YAML are text summaries ``run_name`` and ``config`` at step 0."""
 
     name = "tensorboard"
+    package = "tensorboardX"
 
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
+    def __init__(self, project: str, log_dir: Path) -> None:
+        self.log_dir = Path(log_dir) / "tensorboard"
         self._writer = None
 
     def start(self, run_name: str, config: Mapping[str, Any]) -> None:
@@ -211,9 +217,10 @@ class WandbTracker:
     console is not captured."""
 
     name = "wandb"
+    package = "wandb"
 
     def __init__(self, project: str, log_dir: Path) -> None:
-        self.project, self.log_dir = project, log_dir
+        self.project, self.log_dir = project, Path(log_dir)
         self._run = None
 
     def start(self, run_name: str, config: Mapping[str, Any]) -> None:
@@ -234,15 +241,16 @@ class WandbTracker:
 
 
 class MlflowTracker:
-    """An MLflow run in experiment ``experiment`` at ``MLFLOW_TRACKING_URI``, else in a file store
-    at ``store`` (for which it sets ``MLFLOW_ALLOW_FILE_STORE=true`` unless set: MLflow 3 asks
+    """An MLflow run in experiment ``project`` at ``MLFLOW_TRACKING_URI``, else in a file store
+    at ``log_dir``/mlruns (for which it sets ``MLFLOW_ALLOW_FILE_STORE=true`` unless set: MLflow 3 asks
     for it). MlflowClient keeps the run and the URI to itself: no process-wide active run, no
     tracking URI written to the environment."""
 
     name = "mlflow"
+    package = "mlflow"
 
-    def __init__(self, experiment: str, store: Path) -> None:
-        self.experiment, self.store = experiment, store
+    def __init__(self, project: str, log_dir: Path) -> None:
+        self.experiment, self.store = project, Path(log_dir) / "mlruns"
         self._client = None
         self._run_id = ""
 
@@ -272,14 +280,9 @@ class MlflowTracker:
 
 
 def make_tracker(name: str, project: str, log_dir: Path) -> Tracker:
-    """The tracker ``name`` (a ``trainer.loggers`` value) writing under ``log_dir``."""
-    if name == "tensorboard":
-        return TensorBoardTracker(log_dir / "tensorboard")
-    if name == "wandb":
-        return WandbTracker(project, log_dir)
-    if name == "mlflow":
-        return MlflowTracker(project, log_dir / "mlruns")
-    return ConsoleTracker()
+    """The tracker ``name`` (a ``trainer.loggers`` value: rollstream.extensions.LOGGERS or an
+    import path) writing under ``log_dir``. Raises ConfigError as ``Registry.get_named``."""
+    return LOGGERS.get_named(name)(project, log_dir)
 
 
 # -- the fan-out ---------------------------------------------------------------------------------

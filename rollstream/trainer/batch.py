@@ -64,7 +64,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rollstream.estimators import ADV_ESTIMATORS
+from rollstream.extensions import ADV_ESTIMATORS
 from rollstream.exceptions import ConfigError
 from rollstream.registry import is_import_path
 from rollstream.schemas.packed import unpack_array

@@ -5,12 +5,12 @@ state, everything the model needs to act), ``step(action_text)`` takes the model
 returns a ``StepResult``. Parsing the action out of free text is the environment's job, so the
 episode logic never knows which game it plays.
 
-Built in (``make_env`` names):
+Built in (rollstream.extensions.ENVIRONMENTS):
 
-* ``gym:FrozenLake-v1`` -- gymnasium's FrozenLake rendered as a text grid. The action is the last
+* ``frozen_lake`` -- gymnasium's FrozenLake-v1 rendered as a text grid. The action is the last
   move named in the answer (see ``parse_action``); an answer naming none is an invalid move that
   leaves the state unchanged with reward 0.
-* ``textarena:FrozenLake-v0``, ``textarena:Sokoban-v0`` -- textarena 0.7.4 single-player games.
+* ``frozen_lake_textarena``, ``sokoban`` -- textarena 0.7.4's FrozenLake-v0 and Sokoban-v0.
   textarena parses and judges the move itself (two invalid moves in a row end its game); its
   refusals come back as ``invalid_move=True``.
 
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from rollstream.exceptions import ConfigError
+from rollstream.extensions import ENVIRONMENTS
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class GymFrozenLake:
     """
 
     ACTIONS = ("left", "down", "right", "up")  # gymnasium's action ids 0..3
+    library = "gymnasium"  # resolve_env imports it when the worker starts
 
     def __init__(self, **env_config: Any) -> None:
         # Each environment library is imported when an environment of it is built: an env worker
@@ -240,52 +242,28 @@ class TextArenaEnv:
 EnvFactory = Callable[..., TextEnv]
 
 
-def _textarena(game_id: str) -> EnvFactory:
-    def factory(**env_config: Any) -> TextEnv:
-        return TextArenaEnv(game_id, **env_config)
-    return factory
+def textarena_frozen_lake(**env_config: Any) -> TextEnv:
+    """textarena's FrozenLake-v0 (``env_type: frozen_lake_textarena``)."""
+    return TextArenaEnv("FrozenLake-v0", **env_config)
 
 
-ENVS: dict[str, Callable[[], EnvFactory]] = {
-    # Values import lazily: a worker that never plays Sokoban never imports textarena.
-    "gym:FrozenLake-v1": lambda: GymFrozenLake,
-    "textarena:FrozenLake-v0": lambda: _textarena("FrozenLake-v0"),
-    "textarena:Sokoban-v0": lambda: _textarena("Sokoban-v0"),
-}
-_RESERVED_PREFIXES = ("gym:", "textarena:")
+def textarena_sokoban(**env_config: Any) -> TextEnv:
+    """textarena's Sokoban-v0 (``env_type: sokoban``)."""
+    return TextArenaEnv("Sokoban-v0", **env_config)
 
 
-def _unknown(env_type: str, why: str = "") -> ConfigError:
-    return ConfigError(
-        f"unknown env_type {env_type!r}{why}; known: {', '.join(sorted(ENVS))}, "
-        "or an import path 'pkg.module:Class'"
-    )
+textarena_frozen_lake.library = textarena_sokoban.library = "textarena"  # type: ignore[attr-defined]
 
 
 def resolve_env(env_type: str) -> EnvFactory:
-    """The constructor behind ``env_type`` (called as ``factory(**env_config)``). Imports the
-    environment's library now, so a later construction is cheap. Raises ConfigError for an
-    unknown name or an import path that does not import."""
-    if env_type in ENVS:
-        factory = ENVS[env_type]()
-        if factory is GymFrozenLake:
-            importlib.import_module("gymnasium")
-        else:
-            importlib.import_module("textarena")
-        return factory
-    module_name, sep, attr = env_type.partition(":")
-    if not sep or not module_name or not attr or env_type.startswith(_RESERVED_PREFIXES):
-        raise _unknown(env_type)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise _unknown(env_type, f" (import failed: {exc})") from exc
-    try:
-        factory = getattr(module, attr)
-    except AttributeError:
-        raise _unknown(env_type, f" (module {module_name} has no {attr!r})") from None
-    if not callable(factory):
-        raise _unknown(env_type, f" ({attr!r} is not callable)")
+    """The constructor behind ``env_type`` (rollstream.extensions.ENVIRONMENTS; called as
+    ``factory(**env_config)``). A built-in's library is imported now, so a later construction is
+    cheap. Raises ConfigError for an unknown, renamed or unimportable name, or a class without
+    reset/step/close."""
+    factory = ENVIRONMENTS.get_named(env_type)
+    library = getattr(factory, "library", None)
+    if library is not None:
+        importlib.import_module(library)
     return factory
 
 

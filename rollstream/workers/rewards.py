@@ -24,7 +24,7 @@ A returned float ``x`` gives reward ``x`` and scores ``{"score": x}``; a dict gi
 ``dict["score"]``, its numeric values as scores (``acc`` ... for a query filter's ``metric``)
 and its other values as meta strings.
 
-Built-in functions (``REWARD_FUNCTIONS``):
+Built-in functions (rollstream.extensions.REWARDS):
 
 - ``gsm8k``: the model's answer is the number after its last ``#### `` (format 1), else its last
   number (format 0); compared with math-verify to the ground truth (a number, or text ending in
@@ -54,7 +54,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Sequence
 
-from rollstream.config.reward_functions import REWARD_FUNCTIONS, info_keys, is_builtin, load_reward_function
+from rollstream.config.reward_functions import info_keys, is_builtin, load_reward_function
+from rollstream.extensions import REWARDS
 from rollstream.filtering.reasons import RejectReason
 from rollstream.filtering.response_filters import BLANK_TEXT, REWARD_FAILURE
 from rollstream.kafka.events import Input, Output
@@ -315,11 +316,10 @@ def reasoning_gym_reward(response_text: str, ground_truth: str) -> RewardResult:
 
 
 def get_reward_fn(name: str) -> RewardFn:
-    """The built-in reward function ``name`` (``REWARD_FUNCTIONS``); ValueError listing the valid
-    names."""
-    if name not in REWARD_FUNCTIONS:
-        raise ValueError(f"unknown reward function {name!r}; valid: {sorted(REWARD_FUNCTIONS)}")
-    return REWARD_FUNCTIONS[name]
+    """The built-in reward function ``name`` (``REWARDS``); ValueError listing the valid names."""
+    if name not in REWARDS:
+        raise ValueError(f"unknown reward function {name!r}; valid: {sorted(REWARDS)}")
+    return REWARDS[name]
 
 
 # --- worker --------------------------------------------------------------------------------

@@ -202,12 +202,13 @@ def test_an_unknown_or_missing_tracker_is_one_line_with_exit_code_2_and_nothing_
     from rollstream.observability import trackers
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setitem(trackers.PACKAGES, "mlflow", "rollstream_no_such_package")
+    monkeypatch.setattr(trackers.MlflowTracker, "package", "rollstream_no_such_package")
     missing = ("trainer.loggers: mlflow needs the rollstream_no_such_package package, which is not installed: "
                "pip install 'rollstream[mlflow]'")
     for override, expected in (
-            ("trainer.loggers=[nope]", "override trainer.loggers=[nope]: trainer.loggers.0: Input should be "
-                                       "'console', 'tensorboard', 'wandb' or 'mlflow'"),
+            ("trainer.loggers=[nope]", "override trainer.loggers=[nope]: trainer.loggers.0: unknown trainer.loggers "
+                                       "'nope'; valid: ['console', 'mlflow', 'tensorboard', 'wandb'] or an import "
+                                       "path 'pkg.module:name'"),
             ("trainer.loggers=[tensorboard, mlflow]", missing)):
         result = runner.invoke(app, ["run", EXAMPLE, override])
         assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1

@@ -29,7 +29,7 @@ def rlvr(**overrides) -> dict:
 
 
 def agentic(**overrides) -> dict:
-    return {"rollout_batch_size": 4, "custom_envs": {"lake": {"env_type": "gym:FrozenLake-v1"}},
+    return {"rollout_batch_size": 4, "custom_envs": {"lake": {"env_type": "frozen_lake"}},
             "train_env_manager": {"num_env_groups": 2, "group_size": 2, "tags": ["lake"]}, **overrides}
 
 
@@ -103,7 +103,8 @@ def test_experiment_trackers_are_off_by_default_and_named_once_each():
     assert parse_config(rlvr(trainer={"loggers": "wandb"})).trainer.loggers == ["wandb"]  # one name: a list
     assert parse_config(rlvr(trainer={"loggers": ["console", "tensorboard", "wandb", "mlflow"]})).trainer.loggers == [
         "console", "tensorboard", "wandb", "mlflow"]
-    for loggers, problem in ((["nope"], "trainer.loggers.0: Input should be 'console', 'tensorboard', 'wandb' or 'mlflow'"),
+    for loggers, problem in ((["nope"], "trainer.loggers.0: unknown trainer.loggers 'nope'; valid: ['console', 'mlflow', "
+                                        "'tensorboard', 'wandb'] or an import path 'pkg.module:name'"),
                              (["wandb", "wandb"], "trainer.loggers: a logger is listed twice")):
         with pytest.raises(ConfigError) as info:
             parse_config(rlvr(trainer={"loggers": loggers}))

@@ -30,13 +30,13 @@ def test_import_path_with_its_timeout_batched_form_and_pool_size():
 
 @pytest.mark.parametrize("reward_type, batched, message", [
     ("no_such_pkg.rewards:exact_match", False,
-     "reward_type 'no_such_pkg.rewards:exact_match': cannot import 'no_such_pkg.rewards': "
+     "cannot import reward_type 'no_such_pkg.rewards:exact_match': module 'no_such_pkg.rewards': "
      "ModuleNotFoundError: No module named 'no_such_pkg'"),
-    (f"{USER}:nope", False, f"reward_type '{USER}:nope': module '{USER}' has no attribute 'nope'"),
+    (f"{USER}:nope", False, f"cannot import reward_type '{USER}:nope': module '{USER}' has no attribute 'nope'"),
     (f"{USER}:NOT_A_FUNCTION", False, f"reward_type '{USER}:NOT_A_FUNCTION' is not callable (int)"),
     ("exact_match", False, "reward_type 'exact_match' is neither a built-in ['gsm8k', 'math', 'reasoning_gym'] "
                            "nor an import path 'pkg.module:function'"),
-    (f"{USER}:", False, f"reward_type '{USER}:' is neither a built-in"),
+    (f"{USER}:", False, f"reward_type '{USER}:' is not an import path 'pkg.module:attr'"),
     (f"{USER}:two_args", False, f"reward_type '{USER}:two_args' cannot be called as "
                                 "(response_text, ground_truth, **info): too many positional arguments"),
     (f"{USER}:exact_match", True, f"reward_type '{USER}:exact_match' cannot be called as "

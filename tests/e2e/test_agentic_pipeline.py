@@ -138,7 +138,7 @@ def test_agentic_example_through_every_stage(kafka_broker, tmp_path):
     # -- the accepted groups: one per train group id (each delivers one episode)
     assert summary["groups_accepted"] == len(accepted) == 2
     assert sorted((g["group_id"], g["tag"], g["env_type"]) for g in accepted) == [
-        (0, "GymFrozenLake", "gym:FrozenLake-v1"), (1, "GymFrozenLake", "gym:FrozenLake-v1")]
+        (0, "GymFrozenLake", "frozen_lake"), (1, "GymFrozenLake", "frozen_lake")]
     assert summary["domains"]["FrozenLake"] == {"accepted": 0, "rejected": 0}  # val only
     assert summary["domains"]["GymFrozenLake"]["accepted"] == 2
     for g in accepted:
@@ -203,7 +203,7 @@ def test_agentic_example_through_every_stage(kafka_broker, tmp_path):
     assert val["groups"] <= 1
     for g in validation:
         assert (g["mode"], g["group_id"], g["tag"], g["env_type"], g["accepted"]) == (
-            "val", 0, "FrozenLake", "textarena:FrozenLake-v0", True)
+            "val", 0, "FrozenLake", "frozen_lake_textarena", True)
         assert len(g["trajectories"]) == 2
         for t in g["trajectories"]:
             check_member(t, payloads, "val")

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from rollstream.config import DEFAULT_GROUP_FILTER, EnvManagerConfig
+from rollstream.config import EnvManagerConfig
 from rollstream.exceptions import ConfigError
 from rollstream.filtering import (
     DropFlagGroupFilter,
@@ -33,7 +33,7 @@ def traj(reward: float, *, env_timeout: bool = False, env_failed: bool = False, 
          traj_index: int = 0) -> dict:
     """A TrajectorySummary record, what the group queue hands a group filter (no token arrays)."""
     summary = {"mode": "train", "group_id": 0, "episode_id": 0, "traj_index": traj_index,
-               "env_type": "gym:FrozenLake-v1", "seed": 7, "num_turns": 1, "prompt_length": 3, "response_length": 2,
+               "env_type": "frozen_lake", "seed": 7, "num_turns": 1, "prompt_length": 3, "response_length": 2,
                "model_tokens": 2, "response_level_rewards": reward, "success": reward > 0,
                "stop_reason": "env_timeout" if env_timeout else "env_failed" if env_failed else "done",
                "env_timeout": env_timeout, "env_failed": env_failed, "drop_flag": drop_flag,
@@ -61,7 +61,7 @@ def test_mode_must_be_train_or_val():
 
 
 def test_default_path_in_config_is_the_default_filter():
-    f = load_group_filter(DEFAULT_GROUP_FILTER, None, manager(), "train")
+    f = load_group_filter("default", None, manager(), "train")
     assert type(f) is GroupFilter and f.mode == "train"
 
 
@@ -322,8 +322,8 @@ def test_raising_custom_filter_drops_with_filter_error(caplog):
     ("rollstream.filtering.group_filters:NoSuchClass", "NoSuchClass"),
     ("", r"group_filter_cls must be a built-in name \['default', 'env_failure_std', 'drop_flag'\] or an import path"),
     ("dropflag", r"unknown group_filter_cls 'dropflag'; valid: \['default', 'drop_flag', 'env_failure_std'\]"),
-    (f"{__name__}:NoFilterMethod", "NoFilterMethod' has no callable filter"),
-    (f"{__name__}:FilterIsNotCallable", "FilterIsNotCallable' has no callable filter"),
+    (f"{__name__}:NoFilterMethod", r"NoFilterMethod' is a class \(it lacks filter\), not a group filter class"),
+    (f"{__name__}:FilterIsNotCallable", r"FilterIsNotCallable' is a class \(it lacks filter\)"),
     (f"{__name__}:WrongSignature", "WrongSignature' could not be built"),
     (f"{__name__}:DROP_FLAG_NOT_A_CLASS", "is not callable"),
 ])

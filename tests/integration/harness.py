@@ -273,7 +273,7 @@ def write_agentic_config(tmp_path: Path, topics: Topics, partitions: int, manage
         "rollout_batch_size": 2,
         "max_concurrent_episodes": 8,
         "train_env_manager": {"num_env_groups": 1, "group_size": 2, "tags": ["lake"], **(manager or {})},
-        "custom_envs": {"lake": {"env_type": "gym:FrozenLake-v1", "env_config": {"is_slippery": False},
+        "custom_envs": {"lake": {"env_type": "frozen_lake", "env_config": {"is_slippery": False},
                                  "max_actions_per_traj": 1, "max_tokens_per_step": 4, **(env or {})}},
         "actor_infer": {"generating_args": {"temperature": 1.0}},
         **overrides,

@@ -31,7 +31,7 @@ def backend() -> TransformersBackend:
     return TransformersBackend(max_num_seqs=16)
 
 
-def episode_request(traj_index: int, group_id: int = 5, env_type: str = "gym:FrozenLake-v1",
+def episode_request(traj_index: int, group_id: int = 5, env_type: str = "frozen_lake",
                     env_config: dict | None = None, **overrides) -> dict:
     rec = {
         "mode": "train", "group_id": group_id, "episode_id": 0, "traj_index": traj_index, "tag": "lake",
@@ -154,7 +154,7 @@ def test_run_env_worker_takes_its_settings_from_an_agentic_config(kafka_broker, 
     from rollstream.workers.env_worker import run_env_worker
 
     topics = topic_factory(["episodes.requests", "trajectories", "dead-letter"])
-    with pytest.raises(ConfigError, match="unknown env_type 'gym:Nope-v0'"):
+    with pytest.raises(ConfigError, match="cannot import env_type 'gym:Nope-v0'"):
         run_env_worker(StageContext(kafka_broker, topics, "env"), agentic_config(topics, "gym:Nope-v0"), backend=backend)
     config = agentic_config(topics, "tests.workers.fault_envs:CountingEnv")
     env = config.custom_envs["count"]

@@ -148,7 +148,7 @@ def test_malformed_events_on_every_rlvr_input_are_dead_lettered_and_the_good_one
 
 
 def _episode_request() -> dict:
-    return {"mode": "train", "group_id": 0, "episode_id": 0, "traj_index": 0, "tag": "lake", "env_type": "gym:FrozenLake-v1",
+    return {"mode": "train", "group_id": 0, "episode_id": 0, "traj_index": 0, "tag": "lake", "env_type": "frozen_lake",
             "env_config": "{}", "seed": 1, "max_actions_per_traj": 1, "max_tokens_per_step": 4,
             "env_step_timeout_s": 30.0, "format_penalty": 0.0, "cause": "start", "created_ms": 0}
 

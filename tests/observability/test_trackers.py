@@ -253,7 +253,7 @@ def test_without_trackers_nothing_runs():
 
 def test_a_tracker_whose_package_is_missing_is_a_config_error_naming_the_key(monkeypatch):
     check_installed(["console", "tensorboard", "wandb", "mlflow"])  # all in requirements.lock
-    monkeypatch.setitem(trackers_module.PACKAGES, "wandb", "rollstream_no_such_package")
+    monkeypatch.setattr(trackers_module.WandbTracker, "package", "rollstream_no_such_package")
     with pytest.raises(ConfigError) as info:
         Trackers.of(["console", "wandb"], "p", "/nonexistent")
     assert str(info.value) == ("trainer.loggers: wandb needs the rollstream_no_such_package package, which is not "

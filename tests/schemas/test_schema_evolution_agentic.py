@@ -36,7 +36,7 @@ def _old_trajectory(traj_index: int, reward: float) -> dict:
     """A Trajectory as the old schemas held it: plain int/float arrays, two turns."""
     return {
         "mode": "train", "group_id": 3, "episode_id": 1, "traj_index": traj_index, "tag": "lake",
-        "env_type": "gym:FrozenLake-v1", "seed": 41,
+        "env_type": "frozen_lake", "seed": 41,
         "turns": [
             {"prompt_token_ids": [1, 2, 3], "response_token_ids": [7, 8], "infer_logprobs": [-0.5, -0.25],
              "response_text": "[down]", "action": "down", "invalid_move": False, "step_reward": 0.0,
@@ -54,7 +54,7 @@ def _old_trajectory(traj_index: int, reward: float) -> dict:
 
 def _old_group(version: int) -> dict:
     group = {"group_key": "train/3/1", "kind": "agentic", "mode": "train", "group_id": 3, "episode_id": 1,
-             "tag": "lake", "env_type": "gym:FrozenLake-v1", "seed": 41, "accepted": True, "reason": "accepted",
+             "tag": "lake", "env_type": "frozen_lake", "seed": 41, "accepted": True, "reason": "accepted",
              "decision_values": {"std": 0.7071}, "group_filter_cls": "pkg:Filter", "policy_version": 2,
              "trajectories_started": 3, "trajectories_arrived": 2, "refills": 0, "reissues": 0, "created_ms": 99,
              "trajectories": [_old_trajectory(0, 1.0), _old_trajectory(2, 0.0)]}

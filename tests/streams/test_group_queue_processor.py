@@ -23,7 +23,7 @@ def agentic_config(**manager) -> dict:
         "name": "gq", "kafka": {"topic_prefix": "gq.", "partitions": 1},
         "rollout_batch_size": manager.get("group_size", 2),
         "train_env_manager": {"num_env_groups": 8, "tags": ["lake"], **manager},
-        "custom_envs": {"lake": {"env_type": "gym:FrozenLake-v1", "env_config": {"is_slippery": False},
+        "custom_envs": {"lake": {"env_type": "frozen_lake", "env_config": {"is_slippery": False},
                                  "max_actions_per_traj": 3}},
     }
 
@@ -32,7 +32,7 @@ def trajectory(group_id: int, episode_id: int, traj_index: int, reward: float, *
                policy_version: int = 0) -> dict:
     return {
         "mode": "train", "group_id": group_id, "episode_id": episode_id, "traj_index": traj_index, "tag": "lake",
-        "env_type": "gym:FrozenLake-v1", "seed": 0,
+        "env_type": "frozen_lake", "seed": 0,
         "turns": [{"prompt_token_ids": [1, 2], "response_token_ids": [5, 6], "infer_logprobs": [-0.5, -0.25]}],
         "response_mask": [1, 1], "step_rewards": [reward], "response_level_rewards": reward,
         "success": reward > 0, "stop_reason": "env_failed" if env_failed else "done",
@@ -84,7 +84,7 @@ def test_start_is_idempotent_and_requests_carry_the_env():
         (3, 0, 0, "start"), (3, 0, 1, "start"), (3, 0, 2, "start")]
     seed = run.config.group_seed("train", 3)
     assert {r["seed"] for r in requests} == {seed}
-    assert requests[0]["env_type"] == "gym:FrozenLake-v1"
+    assert requests[0]["env_type"] == "frozen_lake"
     assert json.loads(requests[0]["env_config"]) == {"is_slippery": False}
     assert requests[0]["max_actions_per_traj"] == 3
 

@@ -175,7 +175,7 @@ def test_agentic_trajectory_figures_come_from_the_group_events(kafka_broker, top
     config = parse_config({
         "name": "a", "rollout_batch_size": 2,
         "train_env_manager": {"num_env_groups": 1, "group_size": 2, "tags": ["lake"]},
-        "custom_envs": {"lake": {"env_type": "gym:FrozenLake-v1"}}})
+        "custom_envs": {"lake": {"env_type": "frozen_lake"}}})
     kept = [traj_summary(topics, "train", 1, 0, [1, 1, 0, 1], 2, 1.0, version=1),
             traj_summary(topics, "train", 1, 1, [1, 1, 1, 1, 1], 1, 0.0, stop="max_actions", version=1)]
     dropped = [traj_summary(topics, "train", 0, 0, [1], 1, 0.0), traj_summary(topics, "train", 0, 1, [1, 1], 1, 0.0)]

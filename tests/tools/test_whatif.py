@@ -146,7 +146,7 @@ def test_agentic_group_filter_what_if():
         "name": "a", "rollout_batch_size": 2,
         "train_env_manager": {"num_env_groups": 1, "group_size": 2, "tags": ["lake"],
                               "group_filter_cls": "rollstream.filtering.group_filters:EnvFailureStdGroupFilter"},
-        "custom_envs": {"lake": {"env_type": "gym:FrozenLake-v1"}}})
+        "custom_envs": {"lake": {"env_type": "frozen_lake"}}})
     recorded = [group("g/0", [1.0, 0.0], True, "accepted"), group("g/1", [0.0, 0.0], True, "accepted"),
                 group("g/2", [1.0, 1.0], True, "accepted"), group("g/3", [0.0], False, "infra_abort")]
     result = whatif_agentic(cfg, recorded).report(2)

@@ -77,7 +77,7 @@ def test_multi_turn_trajectory_rows_match_at_model_tokens(backend):
     the engine's, so the flattened layout and the response mask line up."""
     player = EpisodePlayer(backend, temperature=1.0, top_p=1.0, worker="test")
     request = {"mode": "train", "group_id": 0, "episode_id": 0, "traj_index": 0, "tag": "lake",
-               "env_type": "gym:FrozenLake-v1", "env_config": json.dumps({"is_slippery": False}), "seed": 5,
+               "env_type": "frozen_lake", "env_config": json.dumps({"is_slippery": False}), "seed": 5,
                "max_actions_per_traj": 3, "max_tokens_per_step": 8, "env_step_timeout_s": 30.0,
                "format_penalty": -0.1, "cause": "start", "created_ms": 0}
     trajectories = player.play([request, {**request, "traj_index": 1}], timeout_s=300)

@@ -98,7 +98,7 @@ def recording(backend) -> RecordingBackend:
     return RecordingBackend(backend)
 
 
-def request(traj_index: int = 0, env_type: str = "gym:FrozenLake-v1", env_config: dict | str | None = None,
+def request(traj_index: int = 0, env_type: str = "frozen_lake", env_config: dict | str | None = None,
             **overrides) -> dict:
     config = {"is_slippery": False} if env_config is None else env_config
     rec = {
@@ -165,7 +165,7 @@ def check_layout(traj: dict, tokenizer, max_new: int = MAX_NEW) -> None:
 def test_frozenlake_trajectories_follow_the_token_layout(recording):
     tok = recording.tokenizer
     p = player(recording)
-    trajs = p.play([request(0), request(1), request(2, "textarena:Sokoban-v0", {})], timeout_s=300)
+    trajs = p.play([request(0), request(1), request(2, "sokoban", {})], timeout_s=300)
     assert [identity_of(t) for t in trajs] == [("train", 4, 1, 0), ("train", 4, 1, 1), ("train", 4, 1, 2)]
     first_obs = GymFrozenLake(is_slippery=False).reset(123)
     for traj in trajs:
@@ -176,7 +176,7 @@ def test_frozenlake_trajectories_follow_the_token_layout(recording):
         assert (traj["tag"], traj["seed"], traj["policy_version"]) == ("lake", 123, 0)
     for traj in trajs[:2]:
         assert traj["turns"][0]["prompt_token_ids"] == chat_prompt_ids(tok, first_obs)
-        assert traj["env_type"] == "gym:FrozenLake-v1"
+        assert traj["env_type"] == "frozen_lake"
     # the two lake runs' first turns shared one backend call (Sokoban builds its room slower
     # than the gather window, so it may join later); every turn was generated exactly once
     assert recording.batches[0] >= 2
@@ -233,7 +233,7 @@ def test_bad_env_type_or_config_is_env_failed_not_a_crash(backend):
         request(2, env_config={"no_such_arg": 1}),
     ])
     assert [t["stop_reason"] for t in trajs] == ["env_failed"] * 3
-    assert trajs[0]["error"].startswith("env make: ConfigError: unknown env_type 'gym:NoSuchGame-v0'")
+    assert trajs[0]["error"].startswith("env make: ConfigError: cannot import env_type 'gym:NoSuchGame-v0'")
     assert trajs[1]["error"].startswith("env make: JSONDecodeError")
     assert trajs[2]["error"].startswith("env make: TypeError")
     assert all(t["turns"] == [] and t["response_mask"] == [] and t["drop_flag"] for t in trajs)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from rollstream.config.reward_functions import BUILTIN_REWARD_TYPES, INFO_KEYS, info_keys
+from rollstream.config.reward_functions import INFO_KEYS, info_keys
 from rollstream.filtering import decide_response
 from rollstream.filtering.prompt_state import DomainFilters, step
 from rollstream.kafka.events import Input
@@ -18,7 +18,8 @@ from rollstream.schemas import decode, encode
 from rollstream.tools.stats import figures, latest
 from rollstream.workers import reward_pool
 from rollstream.workers.reward_pool import Job, RewardPool, Scored, normalise
-from rollstream.workers.rewards import REWARD_FUNCTIONS, RewardSpec, RewardWorker
+from rollstream.extensions import REWARDS
+from rollstream.workers.rewards import RewardSpec, RewardWorker
 from tests.workers import user_rewards
 
 USER = "tests.workers.user_rewards"
@@ -51,7 +52,7 @@ def test_call_one_runs_in_process_too():
 
 
 def test_builtin_names_match_the_config():
-    assert tuple(REWARD_FUNCTIONS) == BUILTIN_REWARD_TYPES
+    assert tuple(REWARDS) == ("gsm8k", "math", "reasoning_gym")
 
 
 def test_info_keys_follow_the_signature():

@@ -15,8 +15,8 @@ from rollstream.schemas import decode, encode
 from rollstream.schemas.packed import packed_array
 from rollstream.schemas.records import response_summary
 from rollstream.workers import rewards
+from rollstream.extensions import REWARDS
 from rollstream.workers.rewards import (
-    REWARD_FUNCTIONS,
     RewardResult,
     RewardWorker,
     get_reward_fn,
@@ -148,7 +148,7 @@ def test_math_verify_runs_off_the_main_thread():
 
 
 def test_registry():
-    assert set(REWARD_FUNCTIONS) == {"gsm8k", "math", "reasoning_gym"}
+    assert set(REWARDS) == {"gsm8k", "math", "reasoning_gym"}
     assert get_reward_fn("gsm8k") is gsm8k_reward
     with pytest.raises(ValueError, match="reasoning_gym"):
         get_reward_fn("nope")
