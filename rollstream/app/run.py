@@ -40,7 +40,8 @@ from rollstream.kafka.topics import Topics
 from rollstream.observability.trackers import Trackers
 from rollstream.runtime import now_ms
 from rollstream.tools.learning import final_round_done
-from rollstream.tools.readback import first_record_ms, read_values
+from rollstream.kafka.readback import first_record_ms
+from rollstream.tools.readback import read_values
 from rollstream.tools.summary import startup_seconds, summarize_agentic, summarize_rlvr
 from rollstream.inference.local_server import LocalInferenceServer, vllm_python
 

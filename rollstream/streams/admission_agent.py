@@ -31,22 +31,21 @@ import logging
 import time
 
 import faust
-from kafka import TopicPartition
 
 from rollstream.config import RLVRConfig
 from rollstream.filtering import admission as core
 from rollstream.filtering import history
 from rollstream.kafka import names
 from rollstream.kafka.cluster import Bootstrap
-from rollstream.kafka.clients import reader_consumer
 from rollstream.kafka.context import StageContext
 from rollstream.kafka.events import Output, decode_expected
+from rollstream.kafka.readback import read_history, read_outcomes_since, read_prompts
 from rollstream.policy.versions import PolicyVersionWatcher
 from rollstream.streams.admission_processor import (VERSION_POLL_S, AdmissionProcessor, Take, Tokenize,
                                                     default_tokenize)
 from rollstream.streams.common import Emitter, TableStore, make_app, punctuate_every, raw_topic, tables_recovered
 
-__all__ = ["AdmissionAgents", "build_admission_app", "default_tokenize", "read_prompts"]
+__all__ = ["AdmissionAgents", "build_admission_app", "default_tokenize"]
 
 log = logging.getLogger(__name__)
 
@@ -58,69 +57,6 @@ CLOCK_SKEW_MS = 60_000  # how far an outcome's timestamp may lag its admission (
 # a validation round that is due waits at most this long for the next train admission while one
 # could be admitted (none may be waiting); the prompts agent rechecks the version every VERSION_POLL_S
 TRAIN_FIRST_S = 4 * VERSION_POLL_S
-
-
-def _read_partition(bootstrap: Bootstrap, topic: str, schemas: tuple[str, ...], end_offset: int | None = None,
-                    since_ms: int | None = None, timeout_s: float = 60.0) -> list[tuple[str, dict]]:
-    """``(schema, record)`` of the decodable, valid records of ``schemas`` on partition 0 of
-    ``topic``, in topic order: from the earliest offset held (or the first written at
-    ``since_ms``, epoch ms, or later) to ``end_offset`` (None: the end offset at the call).
-    Raises TimeoutError when the broker does not deliver them within ``timeout_s``."""
-    consumer = reader_consumer(bootstrap)
-    tp = TopicPartition(topic, 0)
-    try:
-        consumer.assign([tp])
-        end = consumer.end_offsets([tp])[tp] if end_offset is None else end_offset
-        if since_ms is None:
-            consumer.seek_to_beginning(tp)
-        else:
-            start = consumer.offsets_for_times({tp: max(0, since_ms)})[tp]
-            if start is None:  # nothing written since then
-                return []
-            consumer.seek(tp, start.offset)
-        out: list[tuple[str, dict]] = []
-        deadline = time.monotonic() + timeout_s
-        while consumer.position(tp) < end:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{topic}: read up to offset {consumer.position(tp)} of {end} in {timeout_s}s")
-            for message in consumer.poll(timeout_ms=500).get(tp, []):
-                if message.offset >= end:
-                    break
-                schema, record, problem = decode_expected(message.value, schemas)
-                if problem is None:
-                    out.append((schema, record))
-        return out
-    finally:
-        consumer.close()
-
-
-def read_prompts(bootstrap: Bootstrap, topic: str, end_offset: int | None, domains: set[str], mode: str = "train",
-                 timeout_s: float = 60.0) -> list[dict]:
-    """The Prompt records of ``mode`` and ``domains`` at offsets below ``end_offset`` (None: the
-    end offset at the call) on ``topic``, in topic order: what each later epoch re-reads (train)
-    and each validation round admits again (val). Undecodable or malformed events, unknown
-    domains and repeated ids were never admitted and are skipped."""
-    out: list[dict] = []
-    seen: set[str] = set()  # a repeated id was dead-lettered as a duplicate: admitted once
-    for schema, record in _read_partition(bootstrap, topic, ("Prompt", "PromptsEnd"), end_offset, timeout_s=timeout_s):
-        if (schema == "Prompt" and record.get("mode", "train") == mode and record["domain"] in domains
-                and record["prompt_id"] not in seen):
-            seen.add(record["prompt_id"])
-            out.append(record)
-    return out
-
-
-def read_outcomes_since(bootstrap: Bootstrap, topic: str, since_ms: int, timeout_s: float = 30.0) -> list[dict]:
-    """The PromptOutcome records on ``topic`` written at ``since_ms`` (epoch ms) or later, up to
-    the end offset at the call, in topic order (undecodable events skipped: the outcomes agent
-    dead-letters them)."""
-    return [r for _, r in _read_partition(bootstrap, topic, ("PromptOutcome",), since_ms=since_ms, timeout_s=timeout_s)]
-
-
-def read_history(bootstrap: Bootstrap, topic: str, timeout_s: float = 60.0) -> dict[str, history.PromptHistory]:
-    """The newest PromptHistory of every prompt on the compacted ``topic`` (prompt_id -> history)."""
-    return {r["prompt_id"]: history.PromptHistory.from_record(r)
-            for _, r in _read_partition(bootstrap, topic, ("PromptHistory",), timeout_s=timeout_s)}
 
 
 class AdmissionAgents:
@@ -232,7 +168,8 @@ class AdmissionAgents:
         async with self.history_loaded:
             if self.processor.needs_history:
                 self.processor.load_history(
-                    await asyncio.to_thread(read_history, self.bootstrap, self.topics.prompt_history))
+                    await asyncio.to_thread(read_history, self.bootstrap, self.topics.prompt_history,
+                                            history.PromptHistory.from_record))
 
     # -- validation rounds
     def resume_eval(self) -> None:

@@ -18,7 +18,8 @@ from rollstream.config import AgenticConfig, RLVRConfig
 from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.topics import Topics
 from rollstream.schemas.records import is_set_aside
-from rollstream.tools.readback import TopicTail, count_records, filter_decisions, first_record_ms, read_values
+from rollstream.kafka.readback import TopicTail, count_records, first_record_ms
+from rollstream.tools.readback import filter_decisions, read_values
 from rollstream.tools.learning import SKIPPED, difficulty, learning_curve, pass_at_ks, screening
 from rollstream.tools.learning import mean as _mean
 from rollstream.tools.stats import PREFIX as SNAPSHOT_PREFIX

@@ -10,11 +10,9 @@ admission's ``Batch`` event; ``verdict_action`` applies ``min_fill_ratio``.
 
 from __future__ import annotations
 
-from rollstream.exceptions import RollstreamError
-from rollstream.kafka.clients import reader_consumer
 from rollstream.kafka.cluster import Bootstrap
+from rollstream.kafka.readback import Tail
 from rollstream.kafka.topics import Topics
-from rollstream.schemas import decode
 
 
 def underfill_action(accepted: int, target: int, min_fill_ratio: float) -> str:
@@ -37,28 +35,7 @@ def verdict_action(verdict: dict, min_fill_ratio: float) -> str:
     return "end" if action == "fail" and verdict["status"] == "end_of_data" else action
 
 
-class _Tail:
-    """Reads a topic from its start without a consumer group; ``new()`` returns the decodable
-    events that arrived since the last call, without waiting."""
-
-    def __init__(self, bootstrap: Bootstrap, topic: str) -> None:
-        self.consumer = reader_consumer(bootstrap, topic)
-
-    def new(self) -> list[tuple[str, dict]]:
-        out = []
-        for msgs in self.consumer.poll(timeout_ms=0).values():
-            for m in msgs:
-                try:
-                    out.append(decode(m.value))
-                except RollstreamError:
-                    continue
-        return out
-
-    def close(self) -> None:
-        self.consumer.close()
-
-
-class BatchEvents(_Tail):
+class BatchEvents(Tail):
     """Tails the ``batches`` topic for the admission's verdicts."""
 
     def __init__(self, bootstrap: Bootstrap, topics: Topics) -> None:
@@ -71,7 +48,7 @@ class BatchEvents(_Tail):
                 if name == "Batch" and record["status"] in ("underfilled", "end_of_data")]
 
 
-class AgenticBatchEvents(_Tail):
+class AgenticBatchEvents(Tail):
     """The agentic counterpart of ``BatchEvents``: the verdict comes from the group queues.
 
     Each train group id publishes one ``GroupQueueOutcome`` (status ``complete`` or ``exhausted``,

@@ -39,7 +39,7 @@ from rollstream.kafka.admin import create_pipeline_topics
 from rollstream.kafka.broker import EmbeddedBroker, EmbeddedCluster
 from rollstream.kafka.topics import Topics
 from rollstream.tools.audit import run_audit
-from rollstream.tools.readback import count_records
+from rollstream.kafka.readback import count_records
 from tests.integration.harness import SyntheticRollout, produce, prompt
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,7 +9,8 @@ from rollstream.kafka.admin import create_topics
 from rollstream.kafka.clients import make_producer
 from rollstream.kafka.events import Send
 from rollstream.kafka.event_worker import EventWorker
-from rollstream.tools.readback import count_records, read_topic, read_values
+from rollstream.kafka.readback import count_records
+from rollstream.tools.readback import read_topic, read_values
 
 from .harness import produce, prompt
 

@@ -12,7 +12,8 @@ from rollstream.kafka.clients import make_producer
 from rollstream.observability.metrics import metric_record
 from rollstream.schemas import encode
 from rollstream.schemas.records import payload_ref, response_summary, trajectory_summary
-from rollstream.tools.readback import count_records, filter_decisions, first_record_ms
+from rollstream.kafka.readback import count_records, first_record_ms
+from rollstream.tools.readback import filter_decisions
 from rollstream.tools.summary import LiveSummary, startup_seconds, summarize_agentic, summarize_rlvr
 
 
