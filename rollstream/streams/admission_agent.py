@@ -38,12 +38,13 @@ from rollstream.filtering import history
 from rollstream.kafka import names
 from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.context import StageContext
-from rollstream.kafka.events import Output, decode_expected
+from rollstream.kafka.events import decode_expected
 from rollstream.kafka.readback import read_history, read_outcomes_since, read_prompts
 from rollstream.policy.versions import PolicyVersionWatcher
 from rollstream.streams.admission_processor import (VERSION_POLL_S, AdmissionProcessor, Take, Tokenize,
                                                     default_tokenize)
 from rollstream.streams.common import Emitter, TableStore, make_app, punctuate_every, raw_topic, tables_recovered
+from rollstream.streams.processor import Handled
 
 __all__ = ["AdmissionAgents", "build_admission_app", "default_tokenize"]
 
@@ -79,9 +80,9 @@ class AdmissionAgents:
         self.eval_task: asyncio.Future | None = None  # the running task of run_eval, if any
         self.last_outcome = time.monotonic()  # when an outcome was last applied (or the process started)
 
-    async def send(self, outputs: list[Output]) -> None:
-        for out in outputs:
-            await self.emit.send(out.topic, out.key, out.record, out.schema)
+    async def send(self, handled: Handled) -> None:
+        for out in handled.sends:
+            await self.emit.send_raw(out.topic, out.key, out.value, out.partition)
 
     # -- prompts
     async def admit_event(self, event) -> None:

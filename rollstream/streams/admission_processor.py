@@ -9,8 +9,11 @@ Table layout (one partition: the admission is a single writer):
 - ``names.ADMISSION_SEEN_PREFIX + prompt_id`` -> the offset on ``prompts`` at which that prompt
   was first admitted, so a redelivery (same offset) is told apart from a duplicate id.
 
-A method that changes the state saves it before it returns, and returns the events to send: the
-shell never awaits between a load and the save that follows it.
+A method that changes the state saves it before it returns, and returns the events to send as
+the ``Handled`` every stream processor returns (rollstream.streams.processor; its Sends encoded
+here): the shell never awaits between a load and the save that follows it. Admission is not driven
+event by event as the others are (it waits for credits and reads its own topics back), so it
+answers the calls of that wait rather than ``handle``/``tick``.
 """
 
 from __future__ import annotations
@@ -26,13 +29,15 @@ from rollstream.filtering import history
 from rollstream.filtering.decision import Decision
 from rollstream.filtering.reasons import RejectReason
 from rollstream.kafka import names
-from rollstream.kafka.events import Output
+from rollstream.kafka.events import Send
 from rollstream.kafka.topics import Topics
 from rollstream.observability.metrics import process_metrics
 from rollstream.policy.prompt_ids import load_prompt_ids
 from rollstream.runtime import now_ms
+from rollstream.schemas import encode
 from rollstream.schemas.records import batch_event
 from rollstream.streams.event_builders import derive_seed, generation_request, group_record
+from rollstream.streams.processor import Handled
 from rollstream.streams.store import Store
 
 log = logging.getLogger(__name__)
@@ -165,7 +170,7 @@ class AdmissionProcessor:
                                             "is the trainer up?)"))
 
     def admit(self, prompt: dict, prompt_ids: Sequence[int], take: Take | None = None, offset: int | None = None,
-              history_of: tuple[dict, int] | None = None) -> list[Output]:
+              history_of: tuple[dict, int] | None = None) -> Handled:
         """Admit ``prompt`` (a credit is free: ``can_admit``) or reject it before generation.
 
         ``take``: it is the next prompt of a later epoch or of a validation round, and ``take``
@@ -190,15 +195,15 @@ class AdmissionProcessor:
             state, effects = core.check_step(state, self.limits)
             self.save(state)
             self.metrics.decision("prompt", False, verdict.reason)
-            return [self.rejected_group(prompt, verdict), *self.outputs(effects)]
+            return Handled([self.rejected_group(prompt, verdict), *self.outputs(effects)])
         self.save(core.admit(state, prompt["prompt_id"], mode, now_ms()))
         self.metrics.decision("prompt", True, "accepted")
         n = self.filters[prompt["domain"]].first_round(mode)
         request = generation_request(prompt, round_=0, num_return_sequences=n, sample_offset=0,
                                      seed=derive_seed(self.config.seed, prompt["prompt_id"], 0))
-        return [Output(self.topics.generation_requests, prompt["prompt_id"], "GenerationRequest", request)]
+        return Handled([self.send(self.topics.generation_requests, prompt["prompt_id"], "GenerationRequest", request)])
 
-    def _skip_by_history(self, state: core.AdmissionState, prompt: dict, epoch: int) -> list[Output] | None:
+    def _skip_by_history(self, state: core.AdmissionState, prompt: dict, epoch: int) -> Handled | None:
         """When the history filter skips ``prompt`` (its first-epoch record) in ``epoch``: move
         past it, count it, save, and return its history and rejected Group; else None."""
         explore = history.ExploreState.from_dict(state.explore, self.history_limits)
@@ -220,17 +225,17 @@ class AdmissionProcessor:
         rejected = self.rejected_group({**prompt, "prompt_id": core.epoch_prompt_id(prompt["prompt_id"], epoch)},
                                        Decision.reject(RejectReason.SKIPPED_BY_HISTORY, **decision.values()),
                                        self.history_filter, policy_version=current)
-        return [self._history_output(history.on_skip(past)), rejected, *self.outputs(effects)]
+        return Handled([self._history_output(history.on_skip(past)), rejected, *self.outputs(effects)])
 
     def rejected_group(self, prompt: dict, verdict: Decision, decided_by: tuple[str, str] | None = None,
-                       policy_version: int = 0) -> Output:
+                       policy_version: int = 0) -> Send:
         """A rejected Group for a prompt decided before generation; ``decided_by``: its
         (filter_config, filter_config_hash), the prompt length filter's by default."""
         filter_config, filter_hash = decided_by or self.prompt_filter
         group = group_record(prompt=prompt, decided_accepted=False, reason=verdict.reason, values=dict(verdict.values),
                              responses=[], filter_config=filter_config, filter_config_hash=filter_hash,
                              policy_version=policy_version, rounds=0, responses_generated=0)
-        return Output(self.topics.groups_rejected, prompt["prompt_id"], "Group", group)
+        return self.send(self.topics.groups_rejected, prompt["prompt_id"], "Group", group)
 
     # -- end of data and the later epochs
     def is_new_end(self, offset: int) -> bool:
@@ -242,11 +247,11 @@ class AdmissionProcessor:
         self.outputs(core.on_data_end(state, self.limits, offset, state.epoch_size)[1])  # ExtraEnd: logged
         return False
 
-    def end_data(self, offset: int, train_prompts: int) -> list[Output]:
+    def end_data(self, offset: int, train_prompts: int) -> Handled:
         """Record the end of data at ``offset`` after ``train_prompts`` train prompts."""
         state, effects = core.on_data_end(self.load(), self.limits, offset, train_prompts)
         self.save(state)
-        return self.outputs(effects)
+        return Handled(self.outputs(effects))
 
     def replays_left(self) -> bool:
         return core.next_replay(self.load(), self.limits) is not None
@@ -263,11 +268,11 @@ class AdmissionProcessor:
                       lambda s: core.take_replay(s, self.limits),
                       (original, epoch) if self.history_limits is not None else None)
 
-    def settle(self) -> list[Output]:
+    def settle(self) -> Handled:
         """The step's verdict when it is due now (e.g. nothing is in flight after a pass)."""
         state, effects = core.check_step(self.load(), self.limits)
         self.save(state)
-        return self.outputs(effects)
+        return Handled(self.outputs(effects))
 
     # -- validation rounds
     def eval_version_due(self) -> int | None:
@@ -305,7 +310,7 @@ class AdmissionProcessor:
         return {**val[index], "prompt_id": core.eval_prompt_id(val[index]["prompt_id"], state.eval_version)}
 
     # -- outcomes
-    def on_outcome(self, outcome: dict) -> list[Output]:
+    def on_outcome(self, outcome: dict) -> Handled:
         """Return the credit of ``outcome``'s prompt (a PromptOutcome record) and learn its
         reward pattern; an outcome of a prompt not in flight (a redelivery) changes nothing."""
         state, effects = core.on_outcome(self.load(), self.limits, outcome["prompt_id"],
@@ -313,7 +318,7 @@ class AdmissionProcessor:
                                          outcome.get("policy_version"))
         learned = None if any(isinstance(e, core.UnknownOutcome) for e in effects) else self._learn(state, outcome)
         self.save(state)
-        return ([] if learned is None else [self._history_output(learned)]) + self.outputs(effects)
+        return Handled(([] if learned is None else [self._history_output(learned)]) + self.outputs(effects))
 
     def _learn(self, state: core.AdmissionState, outcome: dict) -> history.PromptHistory | None:
         """A train group was decided: add its pattern to the prompt's history and adapt the
@@ -327,9 +332,9 @@ class AdmissionProcessor:
         state.explore = history.observe(explore, self.history_limits, outcome["reward_pattern"]).to_dict()
         return entry
 
-    def _history_output(self, entry: history.PromptHistory) -> Output:
+    def _history_output(self, entry: history.PromptHistory) -> Send:
         self.histories[entry.prompt_id] = entry
-        return Output(self.topics.prompt_history, entry.prompt_id, "PromptHistory", entry.to_record())
+        return self.send(self.topics.prompt_history, entry.prompt_id, "PromptHistory", entry.to_record())
 
     def oldest_in_flight_ms(self) -> int | None:
         return core.oldest_admission_ms(self.load())
@@ -338,9 +343,14 @@ class AdmissionProcessor:
         return prompt_id in self.load().in_flight
 
     # -- effects
-    def outputs(self, effects: Sequence[core.AdmissionEffect]) -> list[Output]:
+    @staticmethod
+    def send(topic: str, key: str, schema: str, record: dict) -> Send:
+        """``record`` encoded as ``schema``, to send on ``topic`` under ``key``."""
+        return Send(topic, key, encode(record, schema))
+
+    def outputs(self, effects: Sequence[core.AdmissionEffect]) -> list[Send]:
         """Log the core's effects; a step verdict becomes a ``Batch`` event on ``batches``."""
-        out: list[Output] = []
+        out: list[Send] = []
         for effect in effects:
             if isinstance(effect, core.StepComplete):
                 log.info("step %d complete: %d groups accepted after %d prompts; rejected %s", effect.step,
@@ -348,7 +358,7 @@ class AdmissionProcessor:
             elif isinstance(effect, core.StepVerdict):
                 log.warning("step %d ends %s: %d/%d groups after %d prompts", effect.step, effect.status,
                             effect.accepted, effect.target, effect.prompts_consumed)
-                out.append(Output(self.topics.batches, str(effect.step), "Batch", batch_event(
+                out.append(self.send(self.topics.batches, str(effect.step), "Batch", batch_event(
                     step=effect.step, status=effect.status, target=effect.target, accepted=effect.accepted,
                     prompts_consumed=effect.prompts_consumed, rejected_by_reason=effect.rejected_by_reason)))
             elif isinstance(effect, core.ExtraEnd):

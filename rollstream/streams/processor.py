@@ -19,9 +19,9 @@ reprocesses it from the table. Any other exception from ``handle`` dead-letters 
 
 ``streams.common.serve_processor`` runs a processor as a faust agent; tests, benchmarks and
 replays call it directly over a ``MemoryStore``. The aggregator and the group queue have this
-shape. Admission's work is a processor too (``admission_processor``), but of another shape: it
-waits for credits before it takes the next prompt and reads its own topics back, so its agent
-drives it call by call.
+shape. Admission's processor (``admission_processor``) returns ``Handled`` too, from the calls its
+agent makes one by one rather than from ``handle``/``tick``: it waits for credits before it takes
+the next prompt and reads its own topics back.
 """
 
 from __future__ import annotations

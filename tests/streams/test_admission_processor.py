@@ -9,9 +9,12 @@ from rollstream.config import parse_config
 from rollstream.filtering import admission as core
 from rollstream.filtering.history import PromptHistory
 from rollstream.kafka import names
+from rollstream.kafka.events import Output
 from rollstream.kafka.topics import Topics
+from rollstream.schemas import decode
 from rollstream.streams.admission_processor import AdmissionProcessor, Screened, default_tokenize
 from rollstream.streams.event_builders import derive_seed
+from rollstream.streams.processor import Handled
 from rollstream.streams.store import MemoryStore
 
 TOPICS = Topics("t.")
@@ -30,9 +33,15 @@ def prompt(prompt_id: str, mode: str = "train", text: str = "What is 2+3?") -> d
     return {"prompt_id": prompt_id, "domain": "math", "prompt": text, "mode": mode, "ground_truth": "5"}
 
 
-def admit(p: AdmissionProcessor, record: dict, **kwargs) -> list:
+def sent(handled: Handled) -> list[Output]:
+    """The events ``handled`` sends, decoded (every one decodes as its schema)."""
+    assert handled.error is None
+    return [Output(s.topic, s.key, *decode(s.value)) for s in handled.sends]
+
+
+def admit(p: AdmissionProcessor, record: dict, **kwargs) -> list[Output]:
     assert p.can_admit(record.get("mode", "train"))
-    return p.admit(record, p.tokenize(record), **kwargs)
+    return sent(p.admit(record, p.tokenize(record), **kwargs))
 
 
 def outcome(prompt_id: str, commit: bool, pattern: str = "") -> dict:
@@ -49,8 +58,8 @@ def test_an_admitted_prompt_becomes_one_generation_request_and_takes_a_credit():
     assert p.load().in_flight == {"a": 0} and p.store[names.ADMISSION_SEEN_PREFIX + b"a"] == b"5"
     admit(p, prompt("b"))
     assert not p.can_admit("train")  # max_running_prompts 2
-    assert p.on_outcome(outcome("a", True)) == [] and not p.can_admit("train")  # accepted + in flight cover the batch
-    p.on_outcome(outcome("b", False))
+    assert sent(p.on_outcome(outcome("a", True))) == [] and not p.can_admit("train")  # accepted + in flight cover the batch
+    sent(p.on_outcome(outcome("b", False)))
     assert p.can_admit("train")  # a rejection frees exactly one slot
 
 
@@ -94,11 +103,11 @@ def test_a_spent_budget_ends_the_step_underfilled_with_a_batch_event():
     p = processor()
     for pid in ("a", "b"):
         admit(p, prompt(pid))
-    p.on_outcome(outcome("a", True))
-    assert p.on_outcome(outcome("b", False)) == []
+    sent(p.on_outcome(outcome("a", True)))
+    assert sent(p.on_outcome(outcome("b", False))) == []
     admit(p, prompt("c"))  # the third and last prompt of the budget
     assert not p.can_admit("train")
-    [batch] = p.on_outcome(outcome("c", False))
+    [batch] = sent(p.on_outcome(outcome("c", False)))
     assert (batch.topic, batch.key, batch.schema) == (TOPICS.batches, "0", "Batch")
     assert {k: batch.record[k] for k in ("step", "status", "target_groups", "accepted_groups", "prompts_consumed")} == {
         "step": 0, "status": "underfilled", "target_groups": 2, "accepted_groups": 1, "prompts_consumed": 3}
@@ -111,19 +120,19 @@ def test_later_epochs_replay_the_train_prompts_and_survive_a_restart():
     train = [prompt("a"), prompt("b")]
     for offset, record in enumerate(train):
         admit(p, record, offset=offset)
-        p.on_outcome(outcome(record["prompt_id"], True))
-    assert p.is_new_end(2) and p.end_data(2, len(train)) == []
+        sent(p.on_outcome(outcome(record["prompt_id"], True)))
+    assert p.is_new_end(2) and sent(p.end_data(2, len(train))) == []
     replay = p.next_replay(train)
     first = replay.prompt["prompt_id"]
     assert first in ("a#e1", "b#e1") and replay.history_of is None
     admit(p, replay.prompt, take=replay.take)
-    p.on_outcome(outcome(first, True))
+    sent(p.on_outcome(outcome(first, True)))
     restarted = processor(table, num_epochs=2, rollout_batch_size=1, max_prompts_per_batch=4)
     second = restarted.next_replay(train)
     assert {first, second.prompt["prompt_id"]} == {"a#e1", "b#e1"}  # resumed past the first
     admit(restarted, second.prompt, take=second.take)
     assert restarted.next_replay(train) is None and not restarted.replays_left()
-    [end] = restarted.on_outcome(outcome(second.prompt["prompt_id"], False))
+    [end] = sent(restarted.on_outcome(outcome(second.prompt["prompt_id"], False)))
     assert (end.record["status"], end.record["accepted_groups"], end.record["step"]) == ("end_of_data", 0, 3)
 
 
@@ -134,7 +143,8 @@ def test_a_validation_round_starts_per_new_version_and_ends_short_when_prompts_a
     p.start_eval(2, val)
     first = p.next_eval(val)
     assert first["prompt_id"] == "v1#v2"
-    [request] = p.admit(first, p.tokenize(first), take=lambda s: (setattr(s, "eval_position", s.eval_position + 1), s)[1])
+    [request] = sent(p.admit(first, p.tokenize(first),
+                                take=lambda s: (setattr(s, "eval_position", s.eval_position + 1), s)[1]))
     assert request.record["num_return_sequences"] == 1  # val_num_return_sequences
     assert p.next_eval(val[:1]) is None  # one prompt left on the topic: the round ends at 1
     assert (p.load().eval_size, p.load().eval_position) == (1, 1) and p.eval_version_due() is None
@@ -146,11 +156,11 @@ def test_outcomes_teach_the_prompt_history_once_it_is_loaded():
     p.load_history({"a": PromptHistory("a")})
     assert not p.needs_history
     admit(p, prompt("a"))
-    [entry] = p.on_outcome(outcome("a", True, pattern="mixed"))
+    [entry] = sent(p.on_outcome(outcome("a", True, pattern="mixed")))
     assert (entry.topic, entry.key, entry.schema) == (TOPICS.prompt_history, "a", "PromptHistory")
     assert p.histories["a"].to_record() == entry.record
     assert json.loads(p.store[names.ADMISSION_KEY])["explore"] is not None
-    assert p.on_outcome(outcome("a", True, pattern="mixed")) == []  # a redelivery learns nothing
+    assert sent(p.on_outcome(outcome("a", True, pattern="mixed"))) == []  # a redelivery learns nothing
 
 
 def test_revisits_paced_by_versions_read_the_published_version():
@@ -165,11 +175,11 @@ def test_revisits_paced_by_versions_read_the_published_version():
         p.load_history(dict(found))
         for offset, record in enumerate(train):
             admit(p, record, offset=offset)
-            p.on_outcome(outcome(record["prompt_id"], False, pattern="all_wrong"))
+            sent(p.on_outcome(outcome(record["prompt_id"], False, pattern="all_wrong")))
         p.end_data(2, len(train))
         while (replay := p.next_replay(train)).prompt["prompt_id"] != "a#e1":
             admit(p, replay.prompt, take=replay.take, history_of=replay.history_of)
-        out = p.admit(replay.prompt, p.tokenize(replay.prompt), take=replay.take, history_of=replay.history_of)
+        out = sent(p.admit(replay.prompt, p.tokenize(replay.prompt), take=replay.take, history_of=replay.history_of))
         groups = [o.record for o in out if o.schema == "Group"]
         assert [g["reason"] for g in groups] == (["skipped_by_history"] if skipped else [])
         if skipped:
@@ -190,12 +200,12 @@ def test_a_pass_that_skipped_every_prompt_at_one_version_is_not_repeated():
     train = [prompt("a"), prompt("b")]
     for offset, record in enumerate(train):
         admit(p, record, offset=offset)
-        p.on_outcome(outcome(record["prompt_id"], False, pattern="all_wrong"))
+        sent(p.on_outcome(outcome(record["prompt_id"], False, pattern="all_wrong")))
     p.end_data(2, len(train))
 
     def next_schemas() -> tuple[str, list[str]]:
         replay = p.next_replay(train)
-        out = p.admit(replay.prompt, p.tokenize(replay.prompt), take=replay.take, history_of=replay.history_of)
+        out = sent(p.admit(replay.prompt, p.tokenize(replay.prompt), take=replay.take, history_of=replay.history_of))
         return replay.prompt["prompt_id"], [o.schema for o in out if o.schema != "PromptHistory"]
 
     assert [next_schemas()[1] for _ in range(2)] == [["Group"]] * 2  # epoch 1: both skipped (E = 0)
@@ -203,7 +213,7 @@ def test_a_pass_that_skipped_every_prompt_at_one_version_is_not_repeated():
     first, schemas = next_schemas()
     assert first.endswith("#e2") and schemas == ["GenerationRequest"]
     assert p.history_stalled()  # in flight: the next one waits for its outcome ...
-    p.on_outcome(outcome(first, False, pattern="all_wrong"))
+    sent(p.on_outcome(outcome(first, False, pattern="all_wrong")))
     second, schemas = next_schemas()  # ... then comes next, with no pass of skips between
     assert second.endswith("#e2") and second != first and schemas == ["GenerationRequest"]
     version[0] = 1
