@@ -18,14 +18,19 @@ from faust.tables.recovery import Recovery
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
 
+from rollstream.config import PipelineConfig
 from rollstream.config.base import KafkaConfig
 from rollstream.exceptions import StageFault
+from rollstream.filtering.query_filters import load_torch
+from rollstream.kafka import names
 from rollstream.kafka.admin import replication_factor
 from rollstream.kafka.cluster import Bootstrap, Cluster, as_cluster
 from rollstream.kafka.context import StageContext
 from rollstream.kafka.events import Send, dead_letter, decode_expected, guard_size
+from rollstream.policy.versions import STALENESS_VERSION_MAX_AGE_S, PolicyVersionWatcher
 from rollstream.schemas import encode
 from rollstream.streams.processor import Handled, Processor
+from rollstream.streams.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -368,3 +373,24 @@ def serve_processor(app: faust.App, source: faust.TopicT, processor: Processor, 
     @app.on_rebalance_complete.connect
     async def reassigned(sender, **kwargs) -> None:
         processor.assigned()
+
+
+def processor_app(config: PipelineConfig, context: StageContext, *, app_name: str, table: str, help: str,
+                  sources: tuple[str, ...], processor: Callable[[Store, Callable[[], int | None]], Processor],
+                  name: str, within_s: float, tick_interval_s: float, store: str = "memory://") -> faust.App:
+    """The faust app of a stateful stage: one table ``table`` keyed by bytes, a processor built by
+    ``processor(table store, newest policy version)`` (the version: None without a staleness
+    bound) and served (``serve_processor``, as agent ``name``) over ``sources``, co-partitioned. torch is imported
+    while the app starts (the filters compute with it), not at the first decision."""
+    load_torch()
+    topics, partitions = context.topics, config.kafka.partitions
+    app = make_app(names.app_id(topics, app_name), context.bootstrap, partitions, config.kafka, store,
+                   producer_linger_s=PRODUCER_LINGER_S, producer_max_batch_bytes=PRODUCER_MAX_BATCH_BYTES)
+    state = app.Table(table, default=None, partitions=partitions, key_type=bytes, value_type=bytes, help=help)
+    versions = PolicyVersionWatcher(context.bootstrap, topics) if config.max_staleness is not None else None
+    version_of = ((lambda: versions.latest_version(STALENESS_VERSION_MAX_AGE_S)) if versions is not None
+                  else (lambda: None))
+    serve_processor(app, raw_topic(app, *sources, partitions=partitions), processor(TableStore(state), version_of),
+                    Emitter(app, context), name=name, within_s=within_s,
+                    tick_interval_s=tick_interval_s)
+    return app

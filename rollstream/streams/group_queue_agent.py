@@ -15,19 +15,9 @@ from __future__ import annotations
 import faust
 
 from rollstream.config import AgenticConfig
-from rollstream.filtering.query_filters import load_torch
 from rollstream.kafka import names
 from rollstream.kafka.context import StageContext
-from rollstream.policy.versions import STALENESS_VERSION_MAX_AGE_S, PolicyVersionWatcher
-from rollstream.streams.common import (
-    PRODUCER_LINGER_S,
-    PRODUCER_MAX_BATCH_BYTES,
-    Emitter,
-    TableStore,
-    make_app,
-    raw_topic,
-    serve_processor,
-)
+from rollstream.streams.common import processor_app
 from rollstream.streams.group_queue_processor import GroupQueueProcessor
 from rollstream.streams.store import HeldWrites
 
@@ -40,18 +30,10 @@ BATCH_WITHIN_S = 0.05
 
 def build_group_queue_app(config: AgenticConfig, context: StageContext, store: str = "memory://",
                           tick_interval_s: float = TICK_INTERVAL_S) -> faust.App:
-    load_torch()  # the filters need it: imported while the app starts, not at the first decision
     topics = context.topics
-    partitions = config.kafka.partitions
-    app = make_app(names.app_id(topics, names.GROUP_QUEUE_APP), context.bootstrap, partitions, config.kafka, store,
-                   producer_linger_s=PRODUCER_LINGER_S, producer_max_batch_bytes=PRODUCER_MAX_BATCH_BYTES)
-    table = app.Table(names.GROUP_QUEUE_TABLE, default=None, partitions=partitions, key_type=bytes,
-                      value_type=bytes, help="group queues, member trajectories and filter state (see processor)")
-    versions = PolicyVersionWatcher(context.bootstrap, topics) if config.max_staleness is not None else None
-    processor = GroupQueueProcessor(config, HeldWrites(TableStore(table)),
-                                    (lambda: versions.latest_version(STALENESS_VERSION_MAX_AGE_S))
-                                    if versions is not None else (lambda: None))
-    serve_processor(app, raw_topic(app, topics.trajectories, topics.episodes_control, partitions=partitions),
-                    processor, Emitter(app, context), name="group_queue.queue", within_s=BATCH_WITHIN_S,
-                    tick_interval_s=tick_interval_s)
-    return app
+    return processor_app(config, context, app_name=names.GROUP_QUEUE_APP, table=names.GROUP_QUEUE_TABLE,
+                         help="group queues, member trajectories and filter state (see processor)",
+                         sources=(topics.trajectories, topics.episodes_control),
+                         processor=lambda table, version_of: GroupQueueProcessor(config, HeldWrites(table), version_of),
+                         name="group_queue.queue", within_s=BATCH_WITHIN_S, tick_interval_s=tick_interval_s,
+                         store=store)
