@@ -33,7 +33,7 @@ from rollstream.config import Config, load_config  # noqa: E402
 from rollstream.kafka.admin import create_pipeline_topics  # noqa: E402
 from rollstream.kafka.topics import Topics  # noqa: E402
 from rollstream.runtime import now_ms  # noqa: E402
-from rollstream.tools.readback import count_records, first_record_ms  # noqa: E402
+from rollstream.kafka.readback import count_records, first_record_ms  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = float(os.environ.get("STARTUP_TIMEOUT_S", 300))

@@ -7,17 +7,41 @@ operators find a stage's process there)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Iterator, Mapping
 
 from rollstream.app.stages import Stage
 from rollstream.exceptions import StageDied
+
+
+@contextlib.contextmanager
+def stop_on_terminate() -> Iterator[None]:
+    """While in the block, SIGTERM and SIGHUP raise SystemExit(128 + signal) in the main thread
+    (Python's default would end the process at once), so the ``finally`` blocks that stop the
+    stage processes, the inference server and the embedded broker run: a supervisor's stop, a
+    closed terminal or a job scheduler's kill leaves nothing running. Outside the main thread
+    (no handler can be set) it does nothing. The previous handlers come back afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, _frame) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, terminate) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class StageProcesses:

@@ -26,7 +26,7 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rollstream.app.processes import StageProcesses
+from rollstream.app.processes import StageProcesses, stop_on_terminate
 from rollstream.app.producer import produce_prompts, start_env_groups
 from rollstream.app.render import print_summary
 from rollstream.app.stages import MODEL_STAGES, Stage, pipeline_stages, preflight, start_metrics, start_trackers
@@ -54,7 +54,14 @@ def run_pipeline(config: Config, summary_json: Path | None = None, console: Cons
     """Run the pipeline; returns the summary dict (also written to ``summary_json``), and writes
     the HTML report (rollstream.tools.report) to ``report_html`` when given. ``started_ms``
     (epoch ms; default: now) is where the summary's ``startup_seconds`` count from: `rollstream
-    run` passes its process's start."""
+    run` passes its process's start. SIGTERM or SIGHUP stops the stages, the server and the
+    broker and raises SystemExit (``stop_on_terminate``)."""
+    with stop_on_terminate():
+        return _run_pipeline(config, summary_json, console, run_dir, report_html, started_ms)
+
+
+def _run_pipeline(config: Config, summary_json: Path | None, console: Console | None, run_dir: Path | None,
+                  report_html: Path | None, started_ms: int | None) -> dict:
     console = console or Console()
     preflight(config)  # a bad env type or group filter fails now, before the broker starts
     started = time.monotonic()

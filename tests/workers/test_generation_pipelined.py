@@ -17,7 +17,8 @@ from rollstream.kafka.clients import make_producer
 from rollstream.kafka.event_worker import EventWorker
 from rollstream.policy.model import load_tokenizer
 from rollstream.schemas import encode
-from rollstream.tools.readback import count_records, read_values
+from rollstream.kafka.readback import count_records
+from rollstream.tools.readback import read_values
 from rollstream.inference.engine import SamplingParams
 from rollstream.workers.generation import GenerationWorker
 from rollstream.inference.server_client import ServerBackend
