@@ -23,7 +23,6 @@ DEADLINE_CHECK_S = 2.0
 def build_aggregator_app(config: RLVRConfig, context: StageContext, store: str = "memory://") -> faust.App:
     topics = context.topics
     return processor_app(config, context, app_name=names.AGGREGATOR_APP, table=names.PROMPT_STATE_TABLE,
-                         help="prompt_id -> PromptState + accepted RewardedResponse bytes",
                          sources=(topics.responses_rewarded, topics.generation_requests),
                          processor=lambda table, version_of: AggregatorProcessor(config, table, version_of),
                          name="aggregator.aggregate", within_s=BATCH_WITHIN_S, tick_interval_s=DEADLINE_CHECK_S,

@@ -375,7 +375,7 @@ def serve_processor(app: faust.App, source: faust.TopicT, processor: Processor, 
         processor.assigned()
 
 
-def processor_app(config: PipelineConfig, context: StageContext, *, app_name: str, table: str, help: str,
+def processor_app(config: PipelineConfig, context: StageContext, *, app_name: str, table: str,
                   sources: tuple[str, ...], processor: Callable[[Store, Callable[[], int | None]], Processor],
                   name: str, within_s: float, tick_interval_s: float, store: str = "memory://") -> faust.App:
     """The faust app of a stateful stage: one table ``table`` keyed by bytes, a processor built by
@@ -386,7 +386,8 @@ def processor_app(config: PipelineConfig, context: StageContext, *, app_name: st
     topics, partitions = context.topics, config.kafka.partitions
     app = make_app(names.app_id(topics, app_name), context.bootstrap, partitions, config.kafka, store,
                    producer_linger_s=PRODUCER_LINGER_S, producer_max_batch_bytes=PRODUCER_MAX_BATCH_BYTES)
-    state = app.Table(table, default=None, partitions=partitions, key_type=bytes, value_type=bytes, help=help)
+    state = app.Table(table, default=None, partitions=partitions, key_type=bytes, value_type=bytes,
+                      help=f"the state of agent {name} (its processor's module doc)")
     versions = PolicyVersionWatcher(context.bootstrap, topics) if config.max_staleness is not None else None
     version_of = ((lambda: versions.latest_version(STALENESS_VERSION_MAX_AGE_S)) if versions is not None
                   else (lambda: None))

@@ -32,7 +32,6 @@ def build_group_queue_app(config: AgenticConfig, context: StageContext, store: s
                           tick_interval_s: float = TICK_INTERVAL_S) -> faust.App:
     topics = context.topics
     return processor_app(config, context, app_name=names.GROUP_QUEUE_APP, table=names.GROUP_QUEUE_TABLE,
-                         help="group queues, member trajectories and filter state (see processor)",
                          sources=(topics.trajectories, topics.episodes_control),
                          processor=lambda table, version_of: GroupQueueProcessor(config, HeldWrites(table), version_of),
                          name="group_queue.queue", within_s=BATCH_WITHIN_S, tick_interval_s=tick_interval_s,

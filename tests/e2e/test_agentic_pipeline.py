@@ -145,7 +145,7 @@ def test_agentic_example_through_every_stage(kafka_broker, tmp_path):
         assert (g["kind"], g["mode"], g["accepted"], g["reason"]) == ("agentic", "train", True, "accepted")
         assert g["group_key"] == f"train/{g['group_id']}/{g['episode_id']}"
         assert g["seed"] == config.group_seed("train", g["group_id"]) + g["episode_id"]
-        assert g["group_filter_cls"] == "rollstream.filtering.group_filters:EnvFailureStdGroupFilter"
+        assert g["group_filter_cls"] == "env_failure_std"  # the example names the built-in
         assert len(g["trajectories"]) == GROUP_SIZE
         assert g["trajectories_started"] == GROUP_SIZE + 1  # group_size + redundancy
         assert len({t["traj_index"] for t in g["trajectories"]}) == GROUP_SIZE
