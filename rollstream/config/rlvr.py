@@ -16,7 +16,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 from rollstream.config.base import FrozenModel, builtins
 from rollstream.config.pipeline import PipelineConfig
 from rollstream.config.reward_functions import is_builtin, load_reward_function
-from rollstream.config.sources import file_prompts, is_loaded
+from rollstream.config.sources import file_prompts, loader_of
 from rollstream.extensions import DATA_SOURCES, REWARDS
 from rollstream.exceptions import ConfigError
 from rollstream.filtering.admission import AdmissionLimits
@@ -131,7 +131,7 @@ class DatasetConfig(FrozenModel):
     @property
     def is_file(self) -> bool:
         """True for a user's file or folder, False for a loader's source."""
-        return not is_loaded(self.source)
+        return loader_of(self.source) is None
 
     @property
     def domains(self) -> frozenset[str]:
@@ -152,8 +152,9 @@ class DatasetConfig(FrozenModel):
                 raise ValueError(f"{file_keys} apply to file sources only; {self.source!r} is a loader's source")
             if self.domain is None or self.num_samples is None:
                 raise ValueError(f"a loader's source ({self.source!r}) needs domain and num_samples")
-            if ":" in self.source:
-                DATA_SOURCES.get_named(self.source)  # imported now: a typo fails before anything starts
+            loader, dataset = loader_of(self.source)
+            if not dataset:  # a user's loader: imported now, so a typo fails before anything starts
+                DATA_SOURCES.get_named(loader)
             return self
         if self.config:
             raise ValueError("config (a loader's config) does not apply to a file source")

@@ -56,11 +56,14 @@ class PromptSourceError(RollstreamError, ValueError):
     and, for a bad row, the row and the key."""
 
 
-def is_loaded(source: str) -> bool:
-    """True for a source a loader gives (rollstream.extensions.DATA_SOURCES: a bundled
-    ``<loader>/<dataset>``, or a user loader's import path ``pkg.module:function``), False for a
-    file or folder path."""
-    return ":" in source or source.partition("/")[0] in DATA_SOURCES
+def loader_of(source: str) -> tuple[str, str] | None:
+    """``(loader, dataset)`` of a source a loader gives (rollstream.extensions.DATA_SOURCES): a
+    user loader's import path ``pkg.module:function`` (dataset ``""``), or a bundled
+    ``<loader>/<dataset>``; None for anything else, a file or folder path."""
+    if ":" in source:
+        return source, ""
+    loader, _, dataset = source.partition("/")
+    return (loader, dataset) if loader in DATA_SOURCES and dataset else None
 
 
 def lookup(row: Mapping, path: str, where: str) -> Any:

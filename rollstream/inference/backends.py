@@ -32,7 +32,7 @@ def backend_kwargs(actor_infer: ActorInferConfig, model_path: str | None, instan
     """Constructor arguments of the backend ``actor_infer`` configures, beyond its defaults: the
     generation model (``model_path``: a config's ``infer_model_path``; None = the bundled one),
     its dtype, ``max_num_seqs`` when set and, for transformers, its device (vLLM picks its own GPU). A
-user's class gets ``model_dir``, ``dtype`` (its name) and ``max_num_seqs`` (None: unset). For
+    user's class gets ``model_dir``, ``dtype`` (its name) and ``max_num_seqs`` (None: unset). For
     ``vllm_server``: this worker's share of ``actor_infer.servers`` (server i belongs to worker
     i mod ``instances``: each server has one worker, which alone updates its weights). Raises
     ConfigError for no servers, or fewer servers than workers."""

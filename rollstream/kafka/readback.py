@@ -13,11 +13,11 @@ tools re-read what is on a topic.
 from __future__ import annotations
 
 import time
-from typing import Callable, TypeVar
+from typing import Callable, Iterable, Iterator, TypeVar
 
 from kafka import TopicPartition
 
-from rollstream.exceptions import DecodeError, RollstreamError
+from rollstream.exceptions import RollstreamError
 from rollstream.kafka.clients import reader_consumer
 from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.events import decode_expected
@@ -122,6 +122,20 @@ def first_record_ms(bootstrap: Bootstrap, topic: str) -> int | None:
         consumer.close()
 
 
+def decoded(messages: Iterable) -> Iterator[tuple[str, dict]]:
+    """``(schema, value)`` of each consumer record in ``messages`` that decodes; tombstones and
+    undecodable events are skipped (their stages dead-letter them)."""
+    for message in messages:
+        if message.value is None:
+            continue
+        try:
+            schema, value = decode(message.value)
+        except RollstreamError:
+            continue
+        if value is not None:
+            yield schema, value
+
+
 class TopicTail:
     """``read_values`` of several topics, again and again, reading each record once: one
     consumer (no group, nothing committed) holds every topic asked for so far, and each
@@ -168,16 +182,8 @@ class TopicTail:
         return self._values[topic]
 
     def _add(self, topic: str, messages: list) -> None:
-        keep, values = self.keep.get(topic), self._values[topic]
-        for message in messages:
-            if message.value is None:
-                continue
-            try:
-                _, value = decode(message.value)
-            except DecodeError:
-                continue
-            if value is not None and (keep is None or keep(value)):
-                values.append(value)
+        keep = self.keep.get(topic)
+        self._values[topic] += [value for _, value in decoded(messages) if keep is None or keep(value)]
 
     def close(self) -> None:
         self._consumer.close()
@@ -192,14 +198,7 @@ class Tail:
         self.consumer = reader_consumer(bootstrap, topic)
 
     def new(self) -> list[tuple[str, dict]]:
-        out = []
-        for msgs in self.consumer.poll(timeout_ms=0).values():
-            for m in msgs:
-                try:
-                    out.append(decode(m.value))
-                except RollstreamError:
-                    continue
-        return out
+        return [event for messages in self.consumer.poll(timeout_ms=0).values() for event in decoded(messages)]
 
     def close(self) -> None:
         self.consumer.close()
