@@ -19,15 +19,22 @@ domain, the mean pass rate; a domain passing at least LEARNABLE_MIN_PASS on aver
 learnable band, the others the hopeless part; ``screened_but_mixed_v0``: the expected share of
 prompts a screening of k samples rejects though their full group would be kept.
 
+One evaluator validates every variant: learning.validate_policy, on versions 0, ``eval_steps``,
+2 ``eval_steps``, ... (the validation prompts, ``val_num_return_sequences`` samples each, the
+config's sampling, seeded by seed and version). A rollstream run validates nothing while it runs:
+it keeps those versions' weights and they are validated after it ends; TRL's run validates
+between its steps and takes that time off its clock. The same weights give the same figures
+either way (version 0 is the same for every variant), and no validation competes with a run for
+the 2 cores.
+
 The target is the validation accuracy (a) ends at: the mean over seeds of its last validated
 version's accuracy. It is known once every run is done, so every figure comes from the runs'
 stored validation curves afterwards. Per variant, each as ``{values, mean, stdev}`` over seeds
 (a seed that never reaches the target has null, left out of the mean):
 
-* ``seconds_to_target``: benchmarks/learning.py's clock, validation outside it: from the run's
-  start (broker, stages and model loading included) to the end of the step that made the first
-  version at or above the target (TRL: its validation time taken out);
-  ``seconds_to_target_validation_inside``: until that version's score was known;
+* ``seconds_to_target``: validation outside the clock: from the run's start (broker, stages and
+  model loading included) to the end of the step that made the first version at or above the
+  target; ``seconds_to_target_validation_inside``: that plus the validation rounds up to it;
 * ``tokens_to_target``: train response tokens generated (rejected groups included) by the
   versions before that one;
 * ``final_val_accuracy``, ``final_learnable_val_accuracy`` (the learnable band's validation
@@ -69,7 +76,7 @@ import yaml
 
 import learning  # sets OMP_WAIT_POLICY as `rollstream run` does, before torch loads
 from filter_stage import parse_args
-from learning import ROOT, spread, trl_variant, version_curve
+from learning import ROOT, spread, trl_variant
 
 BASE = ROOT / "examples" / "rlvr_mixed.yaml"
 VARIANTS = ("no_filter", "dynamic_sampling", "screening", "screening_history", "trl_grpo")
@@ -77,6 +84,8 @@ BASELINE, OURS, TRL = "no_filter", "screening_history", "trl_grpo"
 AS_LEARNING = {"no_filter": "no_filter", "dynamic_sampling": "dynamic_sampling", "screening": "dynamic_sampling",
                "screening_history": "ds_history", "trl_grpo": "trl_grpo"}  # learning.variant_config's names
 LEARNABLE_MIN_PASS = 0.05  # a domain's mean v0 pass rate from which it is the learnable band
+# a filtered variant generates several groups a step: room for it to reach the horizon
+TIME_LIMIT_PER_STEP_S = 180
 SMOKE_GROUP = 3  # --smoke: groups of 3, so a screening of 2 fits (2 <= k < the group)
 FIGURES = ("seconds_to_target", "seconds_to_target_validation_inside", "tokens_to_target", "version_to_target",
            "final_val_accuracy", "final_learnable_val_accuracy", "val_accuracy_at_budget", "tokens_generated",
@@ -88,6 +97,7 @@ def variant_config(variant: str, seed: int, max_steps: int, screening_samples: i
     """The raw config of ``variant`` (benchmarks/learning.py's, on ``base``) for ``seed``."""
     cfg = learning.variant_config(yaml.safe_load(base.read_text()), AS_LEARNING[variant], seed, max_steps, smoke)
     cfg["name"] = f"bench-filtering-{variant}-s{seed}"
+    cfg["time_limit_s"] = max(cfg["time_limit_s"], TIME_LIMIT_PER_STEP_S * max_steps)
     if smoke:  # two epochs: the history filter needs them
         cfg.update(num_return_sequences_in_group=SMOKE_GROUP, num_epochs=2)
         cfg["actor_train"]["micro_batch_size"] = SMOKE_GROUP
@@ -152,27 +162,61 @@ def probe_v0(raw: dict, samples: int, k: int) -> dict:
 # -- the runs --------------------------------------------------------------------------------------
 
 def rollstream_run(raw: dict, workdir: Path) -> dict:
-    """One rollstream run of the config ``raw``: its validation curve (learning.version_curve)
-    and train tokens by the version that generated them."""
+    """One rollstream run of the config ``raw`` without validation in the run: every
+    ``raw["eval_steps"]``-th version's weights are kept and validated afterwards
+    (``validate_versions``). Its validation curve and train tokens by the version that
+    generated them."""
     from rollstream.app.run import run_pipeline
     from rollstream.config import parse_config
 
-    cfg = parse_config(raw)
+    every = raw["eval_steps"]
+    cfg = parse_config({**raw, "eval_steps": None, "actor_train": {**raw["actor_train"], "keep_checkpoint_every": every}})
     started_ms = time.time() * 1000
     summary = run_pipeline(cfg, run_dir=workdir / cfg.name)
     train = summary["train_reward_by_policy_version"]
     difficulty = summary.get("difficulty") or {}
     batches = summary["batches"]
+    validation, seconds = validate_versions(cfg, summary, started_ms, workdir / cfg.name / "checkpoints", every)
     return {"outcome": summary["outcome"], "wall_seconds": summary["elapsed_seconds"], "steps": len(batches),
             "train_seconds": [b.get("train_seconds") for b in batches],
             "fill_seconds": [b["fill_seconds"] for b in batches],
-            "validation": version_curve(summary, started_ms),
+            "validation": validation, "validation_seconds": seconds,
             "tokens_by_version": {v: r["tokens"] for v, r in train.items()},
             "tokens_generated": sum(r["tokens"] for r in train.values()),
             "share_of_tokens_trained_on": difficulty.get("share_of_tokens_trained_on"), "difficulty": difficulty,
             "groups_rejected": summary["groups_rejected"], "retention_rate": summary["retention_rate"],
             "screening": summary["screening"],
             "prompts_skipped_by_history": summary["prompts_skipped_by_history"]}
+
+
+def validate_versions(cfg, summary: dict, started_ms: float, checkpoints: Path, every: int) -> tuple[list[dict], float]:
+    """Versions 0, ``every``, 2 ``every``, ... of a finished run, each validated by
+    learning.validate_policy (the evaluator TRL's run uses in its own process) from its kept
+    checkpoint, version 0 from the initial weights, seeded as TRL's round of that version.
+    Rows as learning.version_curve's: ``seconds`` until the step that made the version ended,
+    ``validated_seconds`` that plus the validation rounds up to this one (TRL's rule: its rounds
+    run between its steps). Also the seconds all rounds took."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rollstream.data import dataset_prompts
+    from rollstream.policy.model import load_tokenizer, model_folder
+    from rollstream.trainer.checkpoint import CheckpointStore
+
+    initial = model_folder(cfg.infer_model_path)
+    tokenizer = load_tokenizer(initial)
+    val = [p for d in cfg.datasets if d.mode == "val" for p in dataset_prompts(d, cfg.seed)]
+    made_ms = {0: started_ms, **{b["policy_version"]: b["trained_ms"] for b in summary["batches"] if "trained_ms" in b}}
+    rows, spent = [], 0.0
+    for version in sorted(v for v in made_ms if v % every == 0):
+        t0 = time.monotonic()
+        folder = initial if version == 0 else CheckpointStore(checkpoints).path_of(version)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        row = learning.validate_policy(model, tokenizer, val, cfg, seed=cfg.seed * 1000 + version)
+        spent += time.monotonic() - t0
+        made = round((made_ms[version] - started_ms) / 1000, 1)
+        rows.append({"policy_version": version, **row, "seconds": made, "validated_seconds": round(made + spent, 1)})
+    return rows, round(spent, 1)
 
 
 def trl_run(seed: int, max_steps: int, out: Path, smoke: bool, base: Path = BASE) -> dict:

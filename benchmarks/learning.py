@@ -171,18 +171,53 @@ def trl_variant(seed: int, max_steps: int, threshold: float, out: Path, smoke: b
     return json.loads(out.read_text())
 
 
+def validate_policy(model, tokenizer, val: list[dict], cfg, seed: int) -> dict:
+    """One validation round of ``model`` (any causal LM in memory, put in eval mode): each prompt
+    of ``val`` (dataset_prompts rows of reasoning-gym domains) sampled ``cfg.val_num_return_sequences``
+    times with ``cfg``'s generating_args (top_k off, as rollstream samples), the torch RNG seeded
+    with ``seed``, VAL_PROMPTS_PER_CALL prompts a ``generate`` call. Returns ``{"val_accuracy",
+    "domains": {domain: accuracy}}``, a sample right when its ``acc`` score is 1. The same weights
+    and seed give the same figures whichever process runs it: every variant is validated by it."""
+    import torch
+
+    from rollstream.inference.transformers_engine import left_padded
+    from rollstream.policy.model import chat_prompt_ids
+    from rollstream.workers.rewards import get_reward_fn
+
+    gen, samples = cfg.actor_infer.generating_args, cfg.val_num_return_sequences
+    correct: dict[str, list[int]] = {}  # domain -> [correct, samples]
+    model.eval()
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for start in range(0, len(val), VAL_PROMPTS_PER_CALL):
+            chunk = val[start:start + VAL_PROMPTS_PER_CALL]
+            ids, mask = left_padded([chat_prompt_ids(tokenizer, p["prompt"]) for p in chunk], tokenizer.pad_token_id)
+            outs = model.generate(ids, attention_mask=mask, do_sample=True, temperature=gen.temperature,
+                                  top_p=gen.top_p, top_k=0, max_new_tokens=gen.max_new_tokens,
+                                  num_return_sequences=samples, eos_token_id=tokenizer.eos_token_id,
+                                  pad_token_id=tokenizer.pad_token_id)
+            for row, o in enumerate(outs):  # a prompt's samples are adjacent rows
+                p = chunk[row // samples]
+                text = tokenizer.decode(o[ids.shape[1]:], skip_special_tokens=True)
+                score = get_reward_fn(cfg.rewards[p["domain"]].reward_type)(text, p["ground_truth"])
+                tally = correct.setdefault(p["domain"], [0, 0])
+                tally[0] += score.scores.get("acc", 0.0) >= 1.0
+                tally[1] += 1
+    right, total = (sum(t[i] for t in correct.values()) for i in (0, 1))
+    return {"val_accuracy": round(right / total, 4),
+            "domains": {d: round(k / n, 4) for d, (k, n) in sorted(correct.items())}}
+
+
 def trl_worker(seed: int, max_steps: int, threshold: float, out: Path, smoke: bool = False,
                base: Path = BASE) -> None:
     started = time.monotonic()
-    import torch
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from rollstream.config import parse_config
     from rollstream.data import dataset_prompts
-    from rollstream.inference.transformers_engine import left_padded
-    from rollstream.policy.model import chat_prompt_ids, ensure_model_cache, load_tokenizer
+    from rollstream.policy.model import ensure_model_cache, load_tokenizer
     from rollstream.tools.learning import first_reaching
     from rollstream.workers.rewards import get_reward_fn
 
@@ -201,36 +236,17 @@ def trl_worker(seed: int, max_steps: int, threshold: float, out: Path, smoke: bo
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return [score(t, g).response_level_reward for t, g in zip(texts, ground_truth)]
 
-    val_ids = [chat_prompt_ids(tokenizer, p["prompt"]) for p in val]
     curve: list[dict] = []
     eval_spent = [0.0]
 
     def validate(model, step: int) -> None:
         t0 = time.monotonic()
         made = t0 - started - eval_spent[0]  # the step's end, the validations before it left out
-        correct: dict[str, list[int]] = {}  # domain -> [correct, samples]
-        model.eval()
-        torch.manual_seed(seed * 1000 + step)
-        with torch.no_grad():
-            for start in range(0, len(val), VAL_PROMPTS_PER_CALL):
-                chunk = val[start:start + VAL_PROMPTS_PER_CALL]
-                ids, mask = left_padded(val_ids[start:start + VAL_PROMPTS_PER_CALL], tokenizer.pad_token_id)
-                outs = model.generate(ids, attention_mask=mask, do_sample=True,
-                                      temperature=gen.temperature, top_p=gen.top_p, max_new_tokens=gen.max_new_tokens,
-                                      num_return_sequences=cfg.val_num_return_sequences,
-                                      pad_token_id=tokenizer.pad_token_id)
-                for row, o in enumerate(outs):  # a prompt's samples are adjacent rows
-                    p = chunk[row // cfg.val_num_return_sequences]
-                    text = tokenizer.decode(o[ids.shape[1]:], skip_special_tokens=True)
-                    tally = correct.setdefault(p["domain"], [0, 0])
-                    tally[0] += score(text, p["ground_truth"]).scores.get("acc", 0.0) >= 1.0
-                    tally[1] += 1
+        row = validate_policy(model, tokenizer, val, cfg, seed=seed * 1000 + step)
         model.train()
         eval_spent[0] += time.monotonic() - t0
-        right, samples = (sum(t[i] for t in correct.values()) for i in (0, 1))
-        curve.append({"policy_version": step, "val_accuracy": round(right / samples, 4),
-                      "seconds": round(made, 1), "validated_seconds": round(time.monotonic() - started, 1),
-                      "domains": {d: round(k / n, 4) for d, (k, n) in sorted(correct.items())}})
+        curve.append({"policy_version": step, **row, "seconds": round(made, 1),
+                      "validated_seconds": round(time.monotonic() - started, 1)})
 
     class Validate(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kw):

@@ -228,6 +228,7 @@ class ActorTrainConfig(FrozenModel):
         "token-mean", description="token-mean: the loss averaged over every trained token of the batch; "
                                   "seq-mean-token-mean: each response's token mean, averaged over the responses.")
     keep_checkpoints: int = Field(2, gt=0, le=1000, description="Policy-version checkpoints kept on disk (runs/<name>/checkpoints); older ones are deleted.")
+    keep_checkpoint_every: int | None = Field(None, gt=0, description="Also keep the weights (not the optimizer state) of every version divisible by this, to evaluate a run's versions afterwards; none: only the newest keep_checkpoints.")
     async_save: bool = Field(True, description="Write each checkpoint on a thread of its own while the next step trains (a copy in memory first); the batch is committed once it is durable. False: the step waits for the write. Under torchrun the write is always waited for.")
 
 

@@ -100,18 +100,23 @@ def snapshot(version: int, model: torch.nn.Module, optimizer: torch.optim.Optimi
 
 
 class CheckpointStore:
-    """Versioned checkpoints under ``root``; keeps the newest ``keep_last`` folders. The folders
-    are published by path, so ``root`` must be on a filesystem every worker sees (a shared
-    volume in docker-compose: ``./runs``).
+    """Versioned checkpoints under ``root``; keeps the newest ``keep_last`` folders, and with
+    ``keep_every`` also the weights of every version divisible by it (their optimizer state
+    goes), to evaluate a run's versions afterwards. The folders are published by path, so
+    ``root`` must be on a filesystem every worker sees (a shared volume in docker-compose:
+    ``./runs``).
 
-    Raises ValueError for ``keep_last`` < 1.
+    Raises ValueError for ``keep_last`` or ``keep_every`` < 1.
     """
 
-    def __init__(self, root: str | os.PathLike, keep_last: int = 2) -> None:
+    def __init__(self, root: str | os.PathLike, keep_last: int = 2, keep_every: int | None = None) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        if keep_every is not None and keep_every < 1:
+            raise ValueError(f"keep_every must be >= 1, got {keep_every}")
         self.root = Path(root).absolute()  # published to other processes: never relative to our cwd
         self.keep_last = keep_last
+        self.keep_every = keep_every
 
     def path_of(self, version: int) -> Path:
         return self.root / f"v{version:06d}"
@@ -203,16 +208,27 @@ class CheckpointStore:
         return json.loads((path / STATE_FILE).read_text())
 
     def _prune(self) -> None:
-        spare = self.root / SPARE_OPTIMIZER
         for version in self.versions()[:-self.keep_last]:
             folder = self.path_of(version)
+            if self.keep_every and version % self.keep_every == 0:  # kept for its weights
+                self._release_optimizer(folder)
+                continue
             (folder / STATE_FILE).unlink(missing_ok=True)  # incomplete from here on
-            if not spare.exists() and (folder / OPTIMIZER_FILE).is_file():
-                os.replace(folder / OPTIMIZER_FILE, spare)
+            self._release_optimizer(folder)
             shutil.rmtree(folder, ignore_errors=True)
         for stale in self.root.glob(".v*.tmp-*"):  # left by a crash mid-save
             if not stale.name.endswith(f"-{os.getpid()}"):
                 shutil.rmtree(stale, ignore_errors=True)
+
+    def _release_optimizer(self, folder: Path) -> None:
+        """Drop ``folder``'s optimizer state; its file becomes the spare when there is none."""
+        spare, optimizer = self.root / SPARE_OPTIMIZER, folder / OPTIMIZER_FILE
+        if not optimizer.is_file():
+            return
+        if spare.exists():
+            optimizer.unlink()
+        else:
+            os.replace(optimizer, spare)
 
 
 class CheckpointWriter:

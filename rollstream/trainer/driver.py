@@ -47,7 +47,7 @@ def policy_trainer(config: Config, checkpoint_dir: Path) -> PolicyTrainer | None
 def _checkpoints(config: Config, checkpoint_dir: Path):
     from rollstream.trainer.checkpoint import CheckpointStore
 
-    return CheckpointStore(checkpoint_dir, config.actor_train.keep_checkpoints)
+    return CheckpointStore(checkpoint_dir, config.actor_train.keep_checkpoints, config.actor_train.keep_checkpoint_every)
 
 
 class TrainerLoader:

@@ -157,6 +157,23 @@ def test_store_keeps_the_newest_and_ignores_a_torn_save(tmp_path):
     assert not (tmp_path / ".v000004.tmp-99999").exists()  # cleaned on the next save
 
 
+def test_keep_every_keeps_those_versions_weights_without_their_optimizer_state(tmp_path):
+    store = CheckpointStore(tmp_path, keep_last=2, keep_every=4)
+    model = tiny_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    for version in range(1, 10):
+        store.save(version, model, optimizer, {"step": version - 1})
+    assert store.versions() == [4, 8, 9]  # the newest two (8, 9) and every 4th
+    assert store.latest()[1]["version"] == 9
+    assert not (store.path_of(4) / OPTIMIZER_FILE).exists() and (store.path_of(9) / OPTIMIZER_FILE).is_file()
+    assert (store.path_of(8) / OPTIMIZER_FILE).is_file()  # still one of the newest: a restart may need it
+    restored = tiny_model(seed=1)
+    store.restore(store.path_of(4), restored, torch.optim.AdamW(restored.parameters(), lr=0.1))
+    assert all(torch.equal(a, b) for a, b in zip(restored.state_dict().values(), model.state_dict().values()))
+    with pytest.raises(ValueError, match="keep_every"):
+        CheckpointStore(tmp_path, keep_every=0)
+
+
 def test_weights_that_do_not_fit_are_refused_and_leave_the_model_untouched(tmp_path):
     store = CheckpointStore(tmp_path)
     path = store.save(1, tiny_model(seed=1), None, {"step": 0, "group_keys": []})
