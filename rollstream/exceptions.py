@@ -70,5 +70,10 @@ class StageDied(RollstreamError):
     """A stage process exited while the run needed it."""
 
 
+class StageConfigError(StageDied):
+    """A stage process exited with a configuration error (exit code 2, e.g. a reward function
+    that does not return the metric its query filter reads): a restart would fail the same way."""
+
+
 class BrokerAuthenticationError(RollstreamError):
     """The Kafka cluster refused this client's credentials (SASL or TLS)."""

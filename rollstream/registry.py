@@ -28,7 +28,8 @@ def is_import_path(name: str) -> bool:
 def import_object(path: str, kind: str = "object", error: type[Exception] = ConfigError) -> Any:
     """The callable ``path`` names: ``pkg.module:attr`` (``attr`` may be dotted, ``Class.method``)
     or ``pkg.module.attr``. A module under the working directory imports too (a console script
-    has no working directory on ``sys.path``; it is added last).
+    has no working directory on ``sys.path``; it is added last), and one beside a loaded config
+    file (rollstream.config.loading.with_base_dir adds its folder).
 
     Raises ``error`` (ConfigError by default) naming ``kind``, ``path`` and what failed: the
     module (not found, or its import raised), the attribute, or an object that is not callable."""
@@ -39,6 +40,10 @@ def import_object(path: str, kind: str = "object", error: type[Exception] = Conf
         sys.path.append(os.getcwd())
     try:
         obj: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        where = "" if exc.name != module_name.split(".")[0] else (
+            f" (looked up in the working directory {os.getcwd()}, beside the config file, then in the installed packages)")
+        raise error(f"cannot import {kind} {path!r}: module {module_name!r}: {type(exc).__name__}: {exc}{where}") from exc
     except Exception as exc:  # a user's module may fail to import with anything
         raise error(f"cannot import {kind} {path!r}: module {module_name!r}: {type(exc).__name__}: {exc}") from exc
     for part in attr.split("."):

@@ -29,7 +29,8 @@ def lower_cpu_priority(increment: int) -> None:
     """Add ``increment`` (0-19) to the nice value of every thread of this process, capped at 19.
     Linux keeps a nice value per thread, so ``os.nice`` alone would leave the threads already
     running (torch's OpenMP workers, started by a model load) at their old priority; threads
-    started later inherit their creator's. Elsewhere: ``os.nice``."""
+    started later inherit their creator's. A session leader also lowers its session's autogroup
+    (``lower_session_priority``). Elsewhere: ``os.nice``."""
     if increment <= 0:
         return
     tasks = "/proc/self/task"
@@ -41,3 +42,23 @@ def lower_cpu_priority(increment: int) -> None:
             os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment))
         except ProcessLookupError:  # the thread ended meanwhile
             pass
+    lower_session_priority(increment)
+
+
+def lower_session_priority(nice: int) -> None:
+    """Set this session's autogroup nice to ``nice`` (0-19) when this process leads its session.
+
+    With Linux's autogroup scheduling (``/proc/sys/kernel/sched_autogroup_enabled``, on by
+    default in most distributions) the CPU is shared between sessions first and a thread's nice
+    value counts only within its own session. `rollstream run` starts each stage and its vLLM
+    server in a session of their own, so without this a niced generator still took half of two
+    cores from the trainer beside it (each got one: a training step took twice as long). A process
+    in a session it does not lead (a terminal's) leaves the session alone; without autogroup
+    there is nothing to set."""
+    if os.getsid(0) != os.getpid():
+        return
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(min(19, max(0, nice))))
+    except OSError:  # no autogroup in this kernel
+        pass

@@ -3,6 +3,8 @@ path, checked against the kind's protocol."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from rollstream import extensions
@@ -19,6 +21,9 @@ from rollstream.extensions import (
     REWARDS,
 )
 from rollstream.registry import Registry
+
+# the hint of a module that is not found (rollstream.registry.import_object)
+LOOKED_UP = f" (looked up in the working directory {os.getcwd()}, beside the config file, then in the installed packages)"
 
 
 def double(x):
@@ -69,7 +74,7 @@ def test_bad_names_are_refused_with_what_failed(tmp_path, monkeypatch):
         "nope": "unknown env_type 'nope'; valid: ['mine'] or an import path 'pkg.module:name'",
         "old:Mine-v0": "env_type 'old:Mine-v0' is now spelled 'mine'",
         "no_such_pkg.mod:Env": ("cannot import env_type 'no_such_pkg.mod:Env': module 'no_such_pkg.mod': "
-                                "ModuleNotFoundError: No module named 'no_such_pkg'"),
+                                f"ModuleNotFoundError: No module named 'no_such_pkg'{LOOKED_UP}"),
         "tests.test_registry:Missing": ("cannot import env_type 'tests.test_registry:Missing': module "
                                         "'tests.test_registry' has no attribute 'Missing'"),
         "tests.test_registry:NOT_CALLABLE": "env_type 'tests.test_registry:NOT_CALLABLE' is not callable (int)",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -38,3 +39,24 @@ done.set()
 def test_lower_cpu_priority_reaches_the_threads_already_running_and_those_started_after():
     out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, check=True)
     assert out.stdout.split("\n")[:2] == ["[4, 4]", "[19, 19, 19]"]
+
+
+AUTOGROUP = """
+import os
+from rollstream.runtime import lower_cpu_priority
+
+lower_cpu_priority(10)
+print(open("/proc/self/autogroup").read().split()[-1])
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="a kernel with autogroup scheduling")
+def test_a_session_leader_lowers_its_autogroup_and_a_process_in_another_session_leaves_it():
+    """Under autogroup, nice values count only within a session: a stage `rollstream run` starts
+    in a session of its own must lower the session's share, or it keeps half the cores."""
+    led = subprocess.run([sys.executable, "-c", AUTOGROUP], capture_output=True, text=True, check=True,
+                         start_new_session=True)
+    assert led.stdout.strip() == "10"
+    ours = open("/proc/self/autogroup").read().split()[-1]  # the test's own session's nice
+    inside = subprocess.run([sys.executable, "-c", AUTOGROUP], capture_output=True, text=True, check=True)
+    assert inside.stdout.strip() == ours  # not a session leader: the session stays as it was

@@ -296,11 +296,14 @@ def run(
     summary_json: Optional[Path] = typer.Option(None, "--summary-json", help="Also write the summary here."),
     report_html: Optional[Path] = typer.Option(None, "--report", help="Also write the HTML report (`rollstream "
                                                "report`) here, before the local broker stops."),
+    replace: bool = typer.Option(False, "--replace", help="Delete the previous run of the same name once this one "
+                                 "has started (default: keep it as runs/<name>.<its start>)."),
     overrides: Optional[list[str]] = OVERRIDES_ARG,
     print_config: bool = PRINT_CONFIG_OPT,
 ) -> None:
     """Run every stage on the local default (or the configured cluster) until the batches are built.
-    KEY=VALUE arguments override the config's keys (`rollstream run examples/rlvr_math.yaml max_steps=4`)."""
+    KEY=VALUE arguments override the config's keys (`rollstream run examples/rlvr_math.yaml max_steps=4`).
+    A previous run of the same name is kept as runs/<name>.<its start> (see --replace)."""
     import psutil
 
     from rollstream.app.run import run_pipeline
@@ -318,9 +321,11 @@ def run(
         _fail(ValueError(f"--report {report_html} is a directory; give a file name, e.g. {report_html / 'report.html'}"))
     try:
         summary = run_pipeline(cfg, summary_json=summary_json, console=console, report_html=report_html,
-                               started_ms=started_ms)
+                               started_ms=started_ms, replace=replace)
     except RollstreamError as exc:
         _fail(exc)
+    if summary["outcome"] == "config_error":  # found by a stage at run time: bad input, as at config load
+        raise typer.Exit(2)
     if summary["outcome"] not in ("complete", "end_of_data"):  # the data running out is a normal end
         raise typer.Exit(3)
 

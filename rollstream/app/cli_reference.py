@@ -17,6 +17,15 @@ Every `rollstream` command and flag, generated from the commands themselves by `
 (a test fails when this page is stale). A short flag means the same everywhere: `-c` the config
 file, `-b` the bootstrap servers, `-o` an output file, `-w` a filter, `-p` a partition, `-f` an
 output format. Commands that read a config print the resolved one with `--print-config`.
+
+**Exit codes.** 0: done (for `run`, outcome `complete` or `end_of_data`). 1: a check failed
+(`audit`, or `broker status` when no broker runs). 2:
+bad input, named in one `error:` line: the config or an override, a flag, a path, an unreachable
+or refusing broker, and for `run` a configuration error a stage found once running (outcome
+`config_error`, e.g. a reward function that does not return its query filter's metric). 3: `run`
+ended otherwise (`batch_underfilled`, `timed_out`, `stage_failed`, `stopped`; the summary's
+`detail` says why). 130, 143, 129: stopped by Ctrl-C, SIGTERM or SIGHUP, its stages and broker
+stopped with it.
 """
 
 

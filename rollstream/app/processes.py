@@ -19,7 +19,10 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from rollstream.app.stages import Stage
-from rollstream.exceptions import StageDied
+from rollstream.exceptions import StageConfigError, StageDied
+
+CONFIG_ERROR_EXIT = 2
+"""A stage's exit code for bad input (the CLI's, for every RollstreamError): never restarted."""
 
 
 @contextlib.contextmanager
@@ -99,6 +102,8 @@ class StageProcesses:
             code = proc.poll()
             if code is None or (code == 0 and name in finished):
                 continue
+            if code == CONFIG_ERROR_EXIT:  # bad input: a restart would fail the same way
+                raise StageConfigError(f"stage {name}: {self.error_line(name)}")
             if name not in self._due:
                 used = self.restarts.get(name, 0)
                 if used >= self.max_restarts:
@@ -119,6 +124,13 @@ class StageProcesses:
     def _say(self, line: str) -> None:
         if self.on_restart is not None:
             self.on_restart(line)
+
+    def error_line(self, name: str) -> str:
+        """The last ``error: ...`` line the CLI printed in stage ``name``'s log (without the
+        prefix), else the log's last line."""
+        text = (self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()
+        errors = [line.removeprefix("error: ") for line in text if line.startswith("error: ")]
+        return errors[-1] if errors else (text[-1] if text else "(empty log)")
 
     def tail(self, name: str, lines: int = 30) -> str:
         """The last ``lines`` lines of stage ``name``'s log, without the kafka clients' INFO lines."""

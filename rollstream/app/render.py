@@ -21,6 +21,9 @@ def print_summary(summary: dict, console: Console) -> None:
     for key in ("elapsed_seconds", *keys, "groups_accepted", "retention_rate",
                 "responses_per_accepted_response", "dead_letters"):
         table.add_row(key, str(summary[key]))
+    table.add_row("groups_trained", f"{summary['groups_trained']}" + (
+        f" ({summary['groups_untrained']} accepted groups left untrained on groups.accepted)"
+        if summary["groups_untrained"] else ""))
     table.add_row("groups_rejected", ", ".join(f"{k}={v}" for k, v in summary["groups_rejected"].items()) or "-")
     if summary.get("weight_updates"):
         table.add_row(f"weights loaded in place ({summary['engine']})", ", ".join(
@@ -72,6 +75,12 @@ def print_summary(summary: dict, console: Console) -> None:
             table.add_row("zero-variance groups", f"{d['zero_variance_share']:.0%} of {d['groups_generated']} generated, "
                                                   f"{d['zero_variance_tokens']} of {d['tokens_generated']} tokens; "
                                                   f"{d['share_of_tokens_trained_on']:.0%} of the tokens trained on")
+    failures = summary.get("reward_failures") or []
+    if failures:
+        total = sum(f["count"] for f in failures)
+        table.add_row(f"[red]reward function failed[/] ({total} of {summary['responses_generated']} {unit})",
+                      "; ".join(f"{f['kind']} x{f['count']}" + (f": {escape(f['example'][:120])}" if f["example"] else "")
+                                for f in failures[:5]))
     if summary["detail"]:
         table.add_row("detail", summary["detail"])
     console.print(table)
@@ -126,7 +135,8 @@ def stats_table(view: dict) -> Table:
     for mode, label in (("train", "train (kept responses)"), ("val", "validation")):
         rows = view.get("by_policy_version", {}).get(mode) or {}
         if rows:
-            table.add_row(f"{label} accuracy by version", ", ".join(f"v{v}: {r['accuracy']}" for v, r in rows.items()))
+            table.add_row(f"{label}: share of rewards > 0 by version",
+                          ", ".join(f"v{v}: {r['positive_share']}" for v, r in rows.items()))
     table.add_row("batches (mean fill s)", f"{int(view['batches']['count'])} ({view['batches']['fill_seconds_mean']})")
     table.add_row("events handled", ", ".join(f"{k} {int(v)}" for k, v in view["events"].items()) or "-")
     return table

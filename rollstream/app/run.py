@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,9 +28,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rollstream.app.processes import StageProcesses, stop_on_terminate
 from rollstream.app.producer import produce_prompts, start_env_groups
 from rollstream.app.render import print_summary
+from rollstream.app.run_folder import make_room, mark_started
 from rollstream.app.stages import MODEL_STAGES, Stage, pipeline_stages, preflight, start_metrics, start_trackers
 from rollstream.config import AgenticConfig, Config
-from rollstream.exceptions import StageDied
+from rollstream.exceptions import StageConfigError, StageDied
 from rollstream.kafka.admin import create_pipeline_topics, wait_for_broker
 from rollstream.kafka.broker import EmbeddedBroker, free_port
 from rollstream.kafka.cluster import Cluster
@@ -50,27 +50,33 @@ if TYPE_CHECKING:  # the trainer imports torch: only once the broker and the sta
 
 
 def run_pipeline(config: Config, summary_json: Path | None = None, console: Console | None = None,
-                 run_dir: Path | None = None, report_html: Path | None = None, started_ms: int | None = None) -> dict:
-    """Run the pipeline; returns the summary dict (also written to ``summary_json``), and writes
-    the HTML report (rollstream.tools.report) to ``report_html`` when given. ``started_ms``
-    (epoch ms; default: now) is where the summary's ``startup_seconds`` count from: `rollstream
-    run` passes its process's start. SIGTERM or SIGHUP stops the stages, the server and the
-    broker and raises SystemExit (``stop_on_terminate``)."""
+                 run_dir: Path | None = None, report_html: Path | None = None, started_ms: int | None = None,
+                 replace: bool = False) -> dict:
+    """Run the pipeline in ``run_dir`` (default ``runs/<name>``); returns the summary dict (also
+    written to ``summary_json``), and writes the HTML report (rollstream.tools.report) to
+    ``report_html`` when given. A previous run in ``run_dir`` is kept as ``<run_dir>.<its
+    start>``, or with ``replace`` deleted once this run has really started
+    (rollstream.app.run_folder). ``started_ms`` (epoch ms; default: now) is where the summary's
+    ``startup_seconds`` count from: `rollstream run` passes its process's start. SIGTERM or
+    SIGHUP stops the stages, the server and the broker and raises SystemExit
+    (``stop_on_terminate``)."""
     with stop_on_terminate():
-        return _run_pipeline(config, summary_json, console, run_dir, report_html, started_ms)
+        return _run_pipeline(config, summary_json, console, run_dir, report_html, started_ms, replace)
 
 
 def _run_pipeline(config: Config, summary_json: Path | None, console: Console | None, run_dir: Path | None,
-                  report_html: Path | None, started_ms: int | None) -> dict:
+                  report_html: Path | None, started_ms: int | None, replace: bool) -> dict:
     console = console or Console()
     preflight(config)  # a bad env type or group filter fails now, before the broker starts
     started = time.monotonic()
     started_ms = now_ms() if started_ms is None else started_ms
     run_dir = run_dir or Path("runs") / config.name
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    (run_dir / "logs").mkdir(parents=True)
     server = local_inference_server(config, run_dir / "logs" / "vllm-server.log")
+    previous = make_room(run_dir)
+    if previous is not None:
+        console.print(f"the previous run is at {previous}" + (" (deleted once this one has started: --replace)"
+                                                              if replace else ""))
+    (run_dir / "logs").mkdir(parents=True)
     # The embedded broker's port is chosen now, so the stages that load a model can start before it is up.
     broker = EmbeddedBroker(run_dir / "kafka", port=free_port()) if config.kafka.bootstrap_servers is None else None
     bootstrap = broker.cluster if broker is not None else Cluster.from_config(config.kafka.bootstrap_servers,
@@ -99,13 +105,15 @@ def _run_pipeline(config: Config, summary_json: Path | None, console: Console | 
                 console.print(f"local vLLM server at {url} (log {server.log_path})")
                 config = with_servers(config, [url])
                 _write_config(config_path, config)
+            mark_started(run_dir, previous, replace)
             trackers = start_trackers(config, bootstrap, run_dir)
             result = _build(config, bootstrap, topics, Supervised(stages, server, console), run_dir, console, started,
                             early)
         except StageDied as exc:
             from rollstream.trainer.loop import LoopResult
 
-            result = LoopResult(outcome="stage_failed", detail=str(exc))
+            result = LoopResult(outcome="config_error" if isinstance(exc, StageConfigError) else "stage_failed",
+                                detail=str(exc))
         finally:
             stages.close()
             if server is not None:
@@ -207,12 +215,12 @@ def _build(config: Config, bootstrap: Cluster, topics: Topics, stages: Supervise
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                   TextColumn("{task.completed}/{task.total} groups"), TimeElapsedColumn(),
                   console=console) as progress:
-        bar = progress.add_task("filling batches", total=target)
+        bar = progress.add_task(f"0 of {config.max_steps} steps trained", total=target)
 
-        def show(result: LoopResult, buffered: int) -> None:
+        def show(result: LoopResult, buffered: int) -> None:  # groups in: trained, or buffered to be
             done = sum(b["accepted_groups"] for b in result.batches)
-            last = f"batch {result.batches[-1]['step']} built" if result.batches else "filling batches"
-            progress.update(bar, completed=min(target, done + buffered), description=last)
+            progress.update(bar, completed=min(target, done + buffered),
+                            description=f"{len(result.batches)} of {config.max_steps} steps trained")
 
         metrics = start_metrics(StageContext(bootstrap, topics, "trainer"))
         # imported now, not with this module: torch's import would delay the broker and the stages

@@ -83,7 +83,7 @@ def start_metrics(context: StageContext, port: int = 0):
 def start_trackers(config: Config, bootstrap: Bootstrap, run_dir: Path) -> Trackers:
     """The trainer process's experiment trackers (``trainer.loggers``; rollstream.observability.trackers),
     started (the run name and resolved config logged) and installed, so each committed step's
-    figures reach them (PolicyPublisher.publish_batch), with the run summary so far read from the
+    figures reach them (PolicyPublisher.publish_step), with the run summary so far read from the
     topics after each step (rollstream.tools.summary.LiveSummary). None configured, or a rank
     other than 0 under torchrun: trackers that log nothing. They write under ``trainer.log_dir``,
     default ``run_dir``. Close them at the end. Raises ConfigError when a tracker's package is not
@@ -186,7 +186,8 @@ def _run(stage: Stage, config: Config, context: StageContext, max_idle_s: float 
     elif stage is Stage.reward:
         from rollstream.workers.rewards import RewardSpec, run_reward_worker
 
-        specs = {d: RewardSpec(r.reward_type, r.reward_timeout_s, r.reward_batched) for d, r in config.rewards.items()}
+        specs = {d: RewardSpec(r.reward_type, r.reward_timeout_s, r.reward_batched, r.query_filter_config.metric)
+                 for d, r in config.rewards.items()}
         run_reward_worker(context, specs, group_id=names.consumer_group(topics, "reward"), max_idle_s=max_idle_s,
                           concurrency=concurrency or config.reward_concurrency)
     elif stage is Stage.group_queue:

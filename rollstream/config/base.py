@@ -198,7 +198,7 @@ class ActorInferConfig(FrozenModel):
                                             "sampled (validation rounds sample the same way).")
     max_batch: int = Field(16, gt=0, description="Generation requests per engine call (each request is one prompt's num_return_sequences samples). A worker with an in-process engine polls up to 4 calls' worth and generates their train requests before the validation ones; an inference-server worker polls one call's worth at a time.")
     max_num_seqs: int | None = Field(None, gt=0, le=65536, description="Sequences (rows) per engine batch: per transformers generate call, in generation and env workers (None: 32); vLLM's max_num_seqs (None: vLLM's default).")
-    nice: int = Field(10, ge=0, le=19, description="CPU priority the model's generators give up (os.nice): a generation or env worker once its engine is loaded, the local vLLM server from its start. A trainer sharing their cores then trains at full speed while they use the CPU it leaves (validation rounds included); 0: same priority as the trainer. No effect on cores nothing else uses.")
+    nice: int = Field(10, ge=0, le=19, description="CPU priority the model's generators give up (os.nice, and their session's autogroup when they lead one): a generation or env worker once its engine is loaded, the local vLLM server from its start. A trainer sharing their cores then trains at full speed while they use the CPU it leaves (validation rounds included); 0: same priority as the trainer. No effect on cores nothing else uses.")
 
     @field_validator("servers")
     @classmethod

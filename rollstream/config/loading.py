@@ -3,6 +3,7 @@ ConfigError naming each field path."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -12,6 +13,7 @@ from pydantic import ValidationError
 from rollstream.config.agentic import AgenticConfig
 from rollstream.config.overrides import apply_overrides, parse_override
 from rollstream.config.rlvr import RLVRConfig
+from rollstream.config.sources import loader_of
 from rollstream.exceptions import ConfigError, validation_problems
 
 Config = RLVRConfig | AgenticConfig
@@ -21,21 +23,23 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def bundled_examples() -> list[str]:
-    """The file names of the bundled example configs, e.g. ``rlvr_math.yaml``."""
-    return sorted(p.name for p in EXAMPLES.glob("*.yaml"))
+    """The bundled example configs by their path under the examples folder, e.g.
+    ``rlvr_math.yaml``, ``byo/rlvr_own.yaml``."""
+    return sorted(p.relative_to(EXAMPLES).as_posix() for p in EXAMPLES.rglob("*.yaml"))
 
 
 def resolve_config_path(path: str | Path) -> Path:
-    """``path`` when it exists; else the bundled example of its file name, with or without
-    ``.yaml`` (``rlvr_math``, ``rlvr_math.yaml``, ``examples/rlvr_math.yaml``), so an installed
-    package runs its examples from any directory. Raises ConfigError naming the bundled examples
-    when neither exists."""
+    """``path`` when it exists; else the bundled example it names, with or without ``.yaml`` and
+    ``examples/`` (``rlvr_math``, ``examples/rlvr_math.yaml``, ``byo/rlvr_own``), so an
+    installed package runs its examples from any directory. Raises ConfigError naming the
+    bundled examples when neither exists."""
     path = Path(path)
     if path.exists():
         return path
-    name = path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml"
-    if (EXAMPLES / name).is_file():
-        return EXAMPLES / name
+    under = Path(*path.parts[1:]) if path.parts[:1] == ("examples",) and len(path.parts) > 1 else path
+    bundled = EXAMPLES / (under if under.suffix in (".yaml", ".yml") else f"{under}.yaml")
+    if not path.is_absolute() and bundled.is_file():
+        return bundled
     raise ConfigError(f"config file not found: {path} (bundled examples: {', '.join(bundled_examples())})")
 
 
@@ -60,8 +64,9 @@ def parse_config(data: Any) -> Config:
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> Config:
     """Read and validate a YAML config file (or a bundled example: resolve_config_path), with
-    ``overrides`` (``key.sub=value``, see rollstream.config.overrides) applied first. Raises
-    ConfigError; a problem under an overridden key is one line naming the override."""
+    ``overrides`` (``key.sub=value``, see rollstream.config.overrides) applied first; its
+    relative paths resolve against its folder first (``with_base_dir``). Raises ConfigError; a
+    problem under an overridden key is one line naming the override."""
     path = resolve_config_path(path)
     try:
         data = yaml.safe_load(path.read_text())
@@ -69,14 +74,39 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> Config:
         raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
-    if not overrides:
-        return parse_config(data)
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: config must be a mapping, got {type(data).__name__}")
+        if overrides:
+            raise ConfigError(f"{path}: config must be a mapping, got {type(data).__name__}")
+        return parse_config(data)  # raises, naming the type
     try:
-        return parse_config(apply_overrides(data, overrides))
+        return parse_config(with_base_dir(apply_overrides(data, overrides) if overrides else data, path.parent))
     except ConfigError as exc:
+        if not overrides:
+            raise
         raise _blame_override(exc, overrides) from exc.__cause__
+
+
+def with_base_dir(data: dict, folder: Path) -> dict:
+    """``data`` (a config mapping) with ``base_dir`` set to ``folder`` (absolute; a ``base_dir``
+    already there is kept: the config a run writes for its stages), and each relative file source
+    of its ``datasets`` that exists under ``base_dir`` made absolute. ``base_dir`` joins
+    ``sys.path`` after the working directory, so the modules of import paths (``reward_type:
+    rewards:my_fn``) beside the config import from any working directory."""
+    base = Path(data.get("base_dir") or folder).resolve()
+    out = {**data, "base_dir": str(base)}
+    if isinstance(data.get("datasets"), list):
+        out["datasets"] = [_resolved_source(d, base) for d in data["datasets"]]
+    if str(base) not in sys.path:
+        sys.path.append(str(base))
+    return out
+
+
+def _resolved_source(dataset: Any, base: Path) -> Any:
+    source = dataset.get("source") if isinstance(dataset, dict) else None
+    if not isinstance(source, str) or loader_of(source) is not None or Path(source).expanduser().is_absolute():
+        return dataset
+    beside = base / source
+    return {**dataset, "source": str(beside)} if beside.exists() else dataset
 
 
 def _blame_override(exc: ConfigError, overrides: Sequence[str]) -> ConfigError:

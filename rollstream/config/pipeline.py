@@ -24,6 +24,11 @@ class PipelineConfig(FrozenModel):
         None, description="The policy model of both roles (reference name): a local Hugging Face folder or a hub "
                           "id in the local cache; actor_infer/actor_train.model_args.model_name_or_path override "
                           "it per role. null: the bundled SmolLM2-135M-Instruct.")
+    base_dir: str | None = Field(
+        None, description="The folder a config file's relative paths resolve against before the working directory: "
+                          "its file sources (datasets[].source) and the modules of its import paths (reward_type, "
+                          "filters, ...). Set to the file's own folder when it is loaded; the config a run writes "
+                          "for its stages keeps it.")
     kafka: KafkaConfig = Field(default_factory=KafkaConfig, description="The cluster, topics and client settings.")
     rollout_batch_size: int = Field(
         ..., gt=0, description="Per trainer batch: groups (prompts) in RLVR; trajectories in agentic, a multiple of "

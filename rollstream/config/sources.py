@@ -38,6 +38,7 @@ value must then be a ``rewards`` key.) The same keys are flags of ``rollstream p
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
@@ -159,7 +160,9 @@ def read_rows(source: str, columns: Sequence[str]) -> Iterator[tuple[str, Any]]:
     Raises PromptSourceError for a missing path, an unknown format, bad JSON or a missing column."""
     path = Path(source).expanduser()
     if not path.exists():
-        raise PromptSourceError(f"prompt source {source!r} does not exist (a source is {SOURCE_KINDS})")
+        where = "" if path.is_absolute() else (
+            f"; a relative path is looked up beside the config file, then in the working directory {os.getcwd()}")
+        raise PromptSourceError(f"prompt source {source!r} does not exist (a source is {SOURCE_KINDS}){where}")
     if path.is_dir() or path.suffix == ".parquet":
         return _column_rows(path, source, columns)
     if path.suffix in (".jsonl", ".json"):

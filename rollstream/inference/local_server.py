@@ -19,6 +19,7 @@ import httpx
 
 from rollstream.exceptions import ConfigError, RollstreamError
 from rollstream.kafka.broker import free_port
+from rollstream.runtime import lower_session_priority
 from rollstream.inference.vllm_extension import WORKER_EXTENSION
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -107,7 +108,9 @@ class LocalInferenceServer:
                                           env=self.env, start_new_session=True, preexec_fn=self._lower_priority)
 
     def _lower_priority(self) -> None:
-        os.nice(self.nice)  # in the child before exec: vLLM's engine processes inherit it
+        # in the child before exec (it leads its own session): vLLM's engine processes inherit both
+        os.nice(self.nice)
+        lower_session_priority(self.nice)
 
     def wait_ready(self, timeout_s: float) -> str:
         """Wait until ``/health`` answers 200; returns ``url``. Raises InferenceServerError (with

@@ -66,7 +66,8 @@ def wait_for_broker(bootstrap: Bootstrap, timeout: float = 15.0) -> None:
         if time.monotonic() > deadline:
             raise BrokerUnreachableError(
                 f"no Kafka broker answers at {str(bootstrap)!r} (waited {timeout:.0f} s); start one with "
-                "`rollstream broker start` or fix --bootstrap")
+                "`rollstream broker start`, or fix the address (the config's kafka.bootstrap_servers, "
+                "or --bootstrap where a command takes it)")
         time.sleep(0.5)
 
 

@@ -25,6 +25,7 @@ from typing import Callable, Iterable, Iterator, Protocol, Sequence
 from kafka.errors import CommitFailedError
 from kafka.structs import OffsetAndMetadata, TopicPartition
 
+from rollstream.exceptions import ConfigError
 from rollstream.kafka.clients import assigned_consumer, make_producer
 from rollstream.kafka.context import StageContext
 from rollstream.kafka.events import Input, Output, Send, dead_letter, decode_expected, guard_size
@@ -141,7 +142,8 @@ class EventWorker(PartitionWorker):
     ``expected_schema`` names the only schema the handler accepts; anything else, and (with
     ``domains``) an event of a reward domain the run does not have, is dead-lettered with reason
     ``invalid_event``. A handler exception dead-letters the whole batch with reason
-    ``handler_error`` (bytes kept), and the worker goes on.
+    ``handler_error`` (bytes kept), and the worker goes on; a ConfigError (the run's configuration
+    is wrong, not the events) stops it with the poll uncommitted.
 
     The handler gets at most ``max_batch`` events per call. ``lookahead`` > 1 polls up to
     ``lookahead * max_batch`` at once, so a handler that orders a poll (``parts``: generation,
@@ -213,6 +215,8 @@ class EventWorker(PartitionWorker):
             if part:
                 try:
                     outputs.extend(self.handler(part))
+                except ConfigError:  # the configuration, not the events: stop, nothing committed
+                    raise
                 except Exception as exc:
                     outputs.extend(self._handler_failed(part, exc))
             self._count(part, outputs)

@@ -338,7 +338,7 @@ class _Worker:
 
 class Trackers:
     """The trackers of one trainer process (module doc), fed by ``log_step`` after each commit
-    (PolicyPublisher.publish_batch, on this process's ``process_trackers()``).
+    (PolicyPublisher.publish_step, on this process's ``process_trackers()``).
 
     Args:
         trackers: the trackers; none: every call does nothing and no thread starts.

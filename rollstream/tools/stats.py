@@ -33,7 +33,9 @@ def latest(records: list[dict]) -> dict[tuple, float]:
 def figures(samples: dict[tuple, float]) -> dict:
     """The stats view: per unit decided / rejected / retention and rejections by reason,
     in-flight, replacement rounds, reward all vs accepted, validation, the train and validation
-    reward and accuracy (reward > 0) by policy version, batch fill, events."""
+    reward mean and ``positive_share`` (the share of rewards > 0; the summary's accuracy reads the
+    ``acc`` score instead, which differs when rewards are not 0/1) by policy version, batch
+    fill, events."""
     def get(name: str, **labels) -> float:
         return samples.get((PREFIX + name, tuple(sorted(labels.items()))), 0.0)
 
@@ -61,7 +63,8 @@ def figures(samples: dict[tuple, float]) -> dict:
             row[name.removeprefix(PREFIX + "version_")] = value
     learning = {mode: {str(v): {"responses": int(r.get("reward_count", 0)),
                                 "reward_mean": round(r["reward_sum"] / r["reward_count"], 4) if r.get("reward_count") else None,
-                                "accuracy": round(r.get("correct_count", 0) / r["reward_count"], 4) if r.get("reward_count") else None}
+                                "positive_share": round(r.get("correct_count", 0) / r["reward_count"], 4)
+                                if r.get("reward_count") else None}
                        for v, r in sorted(rows.items())} for mode, rows in by_version.items()}
     fills = get("batch_fill_seconds_count")
     return {

@@ -10,6 +10,7 @@ the TrajectorySummary members of the group events (see ``summarize_agentic``).""
 
 from __future__ import annotations
 
+import re
 import time
 from functools import partial
 from typing import Callable
@@ -17,6 +18,8 @@ from typing import Callable
 from rollstream.config import AgenticConfig, RLVRConfig
 from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.topics import Topics
+from rollstream.filtering.reasons import RejectReason
+from rollstream.filtering.response_filters import REWARD_FAILURE
 from rollstream.schemas.records import is_set_aside
 from rollstream.kafka.readback import TopicTail, count_records, first_record_ms
 from rollstream.tools.readback import filter_decisions, read_values
@@ -70,6 +73,7 @@ def summarize_rlvr(config: RLVRConfig, bootstrap: Bootstrap, topics: Topics, bat
         "replacement_requests": sum(1 for r in requests if r["round"] > 0),
         "replacement_responses_requested": sum(r["num_return_sequences"] for r in requests if r["round"] > 0),
         "groups_accepted": len(accepted),
+        **trained_groups(len(accepted), stale_at_trainer, batches),
         "groups_rejected": dict(sorted(by_reason.items())),
         "groups_stale_at_trainer": stale_at_trainer,
         "domains": domains,
@@ -99,6 +103,7 @@ def summarize_rlvr(config: RLVRConfig, bootstrap: Bootstrap, topics: Topics, bat
             "all": _mean([r["response_level_reward"] for g in accepted + rejected for r in g["responses"]]),
             "accepted": _mean([r["response_level_reward"] for g in accepted for r in g["responses"]]),
         },
+        "reward_failures": reward_failures(rewarded),
         "dead_letters": len(dead),
         "finish_reasons": _counts(r["finish_reason"] for r in responses),
         "response_tokens_mean": round(sum(r["response_length"] for r in responses) / len(responses), 1)
@@ -107,6 +112,40 @@ def summarize_rlvr(config: RLVRConfig, bootstrap: Bootstrap, topics: Topics, bat
         "engine": config.actor_infer.backend,
         "weight_updates": weight_updates(read(topics.metrics)),
     }
+
+
+def trained_groups(accepted: int, stale_at_trainer: int, batches: list[dict]) -> dict:
+    """``groups_trained``: the accepted groups in the run's batches; ``groups_untrained``: the
+    accepted ones in none, neither trained nor rejected stale (the run ended first: they stay
+    uncommitted on ``groups.accepted``, where a later trainer of the same group id finds them)."""
+    trained = sum(b["accepted_groups"] for b in batches)
+    return {"groups_trained": trained, "groups_untrained": accepted - stale_at_trainer - trained}
+
+
+# what the reward function did wrong, not the engine (an ``engine_error`` response is passed through)
+FUNCTION_FAILURES = (RejectReason.REWARD_ERROR.value, RejectReason.REWARD_TIMEOUT.value,
+                     RejectReason.INVALID_REWARD.value)
+
+
+RAISED = re.compile(r"([A-Za-z_][\w.]*): ")  # "ValueError: ..." (the reward pool's text of a raise)
+
+
+def reward_failures(rewarded: list[dict]) -> list[dict]:
+    """The responses the reward function could not score, from RewardedResponse records: one
+    entry per (``failure``: reward_error, reward_timeout or invalid_reward; ``kind``: for a
+    raise, the exception's type that starts ``reward_error``; else the failure), with its
+    ``count`` and the first ``example`` message; most frequent first."""
+    out: dict[tuple[str, str], dict] = {}
+    for r in rewarded:
+        failure = (r.get("meta") or {}).get(REWARD_FAILURE)
+        if failure not in FUNCTION_FAILURES:
+            continue
+        error = r.get("reward_error") or ""
+        raised = RAISED.match(error) if failure == RejectReason.REWARD_ERROR.value else None
+        kind = raised.group(1) if raised else failure
+        entry = out.setdefault((failure, kind), {"failure": failure, "kind": kind, "count": 0, "example": error})
+        entry["count"] += 1
+    return sorted(out.values(), key=lambda e: (-e["count"], e["failure"], e["kind"]))
 
 
 def weight_updates(metrics: list[dict]) -> list[dict]:
@@ -177,6 +216,7 @@ def summarize_agentic(config: AgenticConfig, bootstrap: Bootstrap, topics: Topic
         "replacement_responses_requested": reruns,
         "requests_by_cause": _counts(r["cause"] for r in requests),
         "groups_accepted": len(accepted),
+        **trained_groups(len(accepted), stale_at_trainer, batches),
         "groups_rejected": by_reason,
         "groups_stale_at_trainer": stale_at_trainer,
         "domains": tags,

@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Callable
 from rollstream.config import Config
 from rollstream.kafka.cluster import Bootstrap
 from rollstream.trainer.distributed import process_group_from_env
-from rollstream.trainer.loop import LoopControl, LoopResult, build_batches
+from rollstream.trainer.loop import LoopControl, LoopResult
 from rollstream.trainer.rollout_stream import RolloutStream
 
 if TYPE_CHECKING:  # model code (transformers) is imported only by a trainer that trains
     from rollstream.trainer.policy_trainer import PolicyTrainer
 
-__all__ = ["LoopResult", "TrainerLoader", "build_batches", "policy_trainer", "run_trainer"]
+__all__ = ["LoopResult", "TrainerLoader", "policy_trainer", "run_trainer"]
 
 
 def policy_trainer(config: Config, checkpoint_dir: Path) -> PolicyTrainer | None:

@@ -1,11 +1,10 @@
-"""The one trainer loop: which batch is next, and when a run ends (rank 0; the consuming side).
+"""Which batch is next, and when a run ends (rank 0; the consuming side).
 
 ``BatchLoop.batches()`` yields the batches of a run until the builder's step reaches ``max_steps``
 (batches committed in total, a restarted trainer's earlier ones included) or the loop must end;
-the caller trains each batch and confirms it with ``BatchLoop.commit`` before asking for the next.
-It serves ``rollstream run``, ``rollstream worker trainer`` (both through
-``rollstream.trainer.rollout_stream.RolloutStream``, like a user's own loop) and ``build_batches`` (the same
-loop with a ``train`` callback).
+the caller trains each batch and commits it (``BatchBuilder.commit``) before asking for the next.
+rollstream.trainer.rollout_stream.RolloutStream drives it for ``rollstream run``, ``rollstream
+worker trainer`` and a user's own loop alike, and commits and publishes each batch itself.
 
 Verdicts (rollstream.trainer.verdicts) end a step short of a full batch; ``verdict_action``
 applies the configured ``min_fill_ratio``:
@@ -26,7 +25,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from rollstream.observability.metrics import process_metrics
 from rollstream.trainer.batch import RolloutBatch
 from rollstream.trainer.batch_builder import BatchBuilder
 from rollstream.trainer.verdicts import AgenticBatchEvents, BatchEvents, verdict_action
@@ -45,20 +43,6 @@ class LoopResult:
     outcome: str = "complete"  # complete | batch_underfilled | end_of_data | timed_out | stopped
     detail: str = ""
     batches: list[dict] = field(default_factory=list)  # manifest entries
-
-
-def record_batch_metrics(entry: dict) -> None:
-    """A committed batch in this process's metrics: its groups (unit ``trainer``; the stale
-    ones are counted where BatchBuilder rejects them), its fill time, and its tokens kept or
-    masked by the train-inference correction (unit ``token``)."""
-    metrics = process_metrics()
-    metrics.decided.labels("trainer", "accepted").inc(entry["accepted_groups"])
-    metrics.batch_fill.observe(entry["fill_seconds"])
-    if "tokens_valid" in entry:
-        masked = entry["tokens_valid"] - entry["tokens_kept"]
-        metrics.decided.labels("token", "accepted").inc(entry["tokens_kept"])
-        metrics.decided.labels("token", "rejected").inc(masked)
-        metrics.rejections.labels("token", "train_infer_correction").inc(masked)
 
 
 def _no_check() -> None:
@@ -81,7 +65,8 @@ class LoopControl:
         deadline: ``time.monotonic()`` value after which it ends ``timed_out``; None: none.
         check: called before each poll; raises when a stage died.
         should_stop: polled before each batch; True ends the loop ``stopped``.
-        on_progress: ``(result, buffered_groups)`` after every poll.
+        on_progress: ``(result, buffered_groups)`` after every poll, and before a batch is
+            yielded with its groups counted (they stay buffered until it is committed).
     """
 
     deadline: float | None = None
@@ -101,12 +86,11 @@ class BatchLoop:
         control: the deadline, stage check, stop flag and progress callback (``LoopControl``).
         batch_timeout_s: seconds without any new accepted group, batch or verdict after which it
             ends ``timed_out`` (a stalled pipeline: e.g. every generation worker gone); None: none.
-        publish: ``publish(entry)`` after each commit (PolicyPublisher.publish_batch).
     """
 
     def __init__(self, builder: BatchBuilder, events: BatchEvents | AgenticBatchEvents, *, max_steps: int,
                  min_fill_ratio: float, control: LoopControl = LoopControl(),
-                 publish: Callable[[dict], object] = lambda entry: None, batch_timeout_s: float | None = None) -> None:
+                 batch_timeout_s: float | None = None) -> None:
         self.builder = builder
         self.batch_timeout_s = batch_timeout_s
         self.events = events
@@ -116,12 +100,11 @@ class BatchLoop:
         self.check = control.check
         self.should_stop = control.should_stop
         self.on_progress = control.on_progress
-        self.publish = publish
         self.result = LoopResult()
 
     def batches(self) -> Iterator[tuple[RolloutBatch, bool]]:
         """Yield ``(batch, end_of_data)``: each batch to train, and whether it is the final
-        partial batch of the data. Commit each (``commit``) before taking the next; a batch not
+        partial batch of the data. Commit each (``BatchBuilder.commit``) before taking the next; a batch not
         committed stays uncommitted on the topic (a later run gets it again). ``result`` says how
         the loop ended once this is exhausted."""
         builder, result = self.builder, self.result
@@ -143,7 +126,7 @@ class BatchLoop:
                                  f"with {builder.buffered} of {builder.rollout_batch_size} groups of step {builder.step}")
                 break
             if batch is not None:
-                yield batch, False
+                yield self._shown(batch), False
             for event in self.events.verdicts() if batch is None else []:
                 end = event["status"] == "end_of_data"
                 # A restarted trainer re-reads every verdict: one on a step its manifest already
@@ -154,13 +137,13 @@ class BatchLoop:
                 if end:  # the full batches before the verdict's step precede it on the topics
                     while (builder.step < min(event["step"], self.max_steps)
                            and (full := builder.next_batch(CATCH_UP_S)) is not None):
-                        yield full, False
+                        yield self._shown(full), False
                 action = "end" if answered else verdict_action(event, self.min_fill_ratio)
                 if action == "ship_partial":
                     # the accepted groups precede the verdict on the topics; wait until they are read
                     partial = builder.take_partial(timeout_s=CATCH_UP_S, min_groups=event["accepted_groups"])
                     if partial is not None:
-                        yield partial, end
+                        yield self._shown(partial), end
                 if action != "ship_partial" or end:
                     result.outcome = "end_of_data" if end else "batch_underfilled"
                     result.detail = (
@@ -172,28 +155,7 @@ class BatchLoop:
             if result.outcome != "complete":
                 break
 
-    def commit(self, batch: RolloutBatch, report: dict | None = None, end_of_data: bool = False) -> dict:
-        """Commit a yielded ``batch`` with the training ``report`` joined to its manifest entry
-        (plus ``"end_of_data": true`` for the final partial batch), count it in the metrics, then
-        ``publish`` the entry. Returns the entry; raises as ``BatchBuilder.commit``."""
-        entry = self.builder.commit(batch, {**(report or {}), "end_of_data": True} if end_of_data else report)
-        self.result.batches.append(entry)
-        record_batch_metrics(entry)
-        self.publish(entry)
-        return entry
-
-
-def build_batches(builder: BatchBuilder, events: BatchEvents | AgenticBatchEvents, *, max_steps: int,
-                  min_fill_ratio: float, control: LoopControl = LoopControl(),
-                  train: Callable[[RolloutBatch], dict] | None = None,
-                  publish: Callable[[dict], object] = lambda entry: None,
-                  batch_timeout_s: float | None = None) -> LoopResult:
-    """Run a ``BatchLoop`` (same arguments) in this process: ``train(batch)`` (a PolicyTrainer's)
-    runs before each batch is committed, and its report joins the manifest entry, so a batch
-    counts as done only once it was trained (and checkpointed); ``publish(entry)`` then announces
-    the policy version the batch made. Returns the loop's result."""
-    loop = BatchLoop(builder, events, max_steps=max_steps, min_fill_ratio=min_fill_ratio, control=control,
-                     publish=publish, batch_timeout_s=batch_timeout_s)
-    for batch, end_of_data in loop.batches():
-        loop.commit(batch, train(batch) if train is not None else None, end_of_data)
-    return loop.result
+    def _shown(self, batch: RolloutBatch) -> RolloutBatch:
+        """``batch``, once ``on_progress`` has counted its groups (in training from now on)."""
+        self.on_progress(self.result, self.builder.buffered + len(batch.group_keys))
+        return batch

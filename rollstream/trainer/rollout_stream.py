@@ -96,7 +96,7 @@ from rollstream.trainer.batch_builder import BatchBuilder
 from rollstream.trainer.distributed import Ranks, shard_batch
 from rollstream.trainer.logprobs import response_log_probs
 from rollstream.trainer.loop import BatchLoop, LoopControl, LoopResult
-from rollstream.trainer.publisher import PolicyPublisher
+from rollstream.trainer.publisher import PolicyPublisher, version_of
 from rollstream.trainer.verdicts import AgenticBatchEvents, BatchEvents
 
 log = logging.getLogger(__name__)
@@ -325,7 +325,7 @@ class RolloutStream:
         control = replace(control, check=self._checking(control.check))
         self._loop = BatchLoop(self._builder, self._events, max_steps=settings.max_steps,
                                min_fill_ratio=settings.min_fill_ratio, control=control,
-                               publish=self._publisher.publish_batch, batch_timeout_s=settings.batch_timeout_s)
+                               batch_timeout_s=settings.batch_timeout_s)
         self.result = self._loop.result
         self._batches = self._loop.batches()
 
@@ -392,7 +392,7 @@ class RolloutStream:
         if held is None:
             return None
         held.durable.result()
-        return self._loop.commit(held.whole, held.report, held.batch.end_of_data)
+        return self._record(held.whole, held.report, held.batch.end_of_data)
 
     def _hold(self, batch: StreamBatch, checkpoint, report: Mapping | None, durable: Future) -> None:
         self._check_current(batch)
@@ -415,8 +415,7 @@ class RolloutStream:
         if done.cancelled() or done.exception() is not None:
             return
         try:
-            self._publisher.publish(report["policy_version"], step, report["checkpoint"],
-                                    not report.get("skipped", False))
+            self._publisher.publish(*version_of({**report, "step": step}))
         except Exception:  # the commit publishes it again
             log.exception("publishing policy version %s early failed", report["policy_version"])
 
@@ -442,7 +441,7 @@ class RolloutStream:
         entry: dict | tuple | None = None
         if self.ranks.is_main:
             try:
-                entry = self._loop.commit(self._whole, _report(batch.step, checkpoint, report), batch.end_of_data)
+                entry = self._record(self._whole, _report(batch.step, checkpoint, report), batch.end_of_data)
             except BaseException as exc:  # the other ranks wait for the entry: tell them
                 self.ranks.broadcast(("error", f"rank 0: {exc!r}"))
                 raise
@@ -454,14 +453,27 @@ class RolloutStream:
         self._current = self._whole = None
         return entry
 
+    def _record(self, whole: RolloutBatch, report: Mapping | None, end_of_data: bool) -> dict:
+        """Rank 0: commit ``whole`` (``BatchBuilder.commit``: its manifest line, Batch event and
+        offsets) with ``report`` joined (plus ``"end_of_data": true`` for the final partial
+        batch), then announce it: its step figures, then the policy version it made. Returns the
+        manifest entry; raises as ``BatchBuilder.commit`` and ``version_of``."""
+        entry = self._builder.commit(whole, {**(report or {}), "end_of_data": True} if end_of_data else report)
+        self.result.batches.append(entry)
+        self._publisher.publish_step(entry)
+        self._publisher.publish(*version_of(entry))
+        return entry
+
     def _publish_current(self) -> None:
-        """Republish the policy version of the last committed batch (its checkpoint), or version
-        ``step`` untrained when none names one, so workers and the admission start from it."""
-        builder = self._builder
-        last = builder.last_entry
-        version = builder.step if last is None else int(last.get("policy_version", last["step"] + 1))
-        checkpoint = "" if last is None else last.get("checkpoint", "")
-        self._publisher.publish(version, builder.step - 1, checkpoint, version > 0 and bool(checkpoint))
+        """Republish the policy version of the last committed batch, trained when it names a
+        checkpoint (a worker started since must load it), or version 0 untrained before any
+        batch, so workers and the admission start from it."""
+        last = self._builder.last_entry
+        if last is None:
+            self._publisher.publish(0, -1, "", False)
+            return
+        version, step, checkpoint, _ = version_of(last)
+        self._publisher.publish(version, step, checkpoint, version > 0 and bool(checkpoint))
 
     def close(self) -> None:
         """Commit a held batch once its checkpoint is durable, then close the Kafka clients

@@ -56,6 +56,8 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from rollstream.config.reward_functions import info_keys, is_builtin, load_reward_function
 from rollstream.extensions import REWARDS
+from rollstream.exceptions import ConfigError
+from rollstream.filtering.prompt_state import REWARD_METRIC
 from rollstream.filtering.reasons import RejectReason
 from rollstream.filtering.response_filters import BLANK_TEXT, REWARD_FAILURE
 from rollstream.kafka.events import Input, Output
@@ -327,11 +329,13 @@ def get_reward_fn(name: str) -> RewardFn:
 @dataclass(frozen=True)
 class RewardSpec:
     """A domain's reward: ``reward_type`` (a built-in name or ``pkg.module:function``), the
-    per-call ``timeout_s`` and ``batched`` form of a user function (built-ins ignore both)."""
+    per-call ``timeout_s`` and ``batched`` form of a user function, and the ``metric`` its query
+    filter reads (built-ins ignore all three: their scores are checked at config load)."""
 
     reward_type: str
     timeout_s: float = DEFAULT_REWARD_TIMEOUT_S
     batched: bool = False
+    metric: str = REWARD_METRIC
 
 
 @dataclass(frozen=True)
@@ -395,14 +399,18 @@ class RewardWorker:
                 self.user_fns[domain] = _UserFn(fn, spec, None if spec.batched else info_keys(fn))
         modules = sorted({u.spec.reward_type.partition(":")[0] for u in self.user_fns.values()})
         self.pool = RewardPool(concurrency, preload=modules) if self.user_fns else None
+        # user domains whose query filter reads a score: checked at their first scored response
+        self._unchecked = {d for d, u in self.user_fns.items() if u.spec.metric != REWARD_METRIC}
 
     def reward(self, response: dict) -> RewardResult:
-        """Score one Response record (never raises); a user function runs in the pool."""
+        """Score one Response record (raises as ``rewards``); a user function runs in the pool."""
         return self.rewards([response])[0]
 
     def rewards(self, responses: Sequence[Mapping]) -> list[RewardResult]:
-        """Score Response records (never raises): built-ins here, user functions concurrently in
-        the pool (a batched one: one call per domain)."""
+        """Score Response records: built-ins here, user functions concurrently in the pool (a
+        batched one: one call per domain). A response's failure is its result, never an
+        exception; raises ConfigError only when a user function's first scores lack its
+        domain's query filter metric (``_check_metrics``)."""
         results: list[RewardResult | None] = [None] * len(responses)
         pending: dict[str, list[int]] = {}  # domain -> indices for its user function
         for i, response in enumerate(responses):
@@ -430,12 +438,29 @@ class RewardWorker:
             for call, scored in zip(owners, self.pool.score(jobs)):
                 for i, one in zip(call, scored):
                     results[i] = from_scored(one)
+            self._check_metrics(responses, results)
             failures = Counter(r.failure for r in results if r.failure is not None)
             if failures:  # one line per batch: what the user's function did, and one example
                 first = next(r for r in results if r.failure is not None)
                 log.warning("%d of %d responses have no reward %s; e.g. %s", sum(failures.values()), len(results),
                             dict(failures), first.error)
         return results
+
+    def _check_metrics(self, responses: Sequence[Mapping], results: Sequence[RewardResult]) -> None:
+        """At a user domain's first scored response: raise ConfigError when the scores its
+        function returned lack the metric its query filter reads (every group would be rejected
+        ``invalid_reward`` on a NaN metric, with nothing naming the cause)."""
+        for response, result in zip(responses, results):
+            domain = response.get("domain")
+            if domain not in self._unchecked or result.failure is not None:
+                continue
+            spec = self.user_fns[domain].spec
+            if spec.metric not in result.scores:
+                raise ConfigError(
+                    f"rewards.{domain}.query_filter_config.metric {spec.metric!r} is not among the scores "
+                    f"{spec.reward_type} returned: {sorted(result.scores)}; name one of them (or {REWARD_METRIC!r}) "
+                    f"or return {spec.metric!r} in the function's dict")
+            self._unchecked.discard(domain)
 
     def __call__(self, inputs: Sequence[Input]) -> Iterable[Output]:
         start = time.perf_counter()

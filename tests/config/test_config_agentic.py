@@ -4,6 +4,7 @@ ConfigError naming the field, at start-up (no broker)."""
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,9 @@ from rollstream.exceptions import ConfigError
 from rollstream.kafka.topics import Topics
 from rollstream.workers.env_worker import run_env_worker
 from rollstream.workers.envs import resolve_env
+
+# the hint of a module that is not found (rollstream.registry.import_object)
+LOOKED_UP = f" (looked up in the working directory {os.getcwd()}, beside the config file, then in the installed packages)"
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "agentic_frozenlake.yaml"
@@ -210,7 +214,7 @@ def test_an_old_env_spelling_is_refused_at_load_naming_the_new_one(old, new):
 def test_unknown_env_type_is_refused_at_env_worker_start_not_by_the_config():
     cfg = parse_modified(set_in("custom_envs", "GymFrozenLake", "env_type", "nope:x"))
     assert cfg.custom_envs["GymFrozenLake"].env_type == "nope:x"  # the config cannot import-check it
-    expected = "cannot import env_type 'nope:x': module 'nope': ModuleNotFoundError: No module named 'nope'"
+    expected = f"cannot import env_type 'nope:x': module 'nope': ModuleNotFoundError: No module named 'nope'{LOOKED_UP}"
     with pytest.raises(ConfigError) as info:
         resolve_env("nope:x")
     assert str(info.value) == expected

@@ -11,7 +11,7 @@ from rollstream.config import AgenticConfig, PipelineConfig, RLVRConfig, load_co
 from rollstream.exceptions import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED = ["name", "seed", "pretrain", "kafka", "rollout_batch_size", "max_steps", "max_staleness", "min_fill_ratio",
+SHARED = ["name", "seed", "pretrain", "base_dir", "kafka", "rollout_batch_size", "max_steps", "max_staleness", "min_fill_ratio",
           "time_limit_s", "batch_timeout_s", "max_stage_restarts", "stage_restart_backoff_s", "adv_estimator", "actor_infer", "actor_train",
           "train_infer_correction", "trainer"]
 RLVR_KEYS = SHARED + ["num_return_sequences_in_group", "val_num_return_sequences", "max_running_prompts",

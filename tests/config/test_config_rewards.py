@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
 
 from rollstream.config import parse_config
 from rollstream.exceptions import ConfigError
+
+# the hint of a module that is not found (rollstream.registry.import_object)
+LOOKED_UP = f" (looked up in the working directory {os.getcwd()}, beside the config file, then in the installed packages)"
 
 USER = "tests.workers.user_rewards"
 
@@ -31,7 +35,7 @@ def test_import_path_with_its_timeout_batched_form_and_pool_size():
 @pytest.mark.parametrize("reward_type, batched, message", [
     ("no_such_pkg.rewards:exact_match", False,
      "cannot import reward_type 'no_such_pkg.rewards:exact_match': module 'no_such_pkg.rewards': "
-     "ModuleNotFoundError: No module named 'no_such_pkg'"),
+     f"ModuleNotFoundError: No module named 'no_such_pkg'{LOOKED_UP}"),
     (f"{USER}:nope", False, f"cannot import reward_type '{USER}:nope': module '{USER}' has no attribute 'nope'"),
     (f"{USER}:NOT_A_FUNCTION", False, f"reward_type '{USER}:NOT_A_FUNCTION' is not callable (int)"),
     ("exact_match", False, "reward_type 'exact_match' is neither a built-in ['gsm8k', 'math', 'reasoning_gym'] "

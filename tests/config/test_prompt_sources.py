@@ -4,14 +4,16 @@ gives exact Prompt records; a bad file, row or config is an exact error naming t
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from rollstream.app.producer import config_prompts
-from rollstream.config import DatasetConfig, parse_config
+from rollstream.config import DatasetConfig, load_config, parse_config
 from rollstream.config.sources import PromptSourceError, file_prompts, lookup
 from rollstream.data import dataset_prompts, prompt_record
 from rollstream.exceptions import ConfigError
@@ -268,3 +270,34 @@ def test_prompt_record_checks_what_user_code_hands_over():
         assert str(err.value) == message
     with pytest.raises(ValueError, match=r"^prompts\[3\]: not a Prompt: record does not match schema Prompt"):
         prompt_record({"prompt": "x", "domain": "d", "ground_truth": 4}, "prompts[3]", prompt_id="p-3")
+
+
+def test_a_config_files_relative_paths_resolve_beside_it_from_any_working_directory(tmp_path, monkeypatch):
+    """A config with its own data and reward module next to it (the byo layout), loaded from
+    another folder: both resolve against the config's folder, and the config a run writes for its
+    stages (absolute sources, base_dir kept) loads the same from its own folder."""
+
+    mine, elsewhere, run_dir = tmp_path / "mine", tmp_path / "elsewhere", tmp_path / "runs" / "x"
+    for folder in (mine, elsewhere, run_dir):
+        folder.mkdir(parents=True)
+    jsonl(mine / "qa.jsonl", [{"question": "1+1?", "answer": "2"}])
+    (mine / "beside_config_rewards.py").write_text("def exact(response_text, ground_truth, **info):\n"
+                                                   "    return float(response_text.strip() == ground_truth)\n")
+    config = {"name": "x", "rollout_batch_size": 1, "num_return_sequences_in_group": 2, "max_prompts_per_batch": 4,
+              "rewards": {"math": {"reward_type": "beside_config_rewards:exact"}},
+              "datasets": [{"source": "qa.jsonl", "domain": "math", **QA_KEYS}]}
+    (mine / "config.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(mine))])
+    cfg = load_config(mine / "config.yaml")
+    assert (cfg.base_dir, cfg.datasets[0].source) == (str(mine), str(mine / "qa.jsonl"))
+    assert [p["ground_truth"] for p in config_prompts(cfg)] == ["2"]
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    again = load_config(run_dir / "config.yaml")
+    assert (again.base_dir, again.datasets[0].source) == (str(mine), str(mine / "qa.jsonl"))
+    # a path found in neither place names both
+    (mine / "config.yaml").write_text(yaml.safe_dump({**config, "datasets": [{"source": "gone.jsonl", **QA_KEYS,
+                                                                                "domain": "math"}]}))
+    with pytest.raises(ConfigError, match=r"prompt source 'gone\.jsonl' does not exist .*; a relative path is looked "
+                                          r"up beside the config file, then in the working directory .*elsewhere"):
+        load_config(mine / "config.yaml")

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from rollstream.config import parse_config
+from rollstream.config import load_config, parse_config
 from rollstream.policy.model import ensure_model_cache
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,9 +79,11 @@ def test_the_reward_function_of_the_section_scores(user_files):
     assert exact_match("41", "42") == {"score": 0.0, "acc": 0.0}
 
 
-def test_the_combined_example_loads_from_the_repository_root(monkeypatch):
-    monkeypatch.chdir(ROOT)  # its data path and reward module are relative to the root
-    config = parse_config(yaml.safe_load((ROOT / "examples/byo/rlvr_own.yaml").read_text()))
+def test_the_combined_example_loads_from_any_folder_by_its_bundled_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # its data and reward module resolve beside it, not in the working directory
+    config = load_config("byo/rlvr_own")
     assert (config.num_epochs, config.adv_estimator, config.rewards["math"].reward_type) == (
-        2, "rloo", "examples.byo.rewards:exact_match")
-    assert (config.datasets[0].source, config.datasets[0].prompt_key) == ("examples/byo/qa.jsonl", "question")
+        2, "rloo", "byo_rewards:exact_match")
+    byo = (ROOT / "rollstream" / "examples" / "byo").resolve()
+    assert (config.base_dir, config.datasets[0].source, config.datasets[0].prompt_key) == (
+        str(byo), str(byo / "qa.jsonl"), "question")

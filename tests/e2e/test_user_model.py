@@ -24,11 +24,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 MAX_NEW_TOKENS = 6
 
 
-def test_own_qwen2_model_generates_and_trains(kafka_broker, tmp_path):
-    model_dir = build_tiny_qwen2(tmp_path / "my-qwen2")
-    prefix = f"e2e-own-{uuid.uuid4().hex[:8]}."
-    config_path = tmp_path / "own_model.yaml"
-    config_path.write_text(yaml.safe_dump({
+def own_config(kafka_broker: str, model_dir, prefix: str, **rewards) -> dict:
+    """The tiny model's run: 1 step of 1 group of 2 responses on 1-digit sums; ``rewards``
+    overrides the arithmetic domain's keys."""
+    return {
         "name": "e2e-own-model",
         "pretrain": str(model_dir),
         "kafka": {"bootstrap_servers": kafka_broker, "topic_prefix": prefix, "partitions": 1},
@@ -43,10 +42,18 @@ def test_own_qwen2_model_generates_and_trains(kafka_broker, tmp_path):
         "actor_train": {"device": "cpu", "lr": 1e-5, "micro_batch_size": 2},
         "rewards": {"arithmetic": {"reward_type": "reasoning_gym", "query_filter_config": {"type": "no_filter"},
                                    "response_filter_config": {"type": "default",
-                                                              "filter_args": {"reject_truncated": False}}}},
+                                                              "filter_args": {"reject_truncated": False}},
+                                   **rewards}},
         "datasets": [{"source": "reasoning-gym/basic_arithmetic", "domain": "arithmetic", "num_samples": 2,
                       "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}],
-    }))
+    }
+
+
+def test_own_qwen2_model_generates_and_trains(kafka_broker, tmp_path):
+    model_dir = build_tiny_qwen2(tmp_path / "my-qwen2")
+    prefix = f"e2e-own-{uuid.uuid4().hex[:8]}."
+    config_path = tmp_path / "own_model.yaml"
+    config_path.write_text(yaml.safe_dump(own_config(kafka_broker, model_dir, prefix)))
     config = load_config(config_path)
     assert config.infer_model_path == config.train_model_path == str(model_dir)
 
@@ -89,3 +96,22 @@ def test_own_qwen2_model_generates_and_trains(kafka_broker, tmp_path):
         assert all(math.isfinite(lp) and lp <= 0.0 for lp in response["infer_logprobs"].tolist())
     # eos has p = 0.5 per step: P(no stop in 2 responses of 6 tokens) = 1/4096
     assert any(r["finish_reason"] == "stop" for r in responses)
+
+
+def test_a_metric_the_reward_function_does_not_return_ends_the_run_at_once_naming_it(kafka_broker, tmp_path):
+    """A user function that returns ``acc`` under a config whose query filter reads
+    ``accuracy``: the reward stage names both at its first scored response and the run ends
+    ``config_error`` (before: every group rejected invalid_reward, outcome batch_underfilled)."""
+    model_dir = build_tiny_qwen2(tmp_path / "my-qwen2")
+    prefix = f"e2e-metric-{uuid.uuid4().hex[:8]}."
+    config_path = tmp_path / "typo.yaml"
+    config_path.write_text(yaml.safe_dump(own_config(
+        kafka_broker, model_dir, prefix, reward_type="tests.workers.user_rewards:exact_match",
+        query_filter_config={"type": "std_filter", "metric": "accuracy"})))
+    summary = run_pipeline(load_config(config_path), run_dir=tmp_path / "run")
+    assert summary["outcome"] == "config_error", summary
+    assert summary["detail"] == (
+        "stage reward: rewards.arithmetic.query_filter_config.metric 'accuracy' is not among the scores "
+        "tests.workers.user_rewards:exact_match returned: ['acc', 'sample_index', 'score']; name one of them "
+        "(or 'response_level_reward') or return 'accuracy' in the function's dict"), summary["detail"]
+    assert summary["stage_restarts"] == {} and summary["batches"] == []

@@ -20,12 +20,25 @@ from rollstream.kafka.topics import Topics
 from rollstream.schemas import decode, encode
 from rollstream.schemas.records import is_payload_ref, response_summary
 from rollstream.tools.readback import read_values
+from rollstream.trainer.loop import LoopResult
+from rollstream.trainer.rollout_stream import RolloutStream
 
 DOMAIN = "synth"
 
 # (prompt_id, sample_index, round) -> (response_level_reward, finish_reason), or None: the sample
 # is never answered (a lost response)
 Script = Callable[[str, int, int], tuple[float, str] | None]
+
+
+def commit_every_batch(bootstrap: str, topics: Topics, run_dir: Path, groups_per_batch: int, max_steps: int,
+                       **settings) -> LoopResult:
+    """The trainer's loop without a model: a RolloutStream of the run whose batches are committed
+    as they come (``settings``: StreamSettings fields, or ``control``). Returns how it ended."""
+    with RolloutStream(bootstrap, run_dir, groups_per_batch=groups_per_batch, max_steps=max_steps,
+                       topic_prefix=topics.prefix, **settings) as stream:
+        for batch in stream:
+            batch.commit()
+    return stream.result
 
 
 def write_config(tmp_path: Path, topics: Topics, partitions: int, **overrides) -> Path:

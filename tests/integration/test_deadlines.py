@@ -13,11 +13,8 @@ from rollstream.app.stages import Stage
 from rollstream.config import load_config
 from rollstream.streams.event_builders import derive_seed
 from rollstream.tools.readback import read_values
-from rollstream.trainer.batch_builder import BatchBuilder
-from rollstream.trainer.loop import build_batches
-from rollstream.trainer.verdicts import BatchEvents
 
-from .harness import SyntheticRollout, produce, prompt, start_stages, wait_for, write_config
+from .harness import SyntheticRollout, commit_every_batch, produce, prompt, start_stages, wait_for, write_config
 from .test_end_of_data import end_data, first_sample_passes, verdicts
 from .test_trainer_consumer import produce as produce_groups
 from .test_trainer_loop import accepted_group
@@ -65,14 +62,8 @@ def test_a_trainer_without_groups_or_verdicts_ends_timed_out_after_batch_timeout
                                                                                     tmp_path):
     topics = topic_factory()
     produce_groups(kafka_broker, topics, [accepted_group("a"), accepted_group("b")])  # 2 of the 4 a batch needs
-    builder = BatchBuilder(kafka_broker, topics, 4, group_id=f"{topics.prefix}trainer", manifest_path=tmp_path / "m.jsonl")
-    events = BatchEvents(kafka_broker, topics)
     started = time.monotonic()
-    try:
-        result = build_batches(builder, events, max_steps=3, min_fill_ratio=1.0, batch_timeout_s=4)
-    finally:
-        events.close()
-        builder.close()
+    result = commit_every_batch(kafka_broker, topics, tmp_path, 4, 3, min_fill_ratio=1.0, batch_timeout_s=4)
     assert (result.outcome, result.batches) == ("timed_out", [])
     assert result.detail == "no accepted group and no verdict for 4 s (batch_timeout_s) with 2 of 4 groups of step 0"
     assert time.monotonic() - started < 60

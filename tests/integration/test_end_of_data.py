@@ -20,10 +20,10 @@ from rollstream.schemas import encode
 from rollstream.schemas.records import PROMPTS_END_KEY, batch_event, prompts_end
 from rollstream.tools.readback import read_values
 from rollstream.trainer.batch_builder import BatchBuilder
-from rollstream.trainer.loop import build_batches
-from rollstream.trainer.verdicts import BatchEvents, verdict_action
+from rollstream.trainer.loop import LoopControl
+from rollstream.trainer.verdicts import verdict_action
 
-from .harness import SyntheticRollout, produce, prompt, start_stages, wait_for, write_config
+from .harness import SyntheticRollout, commit_every_batch, produce, prompt, start_stages, wait_for, write_config
 from .test_trainer_consumer import produce as produce_groups
 from .test_trainer_loop import accepted_group
 
@@ -101,23 +101,22 @@ def setup_verdict(kafka_broker, topics: Topics, groups: list[str], step: int, ac
         producer.close()
 
 
-def loop(kafka_broker, topics: Topics, tmp_path: Path, min_fill_ratio: float):
-    builder = BatchBuilder(kafka_broker, topics, 4, group_id=f"{topics.prefix}trainer", manifest_path=tmp_path / "m.jsonl")
-    events = BatchEvents(kafka_broker, topics)
-    try:
-        return build_batches(builder, events, max_steps=10, min_fill_ratio=min_fill_ratio)
-    finally:
-        events.close()
-        builder.close()
+def loop(kafka_broker, topics: Topics, tmp_path: Path, min_fill_ratio: float, **control):
+    return commit_every_batch(kafka_broker, topics, tmp_path, 4, 10, min_fill_ratio=min_fill_ratio,
+                              control=LoopControl(**control))
 
 
 def test_end_of_data_ships_the_full_batches_then_the_rest_as_a_final_partial_batch(kafka_broker, topic_factory,
                                                                                      tmp_path):
     topics = topic_factory()
     setup_verdict(kafka_broker, topics, ["a", "b", "c", "d", "e", "f"], step=1, accepted=2)
-    result = loop(kafka_broker, topics, tmp_path, 0.5)
+    shown = []  # (batches committed, groups in) at each progress report
+    result = loop(kafka_broker, topics, tmp_path, 0.5,
+                  on_progress=lambda result, buffered: shown.append((len(result.batches), buffered)))
     assert (result.outcome, result.detail) == (
         "end_of_data", "step 1: 2/4 groups after 2 prompts (min_fill_ratio 0.5); rejected: {}")
+    # a batch's groups are shown while it trains, before its commit (once the bar stayed short)
+    assert any(committed == 0 and groups >= 4 for committed, groups in shown), shown
     assert [(b["step"], b["status"], b["group_keys"], b.get("end_of_data")) for b in result.batches] == [
         (0, "complete", ["a", "b", "c", "d"], None), (1, "partial", ["e", "f"], True)]
 

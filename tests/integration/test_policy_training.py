@@ -21,7 +21,7 @@ from rollstream.trainer.checkpoint import CheckpointStore
 from rollstream.trainer.batch_builder import BatchBuilder
 from rollstream.trainer.corrections import parse_correction_config
 from rollstream.trainer.policy_trainer import PolicyTrainer, TrainSettings
-from rollstream.trainer.publisher import PolicyPublisher
+from rollstream.trainer.publisher import PolicyPublisher, version_of
 from rollstream.inference.engine import SamplingParams
 from rollstream.inference.transformers_engine import TransformersBackend
 from rollstream.workers.generation import GenerationWorker
@@ -104,7 +104,9 @@ def test_two_steps_publish_versions_that_the_generation_worker_loads_and_stamps(
                 assert torch.equal(batch.infer_logprobs[row, :n], torch.from_numpy(by_index[index]["infer_logprobs"].copy()))
             reports.append(trainer.train(batch))
             snapshots.append(trainer.model.model.embed_tokens.weight.detach().clone())
-            publisher.publish_batch(builder.commit(batch, reports[-1]))
+            entry = builder.commit(batch, reports[-1])
+            publisher.publish_step(entry)
+            publisher.publish(*version_of(entry))
         # the worker loaded v1 (the checkpoint after step 0) before generating q1, cast to bf16
         assert follower.loaded == 1 and backend.policy_version == 1
         assert torch.equal(backend.model.model.embed_tokens.weight, snapshots[0].to(torch.bfloat16))

@@ -16,7 +16,7 @@ import pytest
 from rollstream.kafka.clients import make_producer
 from rollstream.schemas import encode
 from rollstream.schemas.records import payload_ref
-from rollstream.trainer.publisher import PolicyPublisher
+from rollstream.trainer.publisher import PolicyPublisher, version_of
 
 from .harness import write_config
 
@@ -62,10 +62,13 @@ def record_a_run(bootstrap: str, topics) -> None:
     producer.close()
     publisher = PolicyPublisher(bootstrap, topics)
     for step, (final, token, lag) in enumerate(((0.97, 0.97, 0), (0.61, 0.84, 1))):
-        publisher.publish_batch({
+        entry = {
             "step": step, "fill_seconds": 10.0, "loss": 0.1, "policy_version": step + 1, "checkpoint": f"/ckpt/v{step + 1}",
             "final_mask_mean": final, "pass_rates": {"actor/train_infer_token_ratio_mask_mean@sum": token},
-            "ratio_means": {"token": 1.0}, "diff_means": {"token": 0.0}, "policy_lag_max": lag, "mask_collapse": False})
+            "ratio_means": {"token": 1.0}, "diff_means": {"token": 0.0}, "policy_lag_max": lag, "mask_collapse": False,
+            "accepted_groups": 2}
+        publisher.publish_step(entry)
+        publisher.publish(*version_of(entry))
     publisher.close()
 
 

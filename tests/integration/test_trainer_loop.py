@@ -8,10 +8,10 @@ from rollstream.kafka.clients import make_producer
 from rollstream.schemas import encode
 from rollstream.schemas.records import batch_event
 from rollstream.trainer.batch_builder import BatchBuilder
-from rollstream.trainer.driver import build_batches
-from rollstream.trainer.verdicts import BatchEvents, underfill_action
+from rollstream.trainer.verdicts import underfill_action
 
 from ..trainer import records
+from .harness import commit_every_batch
 from .test_trainer_consumer import produce
 
 pytestmark = pytest.mark.integration
@@ -47,13 +47,7 @@ def test_underfill_action_thresholds():
 def test_underfilled_batch_ships_partial_when_min_fill_ratio_allows(kafka_broker, topic_factory, tmp_path):
     topics = topic_factory()
     setup(kafka_broker, topics)
-    builder = BatchBuilder(kafka_broker, topics, 4, group_id=f"{topics.prefix}trainer", manifest_path=tmp_path / "m.jsonl")
-    events = BatchEvents(kafka_broker, topics)
-    try:
-        result = build_batches(builder, events, max_steps=1, min_fill_ratio=0.5)
-    finally:
-        events.close()
-        builder.close()
+    result = commit_every_batch(kafka_broker, topics, tmp_path, 4, 1, min_fill_ratio=0.5)
     assert result.outcome == "complete"
     [entry] = result.batches
     assert (entry["status"], entry["accepted_groups"], entry["target_groups"]) == ("partial", 2, 4)
@@ -64,13 +58,7 @@ def test_underfilled_batch_below_min_fill_ratio_fails_fast_and_keeps_the_groups(
     topics = topic_factory()
     setup(kafka_broker, topics)
     group_id = f"{topics.prefix}trainer"
-    builder = BatchBuilder(kafka_broker, topics, 4, group_id=group_id, manifest_path=tmp_path / "m.jsonl")
-    events = BatchEvents(kafka_broker, topics)
-    try:
-        result = build_batches(builder, events, max_steps=1, min_fill_ratio=0.75)
-    finally:
-        events.close()
-        builder.close()
+    result = commit_every_batch(kafka_broker, topics, tmp_path, 4, 1, min_fill_ratio=0.75)
     assert (result.outcome, result.batches) == ("batch_underfilled", [])
     assert "2/4 groups after 24 prompts" in result.detail and "zero_std" in result.detail
     # nothing was committed: a later trainer with the same group id still gets both groups

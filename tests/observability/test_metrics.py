@@ -37,8 +37,8 @@ def test_prompt_effects_count_every_unit_and_reward_scope():
     assert view["reward"] == {"all": 0.25, "accepted": 0.5}  # a: [1, 0] kept; b: [0, 0]
     assert view["validation"] == {"original": 1.0, "accepted": 1.0, "rejected": 0.0}
     # the learning figures by policy version: the kept responses of decided groups
-    assert view["by_policy_version"] == {"train": {"0": {"responses": 4, "reward_mean": 0.25, "accuracy": 0.25}},
-                                         "val": {"0": {"responses": 1, "reward_mean": 1.0, "accuracy": 1.0}}}
+    assert view["by_policy_version"] == {"train": {"0": {"responses": 4, "reward_mean": 0.25, "positive_share": 0.25}},
+                                         "val": {"0": {"responses": 1, "reward_mean": 1.0, "positive_share": 1.0}}}
 
 
 def test_stats_keep_the_newest_sample_per_worker_and_sum_over_workers():

@@ -166,7 +166,7 @@ def test_steps_then_the_summary_so_far_then_the_final_summary_reach_every_tracke
 
 
 def test_a_failing_tracker_warns_once_and_neither_training_nor_the_other_trackers_stop(caplog, monkeypatch):
-    """Through the trainer's own hook: PolicyPublisher.publish_batch after each commit."""
+    """Through the trainer's own hook: PolicyPublisher.publish_step after each commit."""
     from rollstream.trainer import publisher as publisher_module
 
     class Producer:
@@ -192,7 +192,7 @@ def test_a_failing_tracker_warns_once_and_neither_training_nor_the_other_tracker
     with caplog.at_level(logging.WARNING, logger="rollstream.observability.trackers"):
         for entry in [*ENTRIES, {**ENTRIES[1], "step": 2, "policy_version": 3}]:
             entry = {**entry, "checkpoint": "/ckpt"}
-            assert publisher.publish_batch(entry)["version"] == entry["policy_version"]  # the commit went on
+            publisher.publish_step(entry)  # returns: the commit goes on
         trackers.close()
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "tracker failing failed" in warnings[0] and "no network" in warnings[0]

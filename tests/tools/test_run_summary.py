@@ -14,7 +14,7 @@ from rollstream.schemas import encode
 from rollstream.schemas.records import payload_ref, response_summary, trajectory_summary
 from rollstream.kafka.readback import count_records, first_record_ms
 from rollstream.tools.readback import filter_decisions
-from rollstream.tools.summary import LiveSummary, startup_seconds, summarize_agentic, summarize_rlvr
+from rollstream.tools.summary import LiveSummary, startup_seconds, summarize_agentic, summarize_rlvr, trained_groups
 
 
 def test_groups_accepted_by_the_filters_then_stale_at_the_trainer_are_not_filter_rejections():
@@ -22,6 +22,12 @@ def test_groups_accepted_by_the_filters_then_stale_at_the_trainer_are_not_filter
     rejected = [{"group_key": "p2", "reason": "zero_std"}, {"group_key": "p1", "reason": "stale"}]
     filters, stale = filter_decisions(accepted, rejected)
     assert (filters, stale) == ([{"group_key": "p2", "reason": "zero_std"}], 1)
+
+
+def test_accepted_groups_split_into_trained_stale_and_left_untrained():
+    batches = [{"accepted_groups": 4}, {"accepted_groups": 2}]  # a full batch, then a partial one
+    assert trained_groups(9, 1, batches) == {"groups_trained": 6, "groups_untrained": 2}
+    assert trained_groups(0, 0, []) == {"groups_trained": 0, "groups_untrained": 0}
 
 
 def send(bootstrap: str, topic: str, schema: str | None, records: list, key: str = "k") -> None:
@@ -77,6 +83,7 @@ def test_rlvr_response_figures_come_from_responses_rewarded(kafka_broker, topic_
     assert summary["reward"] == {"all": 0.25, "accepted": 0.5}
     assert summary["validation"]["groups"] == 1 and summary["validation"]["correct_mean"] == 1.0
     assert summary["group_arrival_lag_ms"] == {"groups": 0}  # no batch trained
+    assert (summary["groups_trained"], summary["groups_untrained"]) == (0, 1)  # the run ended before a batch
 
     batch = {"step": 0, "status": "complete", "accepted_groups": 2, "responses_per_group": [2, 2],
              "fill_seconds": 1.0, "arrival_lag_ms": [12, 30]}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -10,6 +11,9 @@ from rollstream.exceptions import ConfigError
 from rollstream.workers.envs import GymFrozenLake, StepResult, TextEnv, make_env, parse_action
 
 from .fault_envs import CountingEnv
+
+# the hint of a module that is not found (rollstream.registry.import_object)
+LOOKED_UP = f" (looked up in the working directory {os.getcwd()}, beside the config file, then in the installed packages)"
 
 MOVES = GymFrozenLake.ACTIONS
 
@@ -161,7 +165,7 @@ def test_a_bad_env_type_names_the_known_ones_or_what_failed_to_import():
             ("textarena:Chess-v0", "cannot import env_type 'textarena:Chess-v0': module 'textarena' has no attribute "
                                    "'Chess-v0'"),
             ("no_such_module_xyz:Env", "cannot import env_type 'no_such_module_xyz:Env': module 'no_such_module_xyz': "
-                                       "ModuleNotFoundError: No module named 'no_such_module_xyz'"),
+                                       f"ModuleNotFoundError: No module named 'no_such_module_xyz'{LOOKED_UP}"),
             ("tests.workers.fault_envs:Missing", "cannot import env_type 'tests.workers.fault_envs:Missing': module "
                                                  "'tests.workers.fault_envs' has no attribute 'Missing'"),
             ("gym:FrozenLake-v1", "env_type 'gym:FrozenLake-v1' is now spelled 'frozen_lake'")):

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from rollstream.config.reward_functions import INFO_KEYS, info_keys
+from rollstream.exceptions import ConfigError
 from rollstream.filtering import decide_response
 from rollstream.filtering.prompt_state import DomainFilters, step
 from rollstream.kafka.events import Input
@@ -16,6 +17,7 @@ from rollstream.observability.metrics import WorkerMetrics
 from rollstream.streams.aggregator_processor import count_effects
 from rollstream.schemas import decode, encode
 from rollstream.tools.stats import figures, latest
+from rollstream.tools.summary import reward_failures
 from rollstream.workers import reward_pool
 from rollstream.workers.reward_pool import Job, RewardPool, Scored, normalise
 from rollstream.extensions import REWARDS
@@ -171,6 +173,37 @@ def test_every_response_gets_its_own_outcome_in_one_batch(worker):
     assert by_text["returns", "{'score': 2, 'acc': True, 'pred': 'x'}"]["meta"]["pred"] == "x"
     assert by_text["returns", "0.5"]["scores"] == {"score": 0.5}
     assert by_text["user", "sleep"]["reward_ms"] == TIMEOUT_S * 1000.0
+
+
+def test_the_summary_counts_the_functions_failures_by_kind_with_an_example(worker):
+    records = [_response(domain, text, i, truth="18" if text == "#### 18" else "a")
+               for i, ((domain, text), _) in enumerate(CASES)]
+    rewarded = [decode(encode(o.record, o.schema))[1] for o in worker(_inputs(records))]
+    engine = worker(_inputs([{**_response("user", "", 99), "finish_reason": "error", "error": "CUDA OOM"}]))
+    rewarded += [o.record for o in engine]  # the engine's failure, not the function's: not counted
+    assert reward_failures(rewarded) == [
+        {"failure": "invalid_reward", "kind": "invalid_reward", "count": 4, "example": "returned score nan"},
+        {"failure": "reward_error", "kind": "ValueError", "count": 2, "example": "ValueError: cannot score 'raise'"},
+        {"failure": "reward_error", "kind": "reward_error", "count": 1, "example": "reward process died (exit code 3)"},
+        {"failure": "reward_timeout", "kind": "reward_timeout", "count": 1,
+         "example": "no result within reward_timeout_s=1"},
+    ]
+
+
+def test_a_metric_the_function_does_not_return_is_named_at_its_first_scored_response():
+    typo = RewardWorker(Topics("t."), {"user": RewardSpec(f"{USER}:by_text", TIMEOUT_S, metric="accuracy")}, 1)
+    right = RewardWorker(Topics("t."), {"user": RewardSpec(f"{USER}:by_text", TIMEOUT_S, metric="acc")}, 1)
+    try:
+        # a response the function failed on says nothing of its scores: no check yet
+        [failed] = typo.rewards([_response("user", "raise", 0)])
+        assert failed.failure == "reward_error"
+        with pytest.raises(ConfigError, match=r"rewards\.user\.query_filter_config\.metric 'accuracy' is not among the "
+                                              r"scores .*:by_text returned: \['acc', 'sample_index', 'score'\]"):
+            typo.rewards([_response("user", "a", 1)])
+        assert [r.response_level_reward for r in right.rewards([_response("user", "a", 1)])] == [1.0]
+    finally:
+        typo.close()
+        right.close()
 
 
 def test_batched_domain_is_one_call_per_poll(worker):

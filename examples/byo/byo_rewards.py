@@ -1,4 +1,6 @@
-"""A user's own reward function, named in a config as ``examples.byo.rewards:exact_match``.
+"""A user's own reward function, named in a config beside this file as ``byo_rewards:exact_match``
+(a module beside the config imports from any working directory; give it a name no installed
+package has).
 
 rollstream calls it in a pool of worker processes as ``fn(response_text, ground_truth, **info)``
 (``info``: prompt_id, domain, mode, prompt, messages, sample_index, round, finish_reason,
