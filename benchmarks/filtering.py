@@ -162,17 +162,20 @@ def probe_v0(raw: dict, samples: int, k: int) -> dict:
 # -- the runs --------------------------------------------------------------------------------------
 
 def rollstream_run(raw: dict, workdir: Path) -> dict:
-    """One rollstream run of the config ``raw`` without validation in the run: every
+    """One rollstream run of the config ``raw`` without validation in the run (no eval_steps, and
+    no validation prompts: they would be generated once at the start): every
     ``raw["eval_steps"]``-th version's weights are kept and validated afterwards
-    (``validate_versions``). Its validation curve and train tokens by the version that
-    generated them."""
+    (``validate_versions``, on ``raw``'s validation prompts). Its validation curve and train
+    tokens by the version that generated them."""
     from rollstream.app.run import run_pipeline
     from rollstream.config import parse_config
 
     every = raw["eval_steps"]
-    cfg = parse_config({**raw, "eval_steps": None, "actor_train": {**raw["actor_train"], "keep_checkpoint_every": every}})
+    cfg = parse_config(raw)  # what is validated: the validation prompts of the workload
+    run_cfg = parse_config({**raw, "eval_steps": None, "datasets": [d for d in raw["datasets"] if d.get("mode") != "val"],
+                            "actor_train": {**raw["actor_train"], "keep_checkpoint_every": every}})
     started_ms = time.time() * 1000
-    summary = run_pipeline(cfg, run_dir=workdir / cfg.name)
+    summary = run_pipeline(run_cfg, run_dir=workdir / cfg.name)
     train = summary["train_reward_by_policy_version"]
     difficulty = summary.get("difficulty") or {}
     batches = summary["batches"]

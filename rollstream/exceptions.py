@@ -71,8 +71,14 @@ class StageDied(RollstreamError):
 
 
 class StageConfigError(StageDied):
-    """A stage process exited with a configuration error (exit code 2, e.g. a reward function
-    that does not return the metric its query filter reads): a restart would fail the same way."""
+    """A stage process exited with a configuration error found while running
+    (``CONFIG_ERROR_EXIT``, e.g. a reward function that does not return the metric its query
+    filter reads): a restart would fail the same way."""
+
+
+CONFIG_ERROR_EXIT = 78
+"""`rollstream worker`'s exit code for a ConfigError raised while its stage runs (sysexits'
+EX_CONFIG); `rollstream run` never restarts such a stage. Other errors exit 2 and are restarted."""
 
 
 class BrokerAuthenticationError(RollstreamError):

@@ -42,7 +42,7 @@ def import_object(path: str, kind: str = "object", error: type[Exception] = Conf
         obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         where = "" if exc.name != module_name.split(".")[0] else (
-            f" (looked up in the working directory {os.getcwd()}, beside the config file, then in the installed packages)")
+            f" (looked up beside the config file, in the working directory {os.getcwd()} and in the installed packages)")
         raise error(f"cannot import {kind} {path!r}: module {module_name!r}: {type(exc).__name__}: {exc}{where}") from exc
     except Exception as exc:  # a user's module may fail to import with anything
         raise error(f"cannot import {kind} {path!r}: module {module_name!r}: {type(exc).__name__}: {exc}") from exc

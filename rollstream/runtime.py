@@ -4,6 +4,7 @@ defaults agree)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import time
@@ -45,6 +46,9 @@ def lower_cpu_priority(increment: int) -> None:
     lower_session_priority(increment)
 
 
+AUTOGROUP_TRIES = 40  # 2 s of 50 ms waits for the kernel's rate limit (stages niced together)
+
+
 def lower_session_priority(nice: int) -> None:
     """Set this session's autogroup nice to ``nice`` (0-19) when this process leads its session.
 
@@ -55,10 +59,14 @@ def lower_session_priority(nice: int) -> None:
     cores from the trainer beside it (each got one: a training step took twice as long). A process
     in a session it does not lead (a terminal's) leaves the session alone; without autogroup
     there is nothing to set."""
-    if os.getsid(0) != os.getpid():
+    if os.getsid(0) != os.getpid() or not os.path.exists("/proc/self/autogroup"):
         return
-    try:
-        with open("/proc/self/autogroup", "w") as f:
-            f.write(str(min(19, max(0, nice))))
-    except OSError:  # no autogroup in this kernel
-        pass
+    for _ in range(AUTOGROUP_TRIES):
+        try:
+            with open("/proc/self/autogroup", "w") as f:
+                f.write(str(min(19, max(0, nice))))
+            return
+        except OSError as exc:  # EAGAIN: the kernel takes one unprivileged change per 100 ms, system-wide
+            if exc.errno != errno.EAGAIN:
+                return
+            time.sleep(0.05)

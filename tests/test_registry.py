@@ -23,7 +23,7 @@ from rollstream.extensions import (
 from rollstream.registry import Registry
 
 # the hint of a module that is not found (rollstream.registry.import_object)
-LOOKED_UP = f" (looked up in the working directory {os.getcwd()}, beside the config file, then in the installed packages)"
+LOOKED_UP = f" (looked up beside the config file, in the working directory {os.getcwd()} and in the installed packages)"
 
 
 def double(x):

@@ -21,7 +21,7 @@ from rich.markup import escape
 
 from rollstream.app.options import command_options
 from rollstream.app.render import print_audit, print_whatif, replay_row, replay_table, stats_table
-from rollstream.exceptions import RollstreamError
+from rollstream.exceptions import CONFIG_ERROR_EXIT, ConfigError, RollstreamError
 from rollstream.kafka.admin import check_copartitioned, create_pipeline_topics, wait_for_broker
 from rollstream.kafka.broker import DEFAULT_DATA_DIR, daemon_status, start_daemon, stop_daemon
 from rollstream.kafka.clients import make_producer
@@ -69,9 +69,9 @@ def _options(version: bool = typer.Option(False, "--version", callback=_print_ve
     """Rollout filtering and dynamic resampling for LLM RL on Kafka."""
 
 
-def _fail(exc: Exception) -> None:
+def _fail(exc: Exception, code: int = 2) -> None:
     err.print(f"[bold red]error:[/] {escape(str(exc))}")  # escaped: `trainer.loggers=[nope]` is no markup
-    raise typer.Exit(2)
+    raise typer.Exit(code)
 
 
 @broker_app.command("start")
@@ -185,6 +185,8 @@ def worker(
     try:
         run_stage(stage_enum, cfg, cluster, max_idle_s=max_idle_s, instance=instance, instances=instances,
                   metrics_port=metrics_port, concurrency=concurrency, engine=engine)
+    except ConfigError as exc:  # found while running (a reward's metric, say): a restart fails the same way
+        _fail(exc, CONFIG_ERROR_EXIT)
     except RollstreamError as exc:
         _fail(exc)
 

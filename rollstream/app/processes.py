@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,10 +20,9 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from rollstream.app.stages import Stage
-from rollstream.exceptions import StageConfigError, StageDied
+from rollstream.exceptions import CONFIG_ERROR_EXIT, StageConfigError, StageDied
 
-CONFIG_ERROR_EXIT = 2
-"""A stage's exit code for bad input (the CLI's, for every RollstreamError): never restarted."""
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes, where a terminal's environment forces them
 
 
 @contextlib.contextmanager
@@ -128,7 +128,7 @@ class StageProcesses:
     def error_line(self, name: str) -> str:
         """The last ``error: ...`` line the CLI printed in stage ``name``'s log (without the
         prefix), else the log's last line."""
-        text = (self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()
+        text = [ANSI.sub("", line) for line in (self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()]
         errors = [line.removeprefix("error: ") for line in text if line.startswith("error: ")]
         return errors[-1] if errors else (text[-1] if text else "(empty log)")
 

@@ -111,9 +111,10 @@ def _run_pipeline(config: Config, summary_json: Path | None, console: Console | 
                             early)
         except StageDied as exc:
             from rollstream.trainer.loop import LoopResult
+            from rollstream.trainer.manifest import Manifest
 
             result = LoopResult(outcome="config_error" if isinstance(exc, StageConfigError) else "stage_failed",
-                                detail=str(exc))
+                                detail=str(exc), batches=Manifest(run_dir / "batches.jsonl").entries())
         finally:
             stages.close()
             if server is not None:

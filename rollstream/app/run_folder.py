@@ -3,11 +3,13 @@
 A run that really started (its broker answered) carries a ``STARTED`` file holding its start
 (UTC, ``%Y%m%d-%H%M%S``). When a new run of the same name begins, the folder there is:
 
-* a run (``STARTED``, or a ``summary.json`` from before the file existed): renamed
-  ``<name>.<its start>`` and kept, or with ``replace`` deleted, but only once the new run has
-  really started, so a start that fails keeps it either way;
 * a start that never got going (an unreachable broker, a server that did not come up): it holds
-  no run, only that attempt's logs, and is removed.
+  only what such a start writes (``FAILED_START``: its logs, config, stage pids, an empty broker
+  folder) and is removed;
+* anything else is a run (``STARTED``; or from before the file existed, or a trainer's
+  ``rollstream worker trainer`` folder: a manifest, checkpoints, a summary): renamed
+  ``<name>.<its start>`` and kept, or with ``replace`` deleted, but only once the new run has
+  really started, so a start that fails keeps it either way.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ from pathlib import Path
 
 STARTED = ".started"
 STAMP = "%Y%m%d-%H%M%S"
+FAILED_START = frozenset({"logs", "kafka", "config.yaml", "stages.json", "stages.tmp"})
+"""What a start that never got going leaves in its folder."""
 
 
 def is_run(folder: Path) -> bool:
-    """Whether ``folder`` holds a run that really started."""
-    return (folder / STARTED).is_file() or (folder / "summary.json").is_file()
+    """Whether ``folder`` holds a run (module doc): anything a failed start does not leave."""
+    return (folder / STARTED).is_file() or any(p.name not in FAILED_START for p in folder.iterdir())
 
 
 def make_room(run_dir: Path) -> Path | None:
@@ -35,8 +39,8 @@ def make_room(run_dir: Path) -> Path | None:
         shutil.rmtree(run_dir)
         return None
     marker = run_dir / STARTED
-    stamp = (marker.read_text().strip() if marker.is_file() else
-             time.strftime(STAMP, time.gmtime(run_dir.stat().st_mtime)))
+    stamp = (marker.read_text().strip() if marker.is_file() else  # a run from before the marker: its last change
+             time.strftime(STAMP, time.gmtime(max(p.stat().st_mtime for p in (run_dir, *run_dir.iterdir())))))
     kept, n = run_dir.with_name(f"{run_dir.name}.{stamp}"), 1
     while kept.exists():  # two runs started within a second
         n += 1

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from rollstream.config.base import FrozenModel, builtins, extension
-from rollstream.config.pipeline import PipelineConfig
+from rollstream.config.pipeline import PipelineConfig, check_payload_retention
 from rollstream.extensions import ENVIRONMENTS, GROUP_FILTERS
 
 EnvType = extension(ENVIRONMENTS)
@@ -107,6 +107,11 @@ class AgenticConfig(PipelineConfig):
         if self.rollout_batch_size % self.train_env_manager.group_size:
             raise ValueError(f"rollout_batch_size {self.rollout_batch_size} is not a multiple of "
                              f"train_env_manager.group_size {self.train_env_manager.group_size}")
+        for mode, m in self.env_managers().items():
+            check_payload_retention(self.kafka.payload_retention_ms,
+                                    m.episode_timeout_s * (1 + m.max_reissues_per_episode),
+                                    f"{mode}_env_manager.episode_timeout_s {m.episode_timeout_s:g} x (1 + "
+                                    f"max_reissues_per_episode {m.max_reissues_per_episode})")
         return self
 
     def env_managers(self) -> dict[str, EnvManagerConfig]:

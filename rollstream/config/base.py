@@ -75,7 +75,8 @@ class KafkaConfig(FrozenModel):
     payload_retention_ms: int | None = Field(
         None, ge=-1, description="`retention.ms` of the payload topics (-1: forever; null: the "
                                  "broker's default). Must outlive every decision naming a payload: a "
-                                 "reference to a deleted record rejects its group `payload_expired`.")
+                                 "reference to a deleted record rejects its group `payload_expired`; one "
+                                 "shorter than a group may take to complete is refused at load.")
     # -- the cluster: replication and per-topic settings, applied to every topic rollstream creates
     replication_factor: int | None = Field(
         None, ge=1, le=32, description="Replicas of every topic rollstream creates, faust changelogs included; "
@@ -250,8 +251,8 @@ class TrainerConfig(FrozenModel):
     log_dir: str | None = Field(
         None, description="Where trackers write locally: TensorBoard event files (<log_dir>/tensorboard), the wandb "
                           "run folder (<log_dir>/wandb) and, without MLFLOW_TRACKING_URI, MLflow's file store "
-                          "(<log_dir>/mlruns). null: the run folder, runs/<name> (`rollstream run` empties it at "
-                          "start: set a folder of your own to keep runs side by side).")
+                          "(<log_dir>/mlruns). null: the run folder, runs/<name> (a new run of the same name moves "
+                          "it to runs/<name>.<its start>: set a folder of your own to keep runs side by side).")
     project: str = Field("rollstream", min_length=1, description="The wandb project and the MLflow experiment the "
                                                                  "run is logged under; the run is named `name`.")
 

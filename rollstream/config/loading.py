@@ -89,15 +89,16 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> Config:
 def with_base_dir(data: dict, folder: Path) -> dict:
     """``data`` (a config mapping) with ``base_dir`` set to ``folder`` (absolute; a ``base_dir``
     already there is kept: the config a run writes for its stages), and each relative file source
-    of its ``datasets`` that exists under ``base_dir`` made absolute. ``base_dir`` joins
-    ``sys.path`` after the working directory, so the modules of import paths (``reward_type:
-    rewards:my_fn``) beside the config import from any working directory."""
+    of its ``datasets`` that exists under ``base_dir`` made absolute. ``base_dir`` goes first on
+    ``sys.path`` (as a script's own folder does), so the modules of import paths (``reward_type:
+    my_rewards:fn``) beside the config import from any working directory, ahead of an installed
+    package of the same name, in `rollstream run` and in every stage alike."""
     base = Path(data.get("base_dir") or folder).resolve()
     out = {**data, "base_dir": str(base)}
     if isinstance(data.get("datasets"), list):
         out["datasets"] = [_resolved_source(d, base) for d in data["datasets"]]
     if str(base) not in sys.path:
-        sys.path.append(str(base))
+        sys.path.insert(0, str(base))
     return out
 
 

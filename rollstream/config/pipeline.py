@@ -12,6 +12,18 @@ from rollstream.filtering.decision import config_hash
 from rollstream.extensions import ADV_ESTIMATORS
 
 
+def check_payload_retention(retention_ms: int | None, completion_s: float, bound: str) -> None:
+    """Raise ValueError when the payload topics' ``retention_ms`` (None or -1: the broker's
+    default or forever, not checked) is shorter than ``completion_s``, the longest a group may
+    take to complete (``bound`` says how it is reached): its first payloads would be deleted
+    before the group is decided, which rejects it ``payload_expired``."""
+    if retention_ms is None or retention_ms < 0 or retention_ms >= completion_s * 1000:
+        return
+    raise ValueError(f"kafka.payload_retention_ms {retention_ms} ({retention_ms / 1000:g} s) is shorter than a group may "
+                     f"take to complete: {completion_s:g} s ({bound}); raise it (the trainer's wait for the group "
+                     "comes on top) or lower those timeouts")
+
+
 class PipelineConfig(FrozenModel):
     """Run identity, Kafka, batch target and bounds, and the inference/training settings of a
     pipeline. RLVRConfig and AgenticConfig add their own stages; each sets its ``name`` default.

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from rollstream.config.base import FrozenModel, builtins
-from rollstream.config.pipeline import PipelineConfig
+from rollstream.config.pipeline import PipelineConfig, check_payload_retention
 from rollstream.config.reward_functions import is_builtin, load_reward_function
 from rollstream.config.sources import file_prompts, loader_of
 from rollstream.extensions import DATA_SOURCES, REWARDS
@@ -253,6 +253,10 @@ class RLVRConfig(PipelineConfig):
                                  f"({self.num_return_sequences_in_group})")
         if self.history_filter.enable and self.num_epochs < 2:
             raise ValueError("history_filter.enable needs num_epochs >= 2 (it acts on the epochs after the first)")
+        check_payload_retention(self.kafka.payload_retention_ms,
+                                self.prompt_timeout_s * (self.max_response_rounds + self.max_reissues_per_prompt),
+                                f"prompt_timeout_s {self.prompt_timeout_s:g} x (max_response_rounds "
+                                f"{self.max_response_rounds} + max_reissues_per_prompt {self.max_reissues_per_prompt})")
         return self
 
     def admission_limits(self) -> AdmissionLimits:

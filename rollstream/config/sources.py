@@ -161,7 +161,8 @@ def read_rows(source: str, columns: Sequence[str]) -> Iterator[tuple[str, Any]]:
     path = Path(source).expanduser()
     if not path.exists():
         where = "" if path.is_absolute() else (
-            f"; a relative path is looked up beside the config file, then in the working directory {os.getcwd()}")
+            f"; a relative path is looked up in the working directory {os.getcwd()}, after the config file's "
+            "folder for a config's source")
         raise PromptSourceError(f"prompt source {source!r} does not exist (a source is {SOURCE_KINDS}){where}")
     if path.is_dir() or path.suffix == ".parquet":
         return _column_rows(path, source, columns)

@@ -43,25 +43,31 @@ class Manifest:
         Raises:
             KeyError: a readable line without ``step``.
         """
-        if not self.path.exists():
-            return ManifestState()
         keys: list[str] = []
         last: dict | None = None
         committed = 0
+        for entry in self.entries():
+            if last is None or entry["step"] >= last["step"]:
+                last = entry
+            keys.extend(entry.get("group_keys", []))
+            committed += entry.get("accepted_groups", 0)
+        return ManifestState(keys, last, committed)
+
+    def entries(self) -> list[dict]:
+        """Every readable line's entry, in file order (a missing file: none); an unreadable (torn)
+        line is logged and skipped."""
+        if not self.path.exists():
+            return []
+        out = []
         with self.path.open() as fh:
             for n, line in enumerate(fh, 1):
                 if not line.strip():
                     continue
                 try:
-                    entry = json.loads(line)
+                    out.append(json.loads(line))
                 except json.JSONDecodeError:  # a torn last line from a crash mid-write
                     log.warning("ignoring unreadable line %d of %s", n, self.path)
-                    continue
-                if last is None or entry["step"] >= last["step"]:
-                    last = entry
-                keys.extend(entry.get("group_keys", []))
-                committed += entry.get("accepted_groups", 0)
-        return ManifestState(keys, last, committed)
+        return out
 
     def append(self, entry: dict) -> None:
         """Append ``entry`` as one JSON line (sorted keys) and fsync it before returning.

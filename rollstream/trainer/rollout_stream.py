@@ -322,7 +322,8 @@ class RolloutStream:
         except BaseException:
             self.close()
             raise
-        control = replace(control, check=self._checking(control.check))
+        control = replace(control, check=self._checking(control.check),
+                          on_progress=self._held_counted(control.on_progress))
         self._loop = BatchLoop(self._builder, self._events, max_steps=settings.max_steps,
                                min_fill_ratio=settings.min_fill_ratio, control=control,
                                batch_timeout_s=settings.batch_timeout_s)
@@ -428,6 +429,13 @@ class RolloutStream:
                 self.settle()
         return checked
 
+    def _held_counted(self, on_progress):
+        """``on_progress`` that counts the groups of a batch held for its checkpoint as buffered
+        (trained, not committed yet)."""
+        def counted(result: LoopResult, buffered: int) -> None:
+            on_progress(result, buffered + (len(self._held.whole.group_keys) if self._held is not None else 0))
+        return counted
+
     def _check_current(self, batch: StreamBatch) -> None:
         current = self._current
         if current is None or batch.step != current.step or batch._stream is not self:
@@ -458,7 +466,9 @@ class RolloutStream:
         offsets) with ``report`` joined (plus ``"end_of_data": true`` for the final partial
         batch), then announce it: its step figures, then the policy version it made. Returns the
         manifest entry; raises as ``BatchBuilder.commit`` and ``version_of``."""
-        entry = self._builder.commit(whole, {**(report or {}), "end_of_data": True} if end_of_data else report)
+        report = {**(report or {}), "end_of_data": True} if end_of_data else report
+        version_of({**(report or {}), "step": whole.step})  # a version without its weights: refused before the commit
+        entry = self._builder.commit(whole, report)
         self.result.batches.append(entry)
         self._publisher.publish_step(entry)
         self._publisher.publish(*version_of(entry))
@@ -472,7 +482,9 @@ class RolloutStream:
         if last is None:
             self._publisher.publish(0, -1, "", False)
             return
-        version, step, checkpoint, _ = version_of(last)
+        step = int(last["step"])
+        version = int(last.get("policy_version", step + 1))
+        checkpoint = last.get("checkpoint", "")
         self._publisher.publish(version, step, checkpoint, version > 0 and bool(checkpoint))
 
     def close(self) -> None:

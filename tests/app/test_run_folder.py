@@ -28,6 +28,18 @@ def test_a_run_is_renamed_by_its_start_and_a_start_that_never_got_going_is_remov
     assert make_room(run_dir) == tmp_path / "demo.20261201-101500-2"
 
 
+def test_a_trainers_own_folder_is_a_run_too(tmp_path):
+    """`rollstream worker trainer` writes a manifest and checkpoints under runs/<name>, no marker."""
+    run_dir = tmp_path / "t"
+    (run_dir / "checkpoints" / "v000001").mkdir(parents=True)
+    (run_dir / "batches.jsonl").write_text('{"step": 0}\n')
+    kept = make_room(run_dir)
+    assert kept is not None and (kept / "batches.jsonl").read_text() == '{"step": 0}\n'
+    for leftover in ("logs", "kafka", "config.yaml", "stages.json"):  # all a failed start writes
+        (run_dir / leftover).mkdir(parents=True)
+    assert not is_run(run_dir) and make_room(run_dir) is None and not run_dir.exists()
+
+
 def test_a_summary_from_before_the_marker_makes_a_run_and_replace_deletes_only_once_started(tmp_path):
     run_dir = tmp_path / "old"
     run_dir.mkdir()

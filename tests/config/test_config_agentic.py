@@ -19,7 +19,7 @@ from rollstream.workers.env_worker import run_env_worker
 from rollstream.workers.envs import resolve_env
 
 # the hint of a module that is not found (rollstream.registry.import_object)
-LOOKED_UP = f" (looked up in the working directory {os.getcwd()}, beside the config file, then in the installed packages)"
+LOOKED_UP = f" (looked up beside the config file, in the working directory {os.getcwd()} and in the installed packages)"
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "agentic_frozenlake.yaml"

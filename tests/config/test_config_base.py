@@ -92,6 +92,24 @@ def test_payload_settings_are_checked_where_the_config_loads(kafka, match):
         parse_config(rlvr(kafka=kafka))
 
 
+def test_a_payload_retention_shorter_than_a_group_may_take_is_refused_with_the_numbers():
+    # RLVR: 60 s a round x (3 rounds + 1 reissue) = 240 s; agentic: 100 s x (1 + 1 reissue) = 200 s
+    rlvr_args = dict(prompt_timeout_s=60, max_response_rounds=3, max_reissues_per_prompt=1)
+    with pytest.raises(ConfigError) as info:
+        parse_config(rlvr(kafka={"payload_retention_ms": 239_000}, **rlvr_args))
+    assert str(info.value) == (
+        "invalid config: kafka.payload_retention_ms 239000 (239 s) is shorter than a group may take to complete: "
+        "240 s (prompt_timeout_s 60 x (max_response_rounds 3 + max_reissues_per_prompt 1)); raise it (the "
+        "trainer's wait for the group comes on top) or lower those timeouts")
+    assert parse_config(rlvr(kafka={"payload_retention_ms": 240_000}, **rlvr_args)).kafka.payload_retention_ms == 240_000
+    assert parse_config(rlvr(kafka={"payload_retention_ms": -1}, **rlvr_args)).kafka.payload_retention_ms == -1
+    manager = {"num_env_groups": 2, "group_size": 2, "tags": ["lake"], "episode_timeout_s": 100,
+               "max_reissues_per_episode": 1}
+    with pytest.raises(ConfigError, match=r"199 s\) is shorter than a group may take to complete: 200 s "
+                                          r"\(train_env_manager\.episode_timeout_s 100 x \(1 \+ max_reissues_per_episode 1\)\)"):
+        parse_config(agentic(kafka={"payload_retention_ms": 199_000}, train_env_manager=manager))
+
+
 def test_payload_settings_default_to_a_64k_token_response_with_room_to_spare():
     kafka = parse_config(rlvr()).kafka
     assert (kafka.max_message_bytes, kafka.compression_type, kafka.payload_retention_ms) == (16 * 1024 * 1024, "lz4", None)

@@ -11,7 +11,7 @@ from rollstream.config import parse_config
 from rollstream.exceptions import ConfigError
 
 # the hint of a module that is not found (rollstream.registry.import_object)
-LOOKED_UP = f" (looked up in the working directory {os.getcwd()}, beside the config file, then in the installed packages)"
+LOOKED_UP = f" (looked up beside the config file, in the working directory {os.getcwd()} and in the installed packages)"
 
 USER = "tests.workers.user_rewards"
 

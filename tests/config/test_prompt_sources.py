@@ -299,5 +299,5 @@ def test_a_config_files_relative_paths_resolve_beside_it_from_any_working_direct
     (mine / "config.yaml").write_text(yaml.safe_dump({**config, "datasets": [{"source": "gone.jsonl", **QA_KEYS,
                                                                                 "domain": "math"}]}))
     with pytest.raises(ConfigError, match=r"prompt source 'gone\.jsonl' does not exist .*; a relative path is looked "
-                                          r"up beside the config file, then in the working directory .*elsewhere"):
+                                          r"up in the working directory .*elsewhere, after the config file's folder"):
         load_config(mine / "config.yaml")

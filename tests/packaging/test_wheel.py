@@ -7,6 +7,8 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -20,6 +22,16 @@ def test_the_wheel_installs_into_a_new_environment_and_runs_a_bundled_example(in
     assert summary["outcome"] == "complete" and len(summary["batches"]) == 1
     assert summary["batches"][0]["groups"] == 1
     assert {"batches.jsonl", "config.yaml", "logs"} <= set(w["run_dir"])
+
+
+def test_the_byo_example_runs_from_the_wheel_with_its_data_and_reward_module_beside_it(installed_wheel):
+    w = installed_wheel
+    assert w["byo_code"] == 0, w["byo_config"]
+    config = yaml.safe_load(w["byo_config"])
+    byo = config["base_dir"]
+    assert "/venv/lib/" in byo and byo.endswith("rollstream/examples/byo")
+    assert (config["datasets"][0]["source"], config["rewards"]["math"]["reward_type"]) == (
+        f"{byo}/qa.jsonl", "byo_rewards:exact_match")
 
 
 def test_the_wheel_holds_the_schemas_broker_files_examples_and_console_script(installed_wheel):

@@ -59,10 +59,13 @@ def main(folder: Path) -> None:
     imported = _run([python, "-c", "import rollstream; print(rollstream.__file__)"], work, env)
     version = _run([rollstream, "--version"], work, env)
     run = _run([rollstream, "run", "rlvr_math", *RUN_OVERRIDES, "--summary-json", "summary.json"], work, env)
+    # the byo example names its data and reward module beside it: resolved inside the package
+    byo = _run([rollstream, "run", "byo/rlvr_own", "--print-config"], work, env)
     summary = work / "summary.json"
     (folder / "wheel.json").write_text(json.dumps({
         "wheel": wheel.name, "imported_from": imported.stdout.strip(), "version": version.stdout.strip(),
         "version_code": version.returncode, "run_code": run.returncode, "run_tail": (run.stdout + run.stderr)[-3000:],
+        "byo_code": byo.returncode, "byo_config": byo.stdout if byo.returncode == 0 else byo.stdout + byo.stderr,
         "summary": json.loads(summary.read_text()) if summary.exists() else None,
         "run_dir": sorted(p.name for p in (work / "runs" / "wheel-run").iterdir()) if (work / "runs").exists() else [],
     }, indent=2))

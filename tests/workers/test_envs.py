@@ -13,7 +13,7 @@ from rollstream.workers.envs import GymFrozenLake, StepResult, TextEnv, make_env
 from .fault_envs import CountingEnv
 
 # the hint of a module that is not found (rollstream.registry.import_object)
-LOOKED_UP = f" (looked up in the working directory {os.getcwd()}, beside the config file, then in the installed packages)"
+LOOKED_UP = f" (looked up beside the config file, in the working directory {os.getcwd()} and in the installed packages)"
 
 MOVES = GymFrozenLake.ACTIONS
 
