@@ -84,6 +84,8 @@ BASELINE, OURS, TRL = "no_filter", "screening_history", "trl_grpo"
 AS_LEARNING = {"no_filter": "no_filter", "dynamic_sampling": "dynamic_sampling", "screening": "dynamic_sampling",
                "screening_history": "ds_history", "trl_grpo": "trl_grpo"}  # learning.variant_config's names
 LEARNABLE_MIN_PASS = 0.05  # a domain's mean v0 pass rate from which it is the learnable band
+# how every run is validated (module doc); --resume refuses a report validated otherwise
+VALIDATION = "one evaluator (learning.validate_policy), after a rollstream run, between TRL's steps"
 # a filtered variant generates several groups a step: room for it to reach the horizon
 TIME_LIMIT_PER_STEP_S = 180
 SMOKE_GROUP = 3  # --smoke: groups of 3, so a screening of 2 fits (2 <= k < the group)
@@ -441,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     base = args.base.resolve()
     args.max_steps = horizon(args.max_steps, base)
     settings = {"smoke": args.smoke, "config": os.path.relpath(base, ROOT), "max_steps": args.max_steps,
-                "screening_samples": args.screening_samples, "diagnose": args.diagnose}
+                "screening_samples": args.screening_samples, "diagnose": args.diagnose, "validation": VALIDATION}
     try:
         workload, runs = earlier(args.out, settings) if args.resume else (None, {})
     except ValueError as e:

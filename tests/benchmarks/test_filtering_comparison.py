@@ -64,3 +64,6 @@ def test_resume_keeps_the_runs_of_a_report_made_with_the_same_settings(filtering
     assert filtering.earlier(out, settings) == (workload, json.loads(json.dumps(runs)))
     with pytest.raises(ValueError, match=r"other settings \{'max_steps': \{'there': 8, 'now': 24\}\}"):
         filtering.earlier(out, {**settings, "max_steps": 24})
+    # a report whose runs were validated another way (validation inside the run, say) is refused
+    with pytest.raises(ValueError, match=r"other settings \{'validation': \{'there': None, 'now': .one evaluator"):
+        filtering.earlier(out, {**settings, "validation": filtering.VALIDATION})
