@@ -73,7 +73,7 @@ def summarize_rlvr(config: RLVRConfig, bootstrap: Bootstrap, topics: Topics, bat
         "replacement_requests": sum(1 for r in requests if r["round"] > 0),
         "replacement_responses_requested": sum(r["num_return_sequences"] for r in requests if r["round"] > 0),
         "groups_accepted": len(accepted),
-        **trained_groups(len({g["group_key"] for g in accepted}), stale_at_trainer, batches),
+        **trained_groups(accepted, stale_at_trainer, batches),
         "groups_rejected": dict(sorted(by_reason.items())),
         "groups_stale_at_trainer": stale_at_trainer,
         "domains": domains,
@@ -114,12 +114,14 @@ def summarize_rlvr(config: RLVRConfig, bootstrap: Bootstrap, topics: Topics, bat
     }
 
 
-def trained_groups(accepted: int, stale_at_trainer: int, batches: list[dict]) -> dict:
+def trained_groups(accepted: list[dict], stale_at_trainer: int, batches: list[dict]) -> dict:
     """``groups_trained``: the accepted groups in the run's batches; ``groups_untrained``: the
-    accepted ones in none, neither trained nor rejected stale (the run ended first: they stay
-    uncommitted on ``groups.accepted``, where a later trainer of the same group id finds them)."""
+    ``accepted`` groups (by distinct key: a redelivered one counts once) in none, neither trained
+    nor rejected stale (the run ended first: they stay uncommitted on ``groups.accepted``, where a
+    later trainer of the same group id finds them)."""
     trained = sum(b["accepted_groups"] for b in batches)
-    return {"groups_trained": trained, "groups_untrained": max(0, accepted - stale_at_trainer - trained)}
+    distinct = len({g["group_key"] for g in accepted})
+    return {"groups_trained": trained, "groups_untrained": max(0, distinct - stale_at_trainer - trained)}
 
 
 # what the reward function did wrong, not the engine (an ``engine_error`` response is passed through)
@@ -216,7 +218,7 @@ def summarize_agentic(config: AgenticConfig, bootstrap: Bootstrap, topics: Topic
         "replacement_responses_requested": reruns,
         "requests_by_cause": _counts(r["cause"] for r in requests),
         "groups_accepted": len(accepted),
-        **trained_groups(len({g["group_key"] for g in accepted}), stale_at_trainer, batches),
+        **trained_groups(accepted, stale_at_trainer, batches),
         "groups_rejected": by_reason,
         "groups_stale_at_trainer": stale_at_trainer,
         "domains": tags,

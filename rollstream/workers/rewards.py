@@ -450,6 +450,8 @@ class RewardWorker:
         """At a user domain's first scored response: raise ConfigError when the scores its
         function returned lack the metric its query filter reads (every group would be rejected
         ``invalid_reward`` on a NaN metric, with nothing naming the cause)."""
+        if not self._unchecked:  # every domain checked: nothing on the hot path
+            return
         for response, result in zip(responses, results):
             domain = response.get("domain")
             if domain not in self._unchecked or result.failure is not None:

@@ -26,8 +26,9 @@ def test_groups_accepted_by_the_filters_then_stale_at_the_trainer_are_not_filter
 
 def test_accepted_groups_split_into_trained_stale_and_left_untrained():
     batches = [{"accepted_groups": 4}, {"accepted_groups": 2}]  # a full batch, then a partial one
-    assert trained_groups(9, 1, batches) == {"groups_trained": 6, "groups_untrained": 2}
-    assert trained_groups(0, 0, []) == {"groups_trained": 0, "groups_untrained": 0}
+    accepted = [{"group_key": f"g{i}"} for i in range(9)] + [{"group_key": "g0"}]  # g0 redelivered
+    assert trained_groups(accepted, 1, batches) == {"groups_trained": 6, "groups_untrained": 2}
+    assert trained_groups([], 0, []) == {"groups_trained": 0, "groups_untrained": 0}
 
 
 def send(bootstrap: str, topic: str, schema: str | None, records: list, key: str = "k") -> None:
