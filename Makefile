@@ -18,7 +18,7 @@ export UV_LINK_MODE ?= hardlink
 export UV_COMPILE_BYTECODE ?= 1
 export PYTHONWARNINGS ?= ignore::SyntaxWarning,ignore::DeprecationWarning
 
-.PHONY: env vllm-env browser docs reference demo demo-byo demo-agentic demo-learn demo-vllm test test-unit chaos bench gpu-check clean
+.PHONY: env vllm-env browser docs reference demo demo-byo demo-agentic demo-learn demo-vllm test test-unit chaos soak bench gpu-check clean
 
 $(UV):
 	$(PYTHON) -m venv $(CACHE)/tools
@@ -90,10 +90,21 @@ test-unit: env
 	$(PY) -m pytest -ra -m "not integration and not e2e and not interop"
 
 # Every fault experiment of tests/chaos (a stage SIGKILLed, the broker bounced, a cluster node
-# killed), each judged by `rollstream audit`; make test runs a subset. ~25 min on 2 cores.
+# killed), each judged by `rollstream audit`; make test runs a subset. Then a 3-minute soak with one
+# fault of each kind. ~30 min on 2 cores.
 chaos: env
 	mkdir -p runs/chaos
 	$(PY) -m tests.chaos.run --out runs/chaos/results.json
+	$(PY) benchmarks/soak.py --minutes 3 --warmup-s 30 --fault-every-s 15 --sample-every-s 10 --window-s 60 \
+		--check --out runs/chaos/soak.json
+
+# An hour of the RLVR pipeline with faults every 2.5 minutes, sampled each minute (benchmarks/soak.py);
+# then half an hour with the bundled model training. SOAK_MINUTES shortens both.
+SOAK_MINUTES ?= 60
+soak: env
+	mkdir -p runs/bench
+	$(PY) benchmarks/soak.py --minutes $(SOAK_MINUTES) --out runs/bench/soak.json --plot docs/img/soak.png
+	$(PY) benchmarks/soak.py --trainer model --minutes $$(( ($(SOAK_MINUTES) + 1) / 2 )) --out runs/bench/soak_model.json
 
 bench: env vllm-env
 	mkdir -p runs/bench

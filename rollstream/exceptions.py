@@ -76,6 +76,11 @@ class StageConfigError(StageDied):
     filter reads): a restart would fail the same way."""
 
 
+class DiskFull(StageDied):
+    """The embedded broker's disk fell below ``kafka.disk_reserve_mb``: the run stops while Kafka
+    can still write, so nothing accepted is lost."""
+
+
 CONFIG_ERROR_EXIT = 78
 """`rollstream worker`'s exit code for a ConfigError raised while its stage runs (sysexits'
 EX_CONFIG); `rollstream run` never restarts such a stage. Other errors exit 2 and are restarted."""

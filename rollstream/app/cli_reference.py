@@ -23,7 +23,7 @@ output format. Commands that read a config print the resolved one with `--print-
 bad input, named in one `error:` line: the config or an override, a flag, a path, an unreachable
 or refusing broker, and for `run` a configuration error a stage found once running (outcome
 `config_error`, e.g. a reward function that does not return its query filter's metric). 3: `run`
-ended otherwise (`batch_underfilled`, `timed_out`, `stage_failed`, `stopped`; the summary's
+ended otherwise (`batch_underfilled`, `timed_out`, `stage_failed`, `disk_full`, `stopped`; the summary's
 `detail` says why). 78: `worker`, a configuration error its stage found once running (sysexits'
 EX_CONFIG; `run` does not restart it). 130, 143, 129: stopped by Ctrl-C, SIGTERM or SIGHUP, its
 stages and broker stopped with it.

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,7 +32,7 @@ from rollstream.app.render import print_summary
 from rollstream.app.run_folder import make_room, mark_started
 from rollstream.app.stages import MODEL_STAGES, Stage, pipeline_stages, preflight, start_metrics, start_trackers
 from rollstream.config import AgenticConfig, Config
-from rollstream.exceptions import StageConfigError, StageDied
+from rollstream.exceptions import DiskFull, StageConfigError, StageDied
 from rollstream.kafka.admin import create_pipeline_topics, wait_for_broker
 from rollstream.kafka.broker import EmbeddedBroker, free_port
 from rollstream.kafka.cluster import Cluster
@@ -107,14 +108,16 @@ def _run_pipeline(config: Config, summary_json: Path | None, console: Console | 
                 _write_config(config_path, config)
             mark_started(run_dir, previous, replace)
             trackers = start_trackers(config, bootstrap, run_dir)
-            result = _build(config, bootstrap, topics, Supervised(stages, server, console), run_dir, console, started,
-                            early)
+            supervised = Supervised(stages, server, console, DiskGuard.of(broker, config.kafka.disk_reserve_mb,
+                                                                          topics.prefix))
+            result = _build(config, bootstrap, topics, supervised, run_dir, console, started, early)
         except StageDied as exc:
             from rollstream.trainer.loop import LoopResult
             from rollstream.trainer.manifest import Manifest
 
-            result = LoopResult(outcome="config_error" if isinstance(exc, StageConfigError) else "stage_failed",
-                                detail=str(exc), batches=Manifest(run_dir / "batches.jsonl").entries())
+            outcome = ("config_error" if isinstance(exc, StageConfigError) else "disk_full"
+                       if isinstance(exc, DiskFull) else "stage_failed")
+            result = LoopResult(outcome=outcome, detail=str(exc), batches=Manifest(run_dir / "batches.jsonl").entries())
         finally:
             stages.close()
             if server is not None:
@@ -184,18 +187,46 @@ def with_servers(config: Config, servers: list[str]) -> Config:
     return config.model_copy(update={"actor_infer": config.actor_infer.model_copy(update={"servers": servers})})
 
 
-class Supervised:
-    """The stage processes and the local vLLM server, checked together: a dead stage restarts
-    or raises StageDied (StageProcesses.check), a dead server is started again on its port."""
+class DiskGuard:
+    """The embedded broker's disk, checked with the stages: below ``reserve_bytes`` free, raise
+    DiskFull naming the largest topics, while Kafka can still write (on a full disk it takes its
+    log directory offline and stops)."""
 
-    def __init__(self, stages: StageProcesses, server: LocalInferenceServer | None, console: Console) -> None:
-        self.stages, self.server, self.console = stages, server, console
+    def __init__(self, broker: EmbeddedBroker, reserve_bytes: int, prefix: str) -> None:
+        self.broker, self.reserve_bytes, self.prefix = broker, reserve_bytes, prefix
+
+    @classmethod
+    def of(cls, broker: EmbeddedBroker | None, reserve_mb: int, prefix: str) -> "DiskGuard | None":
+        return cls(broker, reserve_mb * 2**20, prefix) if broker is not None and reserve_mb > 0 else None
+
+    def check(self) -> None:
+        free = shutil.disk_usage(self.broker.data_dir).free
+        if free >= self.reserve_bytes:
+            return
+        ours = [(topic, size) for topic, size in self.broker.topic_bytes().items() if topic.startswith(self.prefix)]
+        largest = [f"{topic.removeprefix(self.prefix)} {size / 2**20:.1f} MiB" for topic, size in ours[:3]]
+        raise DiskFull(f"the embedded broker's disk ({self.broker.data_dir}) has {free / 2**20:.0f} MiB free, below "
+                       f"kafka.disk_reserve_mb {self.reserve_bytes // 2**20}; largest topics: {', '.join(largest)}. "
+                       "Free space there (or run from a larger disk); payloads go once trained "
+                       "(kafka.payload_retention_ms), checkpoints per actor_train.keep_checkpoints")
+
+
+class Supervised:
+    """The stage processes, the local vLLM server and the embedded broker's disk, checked
+    together: a dead stage restarts or raises StageDied (StageProcesses.check), a dead server is
+    started again on its port, a disk below its reserve raises DiskFull (``disk``)."""
+
+    def __init__(self, stages: StageProcesses, server: LocalInferenceServer | None, console: Console,
+                 disk: DiskGuard | None = None) -> None:
+        self.stages, self.server, self.console, self.disk = stages, server, console, disk
 
     def start(self, stage) -> str:
         return self.stages.start(stage)
 
     def check(self, finished: frozenset[str] = frozenset()) -> None:
         self.stages.check(finished)
+        if self.disk is not None:
+            self.disk.check()
         if self.server is not None and self.server.restart_if_dead():
             self.console.print(f"[yellow]the vLLM server died; restart {self.server.restarts} on {self.server.url}[/]")
 

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from rollstream.config.base import FrozenModel, builtins, extension
-from rollstream.config.pipeline import PipelineConfig, check_payload_retention
+from rollstream.config.pipeline import PipelineConfig, check_topic_retention
 from rollstream.extensions import ENVIRONMENTS, GROUP_FILTERS
 
 EnvType = extension(ENVIRONMENTS)
@@ -83,6 +83,12 @@ class EnvManagerConfig(FrozenModel):
         """Runs started per episode: ``group_size + group_size_redundancy``."""
         return self.group_size + self.group_size_redundancy
 
+    @property
+    def runs_in_turn(self) -> int:
+        """How many runs of one trajectory may follow each other: the first, each deadline
+        reissue, each refill; each may take ``episode_timeout_s``."""
+        return 1 + self.max_reissues_per_episode + (self.refill.max_refills_per_group if self.refill.enabled else 0)
+
 
 class AgenticConfig(PipelineConfig):
     """The agentic pipeline: the shared fields (PipelineConfig) plus env workers, env managers
@@ -107,12 +113,18 @@ class AgenticConfig(PipelineConfig):
         if self.rollout_batch_size % self.train_env_manager.group_size:
             raise ValueError(f"rollout_batch_size {self.rollout_batch_size} is not a multiple of "
                              f"train_env_manager.group_size {self.train_env_manager.group_size}")
-        for mode, m in self.env_managers().items():
-            check_payload_retention(self.kafka.payload_retention_ms,
-                                    m.episode_timeout_s * (1 + m.max_reissues_per_episode),
-                                    f"{mode}_env_manager.episode_timeout_s {m.episode_timeout_s:g} x (1 + "
-                                    f"max_reissues_per_episode {m.max_reissues_per_episode})")
+        mode, m = max(self.env_managers().items(), key=lambda kv: kv[1].episode_timeout_s * kv[1].runs_in_turn)
+        check_topic_retention(self.kafka.topic_configs, self.group_completion_s,
+                              f"{mode}_env_manager.episode_timeout_s {m.episode_timeout_s:g} x (1 + max_reissues_per_episode "
+                              f"{m.max_reissues_per_episode} + refill.max_refills_per_group "
+                              f"{m.runs_in_turn - 1 - m.max_reissues_per_episode})")
         return self
+
+    @property
+    def group_completion_s(self) -> float:
+        """The longest a group's payloads wait for its decision (seconds): each run of an
+        episode (the first, each deadline reissue, each refill) may take ``episode_timeout_s``."""
+        return max(m.episode_timeout_s * m.runs_in_turn for m in self.env_managers().values())
 
     def env_managers(self) -> dict[str, EnvManagerConfig]:
         """mode ("train", "val") -> its env manager; val only when configured with groups."""

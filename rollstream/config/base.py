@@ -58,6 +58,9 @@ class FrozenModel(BaseModel):
 
 class KafkaConfig(FrozenModel):
     bootstrap_servers: str | None = Field(None, description="null starts the embedded local broker.")
+    disk_reserve_mb: int = Field(1024, ge=0, le=10_000_000, description="The embedded broker: `rollstream run` ends "
+                                 "`disk_full`, naming the largest topics, once the broker's disk has less free space "
+                                 "than this (MiB), before Kafka would fail on a full disk; 0: never.")
     topic_prefix: str = Field(DEFAULT_TOPIC_PREFIX, description="Prefix of every topic, table and consumer group "
                               "name of the run (`<prefix>prompts`, ...): two runs on one cluster need two prefixes.")
     partitions: int = Field(4, gt=0, le=1024, description="Partitions of the prompt_id-keyed topics.")
@@ -73,10 +76,10 @@ class KafkaConfig(FrozenModel):
     compression_type: Literal["lz4", "zstd", "gzip", "none"] = Field(
         "lz4", description="Compression of the payload topics (producers and topic).")
     payload_retention_ms: int | None = Field(
-        None, ge=-1, description="`retention.ms` of the payload topics (-1: forever; null: the "
-                                 "broker's default). Must outlive every decision naming a payload: a "
-                                 "reference to a deleted record rejects its group `payload_expired`; one "
-                                 "shorter than a group may take to complete is refused at load.")
+        None, ge=-1, description="How long payload records are kept at least, for replay and export (ms; -1: "
+                                 "forever; null: 7 days). The trainer deletes older ones once no group that "
+                                 "can still be trained needs them (the topics' own retention.ms is -1): a "
+                                 "payload is never deleted before its group is trained or decided against.")
     # -- the cluster: replication and per-topic settings, applied to every topic rollstream creates
     replication_factor: int | None = Field(
         None, ge=1, le=32, description="Replicas of every topic rollstream creates, faust changelogs included; "

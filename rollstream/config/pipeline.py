@@ -12,16 +12,25 @@ from rollstream.filtering.decision import config_hash
 from rollstream.extensions import ADV_ESTIMATORS
 
 
-def check_payload_retention(retention_ms: int | None, completion_s: float, bound: str) -> None:
-    """Raise ValueError when the payload topics' ``retention_ms`` (None or -1: the broker's
-    default or forever, not checked) is shorter than ``completion_s``, the longest a group may
-    take to complete (``bound`` says how it is reached): its first payloads would be deleted
-    before the group is decided, which rejects it ``payload_expired``."""
-    if retention_ms is None or retention_ms < 0 or retention_ms >= completion_s * 1000:
-        return
-    raise ValueError(f"kafka.payload_retention_ms {retention_ms} ({retention_ms / 1000:g} s) is shorter than a group may "
-                     f"take to complete: {completion_s:g} s ({bound}); raise it (the trainer's wait for the group "
-                     "comes on top) or lower those timeouts")
+NOT_NEEDED_BY_A_GROUP = ("metrics", "dead-letter", "groups.rejected")
+"""Topics no open or untrained group reads: any retention suits them."""
+
+
+def check_topic_retention(topic_configs: dict[str, dict], completion_s: float, bound: str) -> None:
+    """Raise ValueError when ``kafka.topic_configs`` gives a topic a ``retention.ms`` shorter than
+    ``completion_s``, the longest a group may take to complete (``bound`` says how it is reached):
+    the broker would delete records (requests, payloads, rewarded responses, decisions) that a
+    group still open or not yet trained needs. ``NOT_NEEDED_BY_A_GROUP`` are not checked."""
+    for topic, configs in sorted(topic_configs.items()):
+        if topic in NOT_NEEDED_BY_A_GROUP:
+            continue
+        retention = configs.get("retention.ms")
+        if retention is None or float(retention) < 0 or float(retention) >= completion_s * 1000:
+            continue
+        raise ValueError(f"kafka.topic_configs.{topic}.retention.ms {retention} ({float(retention) / 1000:g} s) is shorter "
+                         f"than a group may take to complete: {completion_s:g} s ({bound}); the broker would delete "
+                         "records an open group still needs. Raise it, or leave it out: payloads are deleted by "
+                         "the trainer once no group needs them (kafka.payload_retention_ms)")
 
 
 class PipelineConfig(FrozenModel):

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from rollstream.config.base import FrozenModel, builtins
-from rollstream.config.pipeline import PipelineConfig, check_payload_retention
+from rollstream.config.pipeline import PipelineConfig, check_topic_retention
 from rollstream.config.reward_functions import is_builtin, load_reward_function
 from rollstream.config.sources import file_prompts, loader_of
 from rollstream.extensions import DATA_SOURCES, REWARDS
@@ -253,11 +253,20 @@ class RLVRConfig(PipelineConfig):
                                  f"({self.num_return_sequences_in_group})")
         if self.history_filter.enable and self.num_epochs < 2:
             raise ValueError("history_filter.enable needs num_epochs >= 2 (it acts on the epochs after the first)")
-        check_payload_retention(self.kafka.payload_retention_ms,
-                                self.prompt_timeout_s * (self.max_response_rounds + self.max_reissues_per_prompt),
-                                f"prompt_timeout_s {self.prompt_timeout_s:g} x (max_response_rounds "
-                                f"{self.max_response_rounds} + max_reissues_per_prompt {self.max_reissues_per_prompt})")
+        screening = " + 1 screening round" if any(d.screening for d in self.rewards.values()) else ""
+        check_topic_retention(self.kafka.topic_configs, self.group_completion_s,
+                              f"prompt_timeout_s {self.prompt_timeout_s:g} x (max_response_rounds "
+                              f"{self.max_response_rounds}{screening} + max_reissues_per_prompt "
+                              f"{self.max_reissues_per_prompt})")
         return self
+
+    @property
+    def group_completion_s(self) -> float:
+        """The longest a group's payloads wait for its decision (seconds): each of its rounds
+        (a screening round on top of ``max_response_rounds``) and reissues may take
+        ``prompt_timeout_s``; past that the prompt is aborted."""
+        screening = any(d.screening for d in self.rewards.values())
+        return self.prompt_timeout_s * (self.max_response_rounds + screening + self.max_reissues_per_prompt)
 
     def admission_limits(self) -> AdmissionLimits:
         """The admission's limits (rollstream.filtering.admission): credits, budget, epochs."""

@@ -146,6 +146,21 @@ def new_cluster_id() -> str:
             return cid
 
 
+def _allocated_bytes(folder: Path) -> int:
+    """Blocks allocated by the files of ``folder``; files (or the folder) the broker deletes
+    meanwhile count 0."""
+    total = 0
+    try:
+        for entry in folder.iterdir():
+            try:
+                total += entry.stat().st_blocks * 512 if entry.is_file() else 0
+            except OSError:
+                continue
+    except OSError:
+        return total
+    return total
+
+
 def _tail(path: Path, lines: int = 40) -> str:
     try:
         with open(path, errors="replace") as f:
@@ -223,6 +238,22 @@ class EmbeddedBroker:
     @property
     def properties_path(self) -> Path:
         return self.data_dir / "server.properties"
+
+    @property
+    def log_dir(self) -> Path:
+        """Where the broker keeps its partitions (``log.dirs``)."""
+        return self.data_dir / "kraft"
+
+    def topic_bytes(self) -> dict[str, int]:
+        """Bytes on disk per topic (its partitions' folders: blocks allocated, so the sparse,
+        preallocated index files count what they hold), largest first; the broker's own topics
+        (``__cluster_metadata``, ``__consumer_offsets``) included."""
+        sizes: dict[str, int] = {}
+        for folder in self.log_dir.iterdir() if self.log_dir.is_dir() else ():
+            topic, _, partition = folder.name.rpartition("-")
+            if topic and partition.isdigit():
+                sizes[topic] = sizes.get(topic, 0) + _allocated_bytes(folder)
+        return dict(sorted(sizes.items(), key=lambda kv: -kv[1]))
 
     @property
     def pid(self) -> int | None:

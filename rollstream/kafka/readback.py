@@ -4,7 +4,8 @@ tools re-read what is on a topic.
 - ``read_partition`` and its uses, ``read_prompts``, ``read_outcomes_since``, ``read_history``: a
   single-partition topic up to an end offset (the admission re-reads its prompts for later epochs
   and validation rounds, its outcomes after a gap, its prompt history at start);
-- ``count_records``, ``first_record_ms``: a topic's size and start from its offsets alone;
+- ``count_records``, ``records_written``, ``first_record_ms``: a topic's size, what was ever
+  written to it and its start, from its offsets alone;
 - ``TopicTail``: several topics read on to their current ends again and again, each record once
   (a summary kept up to date during a run);
 - ``Tail``: the events that arrived since the last call, without waiting (the trainer's verdicts).
@@ -102,6 +103,19 @@ def count_records(bootstrap: Bootstrap, topic: str) -> int:
         tps = [TopicPartition(topic, p) for p in sorted(partitions)]
         starts, ends = consumer.beginning_offsets(tps), consumer.end_offsets(tps)
         return sum(ends[tp] - starts[tp] for tp in tps)
+    finally:
+        consumer.close()
+
+
+def records_written(bootstrap: Bootstrap, topic: str) -> int:
+    """How many records were ever written to ``topic`` (its end offsets, summed; 0 when it does
+    not exist): records since deleted (a payload topic the trainer prunes) included."""
+    consumer = reader_consumer(bootstrap)
+    try:
+        partitions = consumer.partitions_for_topic(topic)
+        if not partitions:
+            return 0
+        return sum(consumer.end_offsets([TopicPartition(topic, p) for p in sorted(partitions)]).values())
     finally:
         consumer.close()
 

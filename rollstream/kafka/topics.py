@@ -47,6 +47,8 @@ PAYLOAD_TOPICS = ("responses", "trajectories")
 """The topics whose events carry token arrays (the payload plane): written once, read back by
 reference (``PayloadRef``) by the trainer and the tools. Every other topic carries small
 decision-plane events."""
+PAYLOAD_SEGMENT_MS = 3_600_000
+"""The payload topics' ``segment.ms``: deleted records free their disk within the hour."""
 
 CHANGELOGS = "changelogs"
 """The ``kafka.topic_configs`` key that applies to every table's changelog topic."""
@@ -66,8 +68,10 @@ def check_topic_configs(kafka: "KafkaConfig") -> None:
 def topic_settings(kafka: "KafkaConfig", logical: str) -> dict[str, str]:
     """The topic configs rollstream sets on the topic ``logical`` (a TOPICS name or CHANGELOGS),
     beyond the broker's defaults: ``min.insync.replicas`` when set; for payload topics
-    ``max.message.bytes``, ``compression.type`` (``none`` -> ``uncompressed``) and, when set,
-    ``retention.ms`` (``kafka.payload_retention_ms``); then the user's
+    ``max.message.bytes``, ``compression.type`` (``none`` -> ``uncompressed``), ``retention.ms``
+    -1 (the trainer deletes payloads once no group needs them, rollstream.trainer.retention; the
+    broker's clock never does) and ``segment.ms`` of an hour (the broker frees whole segments only:
+    the disk then follows the deletions within the hour); then the user's
     ``kafka.topic_configs[logical]``, which win."""
     configs: dict[str, str] = {}
     if kafka.min_insync_replicas is not None:
@@ -75,8 +79,8 @@ def topic_settings(kafka: "KafkaConfig", logical: str) -> dict[str, str]:
     if logical in PAYLOAD_TOPICS:
         configs["max.message.bytes"] = str(kafka.max_message_bytes)
         configs["compression.type"] = "uncompressed" if kafka.compression_type == "none" else kafka.compression_type
-        if kafka.payload_retention_ms is not None:
-            configs["retention.ms"] = str(kafka.payload_retention_ms)
+        configs["retention.ms"] = "-1"
+        configs["segment.ms"] = str(PAYLOAD_SEGMENT_MS)
     configs.update({key: _config_value(value) for key, value in kafka.topic_configs.get(logical, {}).items()})
     return configs
 

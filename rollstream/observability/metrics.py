@@ -15,7 +15,7 @@ import logging
 import threading
 from typing import Any, Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, start_http_server
 
 from rollstream.runtime import now_ms, worker_id
 from rollstream.schemas import encode
@@ -51,6 +51,13 @@ METRICS: dict[str, str] = {
                                  "the first prefill; engines that sample in the worker: transformers)",
     "rollstream_weight_update_ms": "{server, version, mode} an inference server's in-place load of a policy "
                                    "version, pause to resume (the vllm_server backend)",
+    # prometheus-client's process collector (Linux), what a long run's alerts watch
+    "process_resident_memory_bytes": "the worker process's resident memory",
+    "process_virtual_memory_bytes": "the worker process's virtual memory",
+    "process_open_fds": "the worker process's open file descriptors",
+    "process_max_fds": "the worker process's file descriptor limit",
+    "process_cpu_seconds_total": "CPU seconds the worker process used",
+    "process_start_time_seconds": "when the worker process started (epoch s): a restart resets it",
     # per-event records of the agentic group queue (labels mode, group_id)
     "group_queue/groups": "{reason} one per decided episode",
     "scheduler/group_filter_count": "{reason} one per group the group filter (or staleness) dropped",
@@ -127,6 +134,7 @@ class WorkerMetrics:
         self.worker = worker
         self.registry = CollectorRegistry()
         r = self.registry
+        ProcessCollector(registry=r)  # memory, descriptors, CPU: what a long run's alerts watch
         self.rejections = Counter("rollstream_rejections", "Rejections by unit and reason", ["unit", "reason"], registry=r)
         self.decided = Counter("rollstream_decided", "Decisions by unit and outcome", ["unit", "outcome"], registry=r)
         self.in_flight = Gauge("rollstream_in_flight", "Prompts or episodes in flight", ["kind"], registry=r)

@@ -20,8 +20,9 @@ from rollstream.kafka.cluster import Bootstrap
 from rollstream.kafka.topics import Topics
 from rollstream.filtering.reasons import RejectReason
 from rollstream.filtering.response_filters import REWARD_FAILURE
+from rollstream.schemas import decode
 from rollstream.schemas.records import is_set_aside
-from rollstream.kafka.readback import TopicTail, count_records, first_record_ms
+from rollstream.kafka.readback import TopicTail, first_record_ms, records_written
 from rollstream.tools.readback import filter_decisions, read_values
 from rollstream.tools.learning import SKIPPED, difficulty, learning_curve, pass_at_ks, screening
 from rollstream.tools.learning import mean as _mean
@@ -73,7 +74,7 @@ def summarize_rlvr(config: RLVRConfig, bootstrap: Bootstrap, topics: Topics, bat
         "replacement_requests": sum(1 for r in requests if r["round"] > 0),
         "replacement_responses_requested": sum(r["num_return_sequences"] for r in requests if r["round"] > 0),
         "groups_accepted": len(accepted),
-        **trained_groups(accepted, stale_at_trainer, batches),
+        **trained_groups(accepted, stale_at_trainer, batches, dead, topics.groups_accepted),
         "groups_rejected": dict(sorted(by_reason.items())),
         "groups_stale_at_trainer": stale_at_trainer,
         "domains": domains,
@@ -114,14 +115,25 @@ def summarize_rlvr(config: RLVRConfig, bootstrap: Bootstrap, topics: Topics, bat
     }
 
 
-def trained_groups(accepted: list[dict], stale_at_trainer: int, batches: list[dict]) -> dict:
+def trained_groups(accepted: list[dict], stale_at_trainer: int, batches: list[dict], dead: list[dict],
+                   accepted_topic: str) -> dict:
     """``groups_trained``: the accepted groups in the run's batches; ``groups_untrained``: the
-    ``accepted`` groups (by distinct key: a redelivered one counts once) in none, neither trained
-    nor rejected stale (the run ended first: they stay uncommitted on ``groups.accepted``, where a
-    later trainer of the same group id finds them)."""
+    ``accepted`` groups (by distinct key: a redelivered one counts once) in none, neither trained,
+    rejected by the trainer (stale, payload_expired) nor dead-lettered by it (a payload it could
+    not train: in ``dead``, the dead letters, from ``accepted_topic``): the run ended first, and
+    they stay uncommitted on ``groups.accepted``, where a later trainer of the same group id finds
+    them."""
     trained = sum(b["accepted_groups"] for b in batches)
-    distinct = len({g["group_key"] for g in accepted})
-    return {"groups_trained": trained, "groups_untrained": max(0, distinct - stale_at_trainer - trained)}
+    keys = {g["group_key"] for g in accepted}
+    dead_keys = set()
+    for letter in dead:
+        if letter["source_topic"] == accepted_topic:
+            try:
+                dead_keys.add(decode(letter["payload"])[1]["group_key"])
+            except Exception:  # a malformed event, never a group
+                continue
+    return {"groups_trained": trained,
+            "groups_untrained": max(0, len(keys) - len(keys & dead_keys) - stale_at_trainer - trained)}
 
 
 # what the reward function did wrong, not the engine (an ``engine_error`` response is passed through)
@@ -171,8 +183,8 @@ def summarize_agentic(config: AgenticConfig, bootstrap: Bootstrap, topics: Topic
     Trajectories are known from the decision plane only: every TrajectorySummary in a group event
     (accepted, rejected, validation, and the single set-aside ones), each trajectory once (a group
     the trainer rejected as stale is on two topics). ``trajectories_played`` /
-    ``responses_generated`` count the records on ``trajectories`` from its offsets (no record is
-    read; records deleted by ``kafka.payload_retention_ms`` are no longer counted). The
+    ``responses_generated`` count the records ever written to ``trajectories``, from its end
+    offsets (no record is read; those the trainer has deleted since count too). The
     per-trajectory figures (``success_rate``, ``finish_reasons``, ``response_tokens_mean`` (model
     tokens), ``turns_mean``, ``generated_by_policy_version``) cover the trajectories in group
     events: a late run (arrived after its episode was decided; ``late_trajectories``) and the runs
@@ -196,7 +208,7 @@ def summarize_agentic(config: AgenticConfig, bootstrap: Bootstrap, topics: Topic
     for g in rejected:
         tags[g["tag"]]["rejected"] += 1
     trajectories = _decided_trajectories(accepted + rejected_all + validation)
-    played = count_records(bootstrap, topics.trajectories)
+    played = records_written(bootstrap, topics.trajectories)
     late = [m for m in metrics if m["name"] == "group_queue/late_trajectories"]
     train_traj = [t for t in trajectories if t.get("mode", "train") == "train"]
     train_played = len(train_traj) + int(sum(m["value"] for m in late if m["labels"].get("mode", "train") == "train"))
@@ -218,7 +230,7 @@ def summarize_agentic(config: AgenticConfig, bootstrap: Bootstrap, topics: Topic
         "replacement_responses_requested": reruns,
         "requests_by_cause": _counts(r["cause"] for r in requests),
         "groups_accepted": len(accepted),
-        **trained_groups(accepted, stale_at_trainer, batches),
+        **trained_groups(accepted, stale_at_trainer, batches, dead, topics.groups_accepted),
         "groups_rejected": by_reason,
         "groups_stale_at_trainer": stale_at_trainer,
         "domains": tags,

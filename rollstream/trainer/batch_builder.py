@@ -47,6 +47,11 @@ Edge cases:
   old format, upgraded at decode) need no fetch.
 - ``take_partial()`` ships what is buffered when admission reported ``batch_underfilled`` and
   ``min_fill_ratio`` allows it; the manifest status is then ``partial``.
+
+Payload retention follows consumption (``payload_retention``): at most every ``every_s``, after a
+commit, when its consumer has read ``groups.accepted`` to the end, the builder has the payloads no
+group can still need deleted (rollstream.trainer.retention), never one a group it holds names
+(rollstream.trainer.payload_pruner).
 """
 
 from __future__ import annotations
@@ -79,6 +84,8 @@ from rollstream.trainer.intake import (
     trainable_group,
 )
 from rollstream.trainer.manifest import Manifest, ManifestState
+from rollstream.trainer.payload_pruner import PayloadPruner
+from rollstream.trainer.retention import PayloadRetention
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +138,8 @@ class BatchBuilder:
             size of the ``PayloadFetcher``.
         adv_estimator: the advantage estimator of the batches (``ADV_ESTIMATORS``, see
             ``rollstream.trainer.batch.group_advantages``).
+        payload_retention: how this builder deletes the payloads no group can still need
+            (module doc); None: it deletes none.
 
     Raises:
         ValueError: ``rollout_batch_size`` < 1, or an unknown ``adv_estimator``.
@@ -154,6 +163,7 @@ class BatchBuilder:
         max_staleness: int | None = None,
         max_message_bytes: int = PAYLOAD_MAX_MESSAGE_BYTES,
         adv_estimator: str = "grpo",
+        payload_retention: PayloadRetention | None = None,
     ) -> None:
         if rollout_batch_size < 1:
             raise ValueError(f"rollout_batch_size must be >= 1, got {rollout_batch_size}")
@@ -197,6 +207,9 @@ class BatchBuilder:
         self._poller = ConsumerPoller(consumer, f"{self.worker}-poller", self.max_poll_records)
         self.producer = make_producer(bootstrap, client_id=self.worker)
         self.fetcher = PayloadFetcher(bootstrap, max_message_bytes, client_id=f"{self.worker}-payloads")
+        self._pruner = PayloadPruner(bootstrap, topics, payload_retention, client_id=f"{self.worker}-pruner") \
+            if payload_retention is not None and payload_retention.keep_ms >= 0 else None
+        self._next_prune = 0.0  # monotonic time of the next payload pruning
         if last_entry is not None:  # a crash may have come between its manifest line and its event
             self._publish_batch(last_entry)
             self.producer.flush()
@@ -289,7 +302,11 @@ class BatchBuilder:
         self.committed_groups += len(out.items)
         with self._poller.paused() as consumer:  # no poll now: its positions are past what it read
             self._ingest_all(self._poller.drain())
-            return self._commit(consumer, batch, out, report)
+            entry = self._commit(consumer, batch, out, report)
+            snapshot = self._held_refs(consumer)
+        if snapshot is not None:
+            self._pruner.prune(*snapshot)
+        return entry
 
     def _commit(self, consumer, batch: RolloutBatch, out: _Outstanding, report: dict | None) -> dict:
         assigned = [tp for tp in consumer.assignment() if tp.topic == self.topic]
@@ -318,6 +335,25 @@ class BatchBuilder:
         commit_offsets(consumer, self.topic, to_commit)
         self._offsets.committed(to_commit)
         return entry
+
+    def _held_refs(self, consumer) -> tuple[int, list] | None:
+        """When pruning is due and the consumer has read every partition to the end the broker
+        reports now (so it holds every accepted group not yet trained): that time (epoch ms) and
+        the references of those groups; else None. A failure to ask is a None: pruning waits."""
+        if self._pruner is None or time.monotonic() < self._next_prune:
+            return None
+        self._next_prune = time.monotonic() + self._pruner.policy.every_s
+        assigned = [tp for tp in consumer.assignment() if tp.topic == self.topic]
+        seen = now_ms()
+        try:
+            ends = consumer.end_offsets(assigned)
+        except Exception as exc:  # the broker away: prune another time
+            log.warning("payload pruning skipped: %s: %s", type(exc).__name__, exc)
+            return None
+        if any(consumer.position(tp) is None or consumer.position(tp) < ends[tp] for tp in assigned):
+            return None
+        items = [*self._buffer, *(item for out in self._outstanding.values() for item in out.items)]
+        return seen, [ref_key(ref) for item in items for ref in payload_refs(item.group)]
 
     def recover(self, trained: dict) -> dict | None:
         """Record a batch that was trained (its checkpoint is durable) but never committed: the
@@ -368,6 +404,7 @@ class BatchBuilder:
             "trainer/batch/payload_bytes_fetched": self.fetcher.fetched_bytes,
             "trainer/batch/payload_fetch_seconds": self.payload_fetch_seconds,
             "trainer/batch/payload_records_skipped": self.fetcher.skipped,
+            "trainer/batch/payload_records_pruned": self._pruner.deleted if self._pruner is not None else 0,
         }
 
     def close(self) -> None:
@@ -378,6 +415,8 @@ class BatchBuilder:
         finally:
             try:
                 self.fetcher.close()
+                if self._pruner is not None:
+                    self._pruner.close()
             finally:
                 self._poller.close()
                 self._poller.consumer.close(autocommit=False)

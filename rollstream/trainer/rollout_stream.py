@@ -97,6 +97,7 @@ from rollstream.trainer.distributed import Ranks, shard_batch
 from rollstream.trainer.logprobs import response_log_probs
 from rollstream.trainer.loop import BatchLoop, LoopControl, LoopResult
 from rollstream.trainer.publisher import PolicyPublisher, version_of
+from rollstream.trainer.retention import PayloadRetention
 from rollstream.trainer.verdicts import AgenticBatchEvents, BatchEvents
 
 log = logging.getLogger(__name__)
@@ -243,6 +244,10 @@ class StreamSettings:
             group (``<prefix>trainer``), so do not run rollstream's own trainer beside it.
         max_message_bytes: the largest payload event (``kafka.max_message_bytes``).
         batch_timeout_s: see rollstream.trainer.loop.BatchLoop.
+        payload_retention: how the trainer deletes the payloads no group needs any more
+            (rollstream.trainer.retention.PayloadRetention; by default each kept at least 7
+            days, the default timeouts' completion bound); None: it deletes none (the payload
+            topics' own ``retention.ms`` is -1: they then grow without bound).
     """
 
     groups_per_batch: int
@@ -255,6 +260,7 @@ class StreamSettings:
     group_id: str | None = None
     max_message_bytes: int = PAYLOAD_MAX_MESSAGE_BYTES
     batch_timeout_s: float | None = None
+    payload_retention: PayloadRetention | None = PayloadRetention()
 
     @classmethod
     def of(cls, config, **overrides) -> "StreamSettings":
@@ -263,7 +269,8 @@ class StreamSettings:
                       "topic_prefix": config.kafka.topic_prefix, "min_fill_ratio": config.min_fill_ratio,
                       "adv_estimator": config.adv_estimator, "max_staleness": config.max_staleness,
                       "max_message_bytes": config.kafka.max_message_bytes,
-                      "batch_timeout_s": config.batch_timeout_s, **overrides})
+                      "batch_timeout_s": config.batch_timeout_s,
+                      "payload_retention": PayloadRetention.of(config), **overrides})
 
 
 class RolloutStream:
@@ -311,7 +318,7 @@ class RolloutStream:
             group_id=settings.group_id or names.consumer_group(topics, "trainer"),
             manifest_path=Path(run_dir) / "batches.jsonl", pad_token_id=settings.pad_token_id,
             max_staleness=settings.max_staleness, max_message_bytes=settings.max_message_bytes,
-            adv_estimator=settings.adv_estimator)
+            adv_estimator=settings.adv_estimator, payload_retention=settings.payload_retention)
         try:
             self._events = (AgenticBatchEvents(bootstrap, topics, agentic, self._builder) if agentic is not None
                             else BatchEvents(bootstrap, topics))
@@ -450,11 +457,16 @@ class RolloutStream:
         if self.ranks.is_main:
             try:
                 entry = self._record(self._whole, _report(batch.step, checkpoint, report), batch.end_of_data)
-            except BaseException as exc:  # the other ranks wait for the entry: tell them
-                self.ranks.broadcast(("error", f"rank 0: {exc!r}"))
+            except BaseException as exc:  # the other ranks wait for the entry: tell them, with the
+                # entry when the batch was committed before the failure (its announcement failed)
+                last = self.result.batches[-1] if self.result.batches else None
+                committed = last if last is not None and last["step"] == batch.step else None
+                self.ranks.broadcast(("error", f"rank 0: {exc!r}", committed))
                 raise
         entry = self.ranks.broadcast(entry)
         if isinstance(entry, tuple):
+            if entry[2] is not None:  # committed: every rank's result has it, as rank 0's does
+                self.result.batches.append(entry[2])
             raise RuntimeError(entry[1])
         if not self.ranks.is_main:
             self.result.batches.append(entry)

@@ -207,3 +207,20 @@ def test_filtering(benchmark_smoke, tmp_path):
     (tmp_path / "filtering.json").write_text(json.dumps(r))
     again = run_benchmark("filtering", tmp_path, "--base", "examples/rlvr_mixed.yaml", "--resume", timeout=120)
     assert (again["workload"], again["variants"], again["comparison"]) == (r["workload"], r["variants"], r["comparison"])
+
+
+@pytest.mark.benchmark_smoke("soak", timeout=600)
+def test_soak(benchmark_smoke):
+    """A minute of the pipeline, three faults: whatever the timings, nothing accepted is lost,
+    every malformed event is dead-lettered and the report has every figure."""
+    r = benchmark_smoke
+    assert (r["outcome"], r["audit_ok"], r["failed_checks"]) == ("end_of_data", True, []), r
+    assert [f["kind"] for f in r["faults"]] == ["kill:aggregator", "malformed", "reward_hang"]
+    assert r["stage_restarts"] == {"aggregator": 1}
+    assert r["events_dead_lettered"] == r["malformed_sent"] == 40  # each malformed event once, whatever redelivered
+    assert r["counts"]["groups_rejected_by_trainer"] == 0 and r["counts"]["groups_trained"] > 0
+    assert r["goals"]["audit_ok"] and r["goals"]["dead_letters_are_the_bursts"]
+    assert len(r["samples"]) >= 6 and set(r["samples"][0]["processes"]) >= {
+        "admission", "aggregator", "generation", "reward", "trainer", "broker"}
+    assert {"rss_slope_mb_per_h", "disk_bytes_by_topic", "p99_latency_ms", "lag", "decisions_per_s"} <= set(r)
+    assert set(r["disk_bytes_by_topic"]["last"]) >= {"responses", "groups.accepted"}

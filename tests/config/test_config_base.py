@@ -92,22 +92,40 @@ def test_payload_settings_are_checked_where_the_config_loads(kafka, match):
         parse_config(rlvr(kafka=kafka))
 
 
-def test_a_payload_retention_shorter_than_a_group_may_take_is_refused_with_the_numbers():
-    # RLVR: 60 s a round x (3 rounds + 1 reissue) = 240 s; agentic: 100 s x (1 + 1 reissue) = 200 s
+def test_a_group_completes_within_its_timeouts_and_a_short_payload_retention_is_allowed():
+    # RLVR: 60 s a round x (3 rounds + 1 reissue) = 240 s; agentic: 100 s x (1 + 1 reissue + 2 refills) = 400 s
+    rlvr_args = dict(prompt_timeout_s=60, max_response_rounds=3, max_reissues_per_prompt=1)
+    config = parse_config(rlvr(kafka={"payload_retention_ms": 1_000}, **rlvr_args))  # the trainer keeps what is pending
+    assert (config.group_completion_s, config.kafka.payload_retention_ms) == (240, 1_000)
+    screened = {"math": {"reward_type": "gsm8k", "screening": {"samples": 2},
+                         "query_filter_config": {"type": "mean_filter"}}}
+    assert parse_config(rlvr(rewards=screened, **rlvr_args)).group_completion_s == 300  # + the screening round
+    manager = {"num_env_groups": 2, "group_size": 2, "tags": ["lake"], "episode_timeout_s": 100,
+               "max_reissues_per_episode": 1, "refill": {"max_refills_per_group": 2}}
+    assert parse_config(agentic(train_env_manager=manager)).group_completion_s == 400
+    no_refill = {**manager, "refill": {"enabled": False}}
+    assert parse_config(agentic(train_env_manager=no_refill)).group_completion_s == 200
+
+
+def test_a_topic_retention_shorter_than_a_group_may_take_is_refused_with_the_numbers():
     rlvr_args = dict(prompt_timeout_s=60, max_response_rounds=3, max_reissues_per_prompt=1)
     with pytest.raises(ConfigError) as info:
-        parse_config(rlvr(kafka={"payload_retention_ms": 239_000}, **rlvr_args))
+        parse_config(rlvr(kafka={"topic_configs": {"groups.accepted": {"retention.ms": 239_000}}}, **rlvr_args))
     assert str(info.value) == (
-        "invalid config: kafka.payload_retention_ms 239000 (239 s) is shorter than a group may take to complete: "
-        "240 s (prompt_timeout_s 60 x (max_response_rounds 3 + max_reissues_per_prompt 1)); raise it (the "
-        "trainer's wait for the group comes on top) or lower those timeouts")
-    assert parse_config(rlvr(kafka={"payload_retention_ms": 240_000}, **rlvr_args)).kafka.payload_retention_ms == 240_000
-    assert parse_config(rlvr(kafka={"payload_retention_ms": -1}, **rlvr_args)).kafka.payload_retention_ms == -1
+        "invalid config: kafka.topic_configs.groups.accepted.retention.ms 239000 (239 s) is shorter than a group may "
+        "take to complete: 240 s (prompt_timeout_s 60 x (max_response_rounds 3 + max_reissues_per_prompt 1)); the "
+        "broker would delete records an open group still needs. Raise it, or leave it out: payloads are deleted by "
+        "the trainer once no group needs them (kafka.payload_retention_ms)")
+    for fine in (240_000, -1):
+        parse_config(rlvr(kafka={"topic_configs": {"responses": {"retention.ms": fine}}}, **rlvr_args))
+    parse_config(rlvr(kafka={"topic_configs": {"metrics": {"retention.ms": 1_000}}}, **rlvr_args))  # no group reads it
     manager = {"num_env_groups": 2, "group_size": 2, "tags": ["lake"], "episode_timeout_s": 100,
-               "max_reissues_per_episode": 1}
-    with pytest.raises(ConfigError, match=r"199 s\) is shorter than a group may take to complete: 200 s "
-                                          r"\(train_env_manager\.episode_timeout_s 100 x \(1 \+ max_reissues_per_episode 1\)\)"):
-        parse_config(agentic(kafka={"payload_retention_ms": 199_000}, train_env_manager=manager))
+               "max_reissues_per_episode": 1, "refill": {"max_refills_per_group": 0}}
+    with pytest.raises(ConfigError, match=r"trajectories.retention.ms 199000 \(199 s\) is shorter than a group may take "
+                                          r"to complete: 200 s \(train_env_manager.episode_timeout_s 100 x \(1 \+ "
+                                          r"max_reissues_per_episode 1 \+ refill.max_refills_per_group 0\)\)"):
+        parse_config(agentic(kafka={"topic_configs": {"trajectories": {"retention.ms": 199_000}}},
+                             train_env_manager=manager))
 
 
 def test_payload_settings_default_to_a_64k_token_response_with_room_to_spare():

@@ -91,7 +91,7 @@ def test_payload_topics_get_their_size_compression_and_retention_also_when_they_
         admin.close()
     for payload in (topics.responses, topics.trajectories):
         assert {k: res[payload][k]["value"] for k in ("max.message.bytes", "compression.type", "retention.ms")} == {
-            "max.message.bytes": "8388608", "compression.type": "zstd", "retention.ms": "86400000"}
+            "max.message.bytes": "8388608", "compression.type": "zstd", "retention.ms": "-1"}  # the trainer deletes
     assert "max.message.bytes" not in res[topics.groups_accepted]  # decision topics keep the defaults
     assert topics.payload() == [topics.responses, topics.trajectories]
 

@@ -78,6 +78,28 @@ def dp_group(key: str, rewards: list[float], length: int) -> dict:
     return records.rlvr_group(key, responses)
 
 
+def torchrun(bootstrap: str, prefix: str, run_dir: Path, out: Path, mode: str) -> list[dict]:
+    """Both ranks of tests/integration/dp_trainer_rank.py in ``mode``; their records."""
+    out.mkdir(exist_ok=True)
+    run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "tests/integration/dp_trainer_rank.py",
+         bootstrap, prefix, str(run_dir), str(out), mode])
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_a_step_committed_then_not_announced_is_in_every_ranks_result(kafka_broker, topic_factory, tmp_path):
+    """Rank 0 commits the batch, then publishing its step fails: every rank raises, and every
+    rank's result holds the committed step, as the manifest does."""
+    topics = topic_factory()
+    produce(kafka_broker, topics, [dp_group("a", [1.0, 0.0], 3), dp_group("b", [0.0, 1.0], 2),
+                                   dp_group("c", [0.0, 1.0], 4)])
+    ranks = torchrun(kafka_broker, topics.prefix, tmp_path / "run", tmp_path / "out", "announce_fails")
+    assert [r["result_steps"] for r in ranks] == [[0], [0]]
+    assert ranks[0]["error"] == "the metrics topic is gone"
+    assert ranks[1]["error"] == "rank 0: OSError('the metrics topic is gone')"
+    [line] = [json.loads(line) for line in (tmp_path / "run" / "batches.jsonl").read_text().splitlines()]
+    assert line["step"] == 0
+
+
 def test_two_ranks_get_disjoint_shards_rank_0_commits_and_gradients_match_one_process(kafka_broker, topic_factory,
                                                                                        tmp_path):
     topics = topic_factory()
@@ -86,16 +108,10 @@ def test_two_ranks_get_disjoint_shards_rank_0_commits_and_gradients_match_one_pr
     produce(kafka_broker, topics, groups)
     run_dir, out = tmp_path / "run", tmp_path / "out"
 
-    def torchrun(mode: str) -> list[dict]:
-        out.mkdir(exist_ok=True)
-        run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", "tests/integration/dp_trainer_rank.py",
-             kafka_broker, topics.prefix, str(run_dir), str(out), mode])
-        return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
-
     # a batch taken and not committed (the trainers stop) is delivered again, identically
-    taken = torchrun("take")
+    taken = torchrun(kafka_broker, topics.prefix, run_dir, out, "take")
     assert not (run_dir / "batches.jsonl").exists()
-    ranks = torchrun("commit")
+    ranks = torchrun(kafka_broker, topics.prefix, run_dir, out, "commit")
     for before, after in zip(taken, ranks):
         assert {k: before[k] for k in ("step", "group_keys", "shard_group_keys", "response_ids")} == \
                {k: after[k] for k in ("step", "group_keys", "shard_group_keys", "response_ids")}

@@ -11,16 +11,18 @@ reference, only for the groups the trainer trains.
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import numpy as np
 import pytest
 from kafka import KafkaAdminClient
+from kafka.admin import ConfigResource, ConfigResourceType
 from kafka.structs import TopicPartition
 
 from rollstream.config.base import KafkaConfig
 from rollstream.kafka.admin import create_topics
-from rollstream.kafka.clients import make_producer
+from rollstream.kafka.clients import make_producer, reader_consumer
 from rollstream.kafka.payloads import PayloadFetcher, PayloadWriter, ref_key
 from rollstream.kafka.topics import Topics
 from rollstream.observability.metrics import process_metrics
@@ -28,6 +30,7 @@ from rollstream.schemas import decode, encode
 from rollstream.schemas.packed import packed_array
 from rollstream.schemas.records import is_payload_ref, payload_ref
 from rollstream.trainer.batch_builder import BatchBuilder
+from rollstream.trainer.retention import PayloadRetention
 
 from ..trainer import records
 from .test_trainer_consumer import read_all
@@ -71,21 +74,27 @@ def generated(key: str, n: int = GROUP, tokens: int = TOKENS, seed: int = 0, ext
 
 
 def write_group(bootstrap: str, topics: Topics, responses: list[dict], *, accepted: bool = True,
-                rewards=None) -> dict:
+                rewards=None, stamped: tuple[int, int] | None = None) -> dict:
     """The real way: Responses to ``responses`` (PayloadWriter), RewardedResponses naming them to
     ``responses.rewarded``, then the Group of those members to groups.accepted (or
-    groups.rejected). Returns the Group."""
+    groups.rejected). ``stamped``: the payloads' and the Group's record timestamps (epoch ms; by
+    default the producer's clock). Returns the Group."""
     producer = payload_producer(bootstrap)
     try:
         key = responses[0]["prompt_id"]
-        refs = PayloadWriter(producer).write([(topics.responses, key, encode(r, "Response")) for r in responses])
+        if stamped is None:
+            refs = PayloadWriter(producer).write([(topics.responses, key, encode(r, "Response")) for r in responses])
+        else:
+            sent = [producer.send(topics.responses, key=key.encode(), value=encode(r, "Response"),
+                                  timestamp_ms=stamped[0]) for r in responses]
+            refs = [payload_ref(m.topic, m.partition, m.offset, 0) for m in (f.get(timeout=30) for f in sent)]
         rewards = rewards or [float(i % 2) for i in range(len(responses))]
         members = [records.rewarded(r, reward, ref) for r, reward, ref in zip(responses, rewards, refs)]
         for member in members:
             producer.send(topics.responses_rewarded, key=key.encode(), value=encode(member, "RewardedResponse"))
         group = records.rlvr_group(key, members, accepted=accepted)
         producer.send(topics.groups_accepted if accepted else topics.groups_rejected, key=key.encode(),
-                      value=encode(group, "Group"))
+                      value=encode(group, "Group"), timestamp_ms=None if stamped is None else stamped[1])
         producer.flush()
         return group
     finally:
@@ -193,6 +202,51 @@ def test_an_expired_reference_rejects_its_group_payload_expired_and_the_builder_
 
     with builder_for(kafka_broker, topics, 1) as again:
         assert again.next_batch(timeout_s=2) is None and again.consumed == 0  # nothing left, nothing redone
+
+
+def test_the_trainer_deletes_what_no_group_needs_and_never_a_payload_a_held_group_names(kafka_broker, topics):
+    """Payload retention follows the trainer: the topic never deletes by time (retention.ms -1);
+    after a commit the builder deletes the payloads stamped before the time cut (here now - 300 s:
+    no upstream stage, no keep_ms) but never one a group it holds names. On ``responses``: a
+    (accepted, stamped 600 s ago) 0-3, r_old (rejected, 590 s) 4-7, b (accepted, 500 s) 8-11, r_new
+    (rejected, 100 s) 12-15, c (accepted, 90 s) 16-19. (They were written before the builder
+    started, so its first fetch reads all three accepted groups.)"""
+    now = int(time.time() * 1000)
+    for n, (key, age_s, accepted) in enumerate([("a", 600, True), ("r_old", 590, False), ("b", 500, True),
+                                                 ("r_new", 100, False), ("c", 90, True)]):
+        stamp = now - age_s * 1000
+        write_group(kafka_broker, topics, generated(key, seed=n, n=4, tokens=8), accepted=accepted,
+                    stamped=(stamp, stamp + 5_000))
+    retention = PayloadRetention(keep_ms=0, completion_ms=300_000, readers=(), every_s=0.0, skew_ms=0)
+    responses = TopicPartition(topics.responses, 0)
+    starts = []
+    with builder_for(kafka_broker, topics, 1, payload_retention=retention) as builder:
+        for key in "abc":
+            batch = builder.next_batch(timeout_s=WAIT_S)
+            assert batch.group_keys == [key] and builder.payload_expired_groups == 0
+            builder.commit(batch)
+            starts.append(log_start(kafka_broker, responses))
+        pruned = builder.metrics()["trainer/batch/payload_records_pruned"]
+    # after a: b (8) is held; after b: the time cut (r_new, 12) and c (16); after c: the time cut
+    assert (starts, pruned) == ([8, 12, 12], 12)
+    assert configs_of(kafka_broker, topics.responses)["retention.ms"] == "-1"
+
+
+def configs_of(bootstrap: str, topic: str) -> dict[str, str]:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        described = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])["topic"][topic]
+    finally:
+        admin.close()
+    return {k: v["value"] for k, v in described.items()}
+
+
+def log_start(bootstrap: str, tp: TopicPartition) -> int:
+    consumer = reader_consumer(bootstrap)
+    try:
+        return consumer.beginning_offsets([tp])[tp]
+    finally:
+        consumer.close()
 
 
 def test_payload_fetcher_reads_exactly_the_named_records(kafka_broker):

@@ -60,7 +60,7 @@ def test_topic_settings_layer_rollstreams_own_under_the_users():
                                        "changelogs": {"unclean.leader.election.enable": False}})
     assert topic_settings(kafka, "responses") == {
         "min.insync.replicas": "2", "max.message.bytes": str(kafka.max_message_bytes),
-        "compression.type": "uncompressed", "retention.ms": "1000"}  # the user's value wins
+        "compression.type": "uncompressed", "retention.ms": "1000", "segment.ms": "3600000"}  # the user's value wins
     assert topic_settings(kafka, "groups.rejected") == {"min.insync.replicas": "2", "cleanup.policy": "compact"}
     topics = Topics("x.")
     assert set(topics.topic_configs(kafka)) == {topics.name(t) for t in ("prompts", "generation.requests",

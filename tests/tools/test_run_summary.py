@@ -15,6 +15,7 @@ from rollstream.schemas.records import payload_ref, response_summary, trajectory
 from rollstream.kafka.readback import count_records, first_record_ms
 from rollstream.tools.readback import filter_decisions
 from rollstream.tools.summary import LiveSummary, startup_seconds, summarize_agentic, summarize_rlvr, trained_groups
+from tests.trainer import records
 
 
 def test_groups_accepted_by_the_filters_then_stale_at_the_trainer_are_not_filter_rejections():
@@ -24,11 +25,18 @@ def test_groups_accepted_by_the_filters_then_stale_at_the_trainer_are_not_filter
     assert (filters, stale) == ([{"group_key": "p2", "reason": "zero_std"}], 1)
 
 
-def test_accepted_groups_split_into_trained_stale_and_left_untrained():
+def test_accepted_groups_split_into_trained_stale_dead_lettered_and_left_untrained():
     batches = [{"accepted_groups": 4}, {"accepted_groups": 2}]  # a full batch, then a partial one
     accepted = [{"group_key": f"g{i}"} for i in range(9)] + [{"group_key": "g0"}]  # g0 redelivered
-    assert trained_groups(accepted, 1, batches) == {"groups_trained": 6, "groups_untrained": 2}
-    assert trained_groups([], 0, []) == {"groups_trained": 0, "groups_untrained": 0}
+    assert trained_groups(accepted, 1, batches, [], "x.groups.accepted") == {"groups_trained": 6, "groups_untrained": 2}
+    # the trainer dead-lettered g8 (a payload it could not train); a malformed event and another
+    # topic's dead letter name no accepted group
+    member = records.rewarded(records.response_payload("g8", 0, [1], [2], [-0.5]), 1.0)
+    dead = [{"source_topic": "x.groups.accepted", "payload": encode(records.rlvr_group("g8", [member]), "Group")},
+            {"source_topic": "x.groups.accepted", "payload": b"\x00garbage"},
+            {"source_topic": "x.responses.rewarded", "payload": encode(records.rlvr_group("g7", [member]), "Group")}]
+    assert trained_groups(accepted, 1, batches, dead, "x.groups.accepted") == {"groups_trained": 6, "groups_untrained": 1}
+    assert trained_groups([], 0, [], [], "x.groups.accepted") == {"groups_trained": 0, "groups_untrained": 0}
 
 
 def send(bootstrap: str, topic: str, schema: str | None, records: list, key: str = "k") -> None:
