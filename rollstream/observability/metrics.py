@@ -23,6 +23,12 @@ from rollstream.schemas import encode
 log = logging.getLogger(__name__)
 
 SNAPSHOT_INTERVAL_S = 10.0
+VERSION_SERIES_KEPT = 64
+"""Policy versions whose series (label ``policy_version`` or ``version``) a worker keeps. A series
+more than this many versions behind the newest is frozen (a later update to it is not counted:
+the run's summary reads the topics, not these), published once more and dropped from the
+registry, so a run of any length holds a bounded number of series; ``stats`` keeps showing the
+dropped ones' last values from the ``metrics`` topic."""
 
 STEP_SCALARS = ("fill_seconds", "accepted_groups", "loss", "reward_mean", "final_mask_mean", "grad_norm",
                 "pg_clipfrac", "policy_version", "policy_lag_max", "train_seconds")
@@ -42,7 +48,8 @@ METRICS: dict[str, str] = {
     "rollstream_validation_total": "{outcome} validation groups: original / accepted / rejected",
     "rollstream_version_reward_sum": "{mode, policy_version} sum of the kept responses' rewards of the groups "
                                      "decided at a policy version: train (the on-policy reward) and val (each "
-                                     "eval_steps round); one label value per version",
+                                     "eval_steps round); one label value per version, the newest "
+                                     "VERSION_SERIES_KEPT (64) kept",
     "rollstream_version_reward_count": "{mode, policy_version} responses counted in rollstream_version_reward_sum",
     "rollstream_version_correct_count": "{mode, policy_version} of them with a reward > 0",
     "rollstream_batch_fill_seconds": "histogram of the time to fill a trainer batch",
@@ -153,6 +160,8 @@ class WorkerMetrics:
                                     registry=r)
         self.weight_update_ms = Gauge("rollstream_weight_update_ms", "In-place weight load of an inference server, "
                                       "pause to resume", ["server", "version", "mode"], registry=r)
+        self._newest_version = -1
+        self._version_series: dict[int, set[tuple[Gauge, tuple[str, ...]]]] = {}  # version -> its series
         self._producer = None
         self._topic = ""
         self._thread: threading.Thread | None = None
@@ -171,11 +180,35 @@ class WorkerMetrics:
         self.reward_count.labels(scope).inc(len(values))
 
     def version_rewards(self, mode: str, version: int, rewards: Iterable[float]) -> None:
+        """Count ``rewards`` of a group decided at policy ``version`` (not counted once the
+        version's series is frozen: ``VERSION_SERIES_KEPT``)."""
         values = [v for v in rewards if v == v]
         labels = (mode, str(version))
+        if not self._versioned(version, (self.version_reward_sum, labels), (self.version_reward_count, labels),
+                               (self.version_correct, labels)):
+            return
         self.version_reward_sum.labels(*labels).inc(sum(values))
         self.version_reward_count.labels(*labels).inc(len(values))
         self.version_correct.labels(*labels).inc(sum(1 for v in values if v > 0))
+
+    def weight_update(self, server: str, version: int, mode: str, ms: float) -> None:
+        """An inference server's in-place load of ``version`` took ``ms`` (pause to resume)."""
+        labels = (server, str(version), mode)
+        if self._versioned(version, (self.weight_update_ms, labels)):
+            self.weight_update_ms.labels(*labels).set(ms)
+
+    def _versioned(self, version: int, *series: tuple[Gauge, tuple[str, ...]]) -> bool:
+        """Register ``series`` under ``version``; False when that version's series are frozen."""
+        self._newest_version = max(self._newest_version, version)
+        if version <= self._newest_version - VERSION_SERIES_KEPT:
+            return False
+        self._version_series.setdefault(version, set()).update(series)
+        return True
+
+    def _retire_frozen_series(self) -> None:
+        for version in [v for v in self._version_series if v <= self._newest_version - VERSION_SERIES_KEPT]:
+            for gauge, labels in self._version_series.pop(version):
+                gauge.remove(*labels)
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -190,7 +223,11 @@ class WorkerMetrics:
         return out
 
     def snapshot(self, now_ms: int) -> list[dict]:
-        return [metric_record(self.worker, name, value, labels, now_ms) for name, labels, value in self.samples()]
+        """Every sample as a Metric record; the frozen versions' series go from the registry once
+        they are in it (their last values)."""
+        records = [metric_record(self.worker, name, value, labels, now_ms) for name, labels, value in self.samples()]
+        self._retire_frozen_series()
+        return records
 
     # -- exporting --------------------------------------------------------------------------
 

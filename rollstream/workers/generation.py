@@ -221,7 +221,7 @@ class GenerationWorker:
         self.policy.refresh()
         updates = getattr(self.backend, "weight_updates", [])  # an inference-server backend's
         for update in updates[self._updates_seen:]:
-            process_metrics().weight_update_ms.labels(update.server, str(update.version), update.mode).set(update.ms)
+            process_metrics().weight_update(update.server, update.version, update.mode, update.ms)
         self._updates_seen = len(updates)
 
     def _encoded(self, record: dict) -> list[Send | Output]:
