@@ -9,6 +9,7 @@ the reward pool must kill that process, reject the response ``reward_timeout`` a
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import time
@@ -28,10 +29,15 @@ def _maybe_hang() -> None:
 
 
 def last_number(response_text: str, ground_truth: str, **info) -> float:
-    """1.0 when the reply's last integer equals the ground truth (the bundled model's sums)."""
+    """1.0 when the reply's last integer equals the answer (the bundled model's sums). A
+    reasoning-gym prompt's ground truth is its task entry as JSON, the answer under
+    ``entry.answer``; any other ground truth is the answer itself."""
     _maybe_hang()
+    answer = str(ground_truth).strip()
+    if answer.startswith("{"):
+        answer = str(json.loads(answer)["entry"]["answer"]).strip()
     numbers = _NUMBER.findall(response_text)
-    return float(bool(numbers) and numbers[-1] == str(ground_truth).strip())
+    return float(bool(numbers) and numbers[-1] == answer)
 
 
 def coin(response_text: str, ground_truth: str, **info) -> float:
