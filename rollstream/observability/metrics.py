@@ -161,6 +161,7 @@ class WorkerMetrics:
         self.weight_update_ms = Gauge("rollstream_weight_update_ms", "In-place weight load of an inference server, "
                                       "pause to resume", ["server", "version", "mode"], registry=r)
         self._newest_version = -1
+        self._series_lock = threading.Lock()  # the worker records, the publishing thread retires
         self._version_series: dict[int, set[tuple[Gauge, tuple[str, ...]]]] = {}  # version -> its series
         self._producer = None
         self._topic = ""
@@ -184,18 +185,20 @@ class WorkerMetrics:
         version's series is frozen: ``VERSION_SERIES_KEPT``)."""
         values = [v for v in rewards if v == v]
         labels = (mode, str(version))
-        if not self._versioned(version, (self.version_reward_sum, labels), (self.version_reward_count, labels),
-                               (self.version_correct, labels)):
-            return
-        self.version_reward_sum.labels(*labels).inc(sum(values))
-        self.version_reward_count.labels(*labels).inc(len(values))
-        self.version_correct.labels(*labels).inc(sum(1 for v in values if v > 0))
+        with self._series_lock:
+            if not self._versioned(version, (self.version_reward_sum, labels), (self.version_reward_count, labels),
+                                   (self.version_correct, labels)):
+                return
+            self.version_reward_sum.labels(*labels).inc(sum(values))
+            self.version_reward_count.labels(*labels).inc(len(values))
+            self.version_correct.labels(*labels).inc(sum(1 for v in values if v > 0))
 
     def weight_update(self, server: str, version: int, mode: str, ms: float) -> None:
         """An inference server's in-place load of ``version`` took ``ms`` (pause to resume)."""
         labels = (server, str(version), mode)
-        if self._versioned(version, (self.weight_update_ms, labels)):
-            self.weight_update_ms.labels(*labels).set(ms)
+        with self._series_lock:
+            if self._versioned(version, (self.weight_update_ms, labels)):
+                self.weight_update_ms.labels(*labels).set(ms)
 
     def _versioned(self, version: int, *series: tuple[Gauge, tuple[str, ...]]) -> bool:
         """Register ``series`` under ``version``; False when that version's series are frozen."""
@@ -206,9 +209,10 @@ class WorkerMetrics:
         return True
 
     def _retire_frozen_series(self) -> None:
-        for version in [v for v in self._version_series if v <= self._newest_version - VERSION_SERIES_KEPT]:
-            for gauge, labels in self._version_series.pop(version):
-                gauge.remove(*labels)
+        with self._series_lock:
+            for version in [v for v in self._version_series if v <= self._newest_version - VERSION_SERIES_KEPT]:
+                for gauge, labels in self._version_series.pop(version):
+                    gauge.remove(*labels)
 
     # -- reading ----------------------------------------------------------------------------
 
