@@ -30,9 +30,9 @@ process tree (the reward pool's processes counted with the reward stage) and of 
 bytes on the broker's disk per topic; each consumer group's lag; decisions (groups accepted and
 rejected) per second. Per window of ``--window-s``: the latency from a group's decision to the
 commit of the batch holding it, p50 and p99 (from the trainer's manifest). Slopes per hour, by
-least squares after the warm-up; a stage's RSS slope is fitted within each process's life (a
-restart starts a new line: the pooled within-process slope), leaving ``RSS_SETTLE_S`` of each
-life out. JSON to ``--out`` (time series, slopes, faults, goals), a PNG to ``--plot``. Never
+least squares after the warm-up; a stage's RSS slope is fitted to its floor (the lowest of the
+readings every ``FLOOR_EVERY_S`` since the last sample) within each process's life (a restart
+starts a new line: the pooled within-process slope), leaving ``RSS_SETTLE_S`` of each life out. JSON to ``--out`` (time series, slopes, faults, goals), a PNG to ``--plot``. Never
 asserts on time; ``goals`` says which targets held.
 
     .venv/bin/python benchmarks/soak.py [--minutes 60] [--trainer cheap|model] [--out runs/bench/soak.json]
@@ -84,7 +84,10 @@ HANG_S = 3 * REWARD_TIMEOUT_S  # a hung call sleeps this long: the pool must kil
 BROKER_DOWN_S = 5.0
 BURST = 20  # malformed events per topic per burst
 BACKLOG = 32  # prompts produced ahead of the decisions
-RSS_SETTLE_S = 120.0  # each process's first minutes (imports, model, caches) are not a leak
+# Each process's first minutes are not a leak: imports, the model, the allocator's arenas filling
+# (the hour's soak saw the trainer climb ~10 MB over its first 10-15 minutes, then stay flat)
+RSS_SETTLE_S = 600.0
+FLOOR_EVERY_S = 5.0  # RSS readings between samples, for each process's floor (RssFloor)
 # Seconds from a fault to the first batch of groups decided after it: a stage's restart (backoff,
 # imports; a model stage loads its model), a batch to fill, generous for 2 shared cores.
 RECOVERY_BOUND_S = {"kill:admission": 90, "kill:aggregator": 90, "kill:generation": 120, "kill:reward": 90,
@@ -200,13 +203,42 @@ def tree_figures(pid: int) -> dict | None:
     return {"pid": pid, "rss_mb": round(rss / 2**20, 1), "threads": threads, "fds": fds}
 
 
+class RssFloor:
+    """Each stage process tree's lowest RSS (MB) between two samples. A leak raises the floor; a
+    batch's transient tensors raise single readings by tens of MB and do not, so slopes are fitted
+    to the floor."""
+
+    def __init__(self) -> None:
+        self._low: dict[tuple[str, int], float] = {}
+
+    def observe(self, stages: StageProcesses) -> None:
+        for name, proc in stages.procs.items():
+            if figures_ := tree_figures(proc.pid):
+                key = (name, figures_["pid"])
+                self._low[key] = min(self._low.get(key, figures_["rss_mb"]), figures_["rss_mb"])
+
+    def take(self, name: str, pid: int) -> float | None:
+        """The floor of ``name``'s process ``pid`` since the last take; None if never observed."""
+        return self._low.pop((name, pid), None)
+
+
+def topic_label(topic: str, prefix: str) -> str:
+    """The name a topic's bytes are reported under: the run's topics by logical name, the tables'
+    changelogs together as ``changelogs``, the broker's own (``__consumer_offsets``,
+    ``__cluster_metadata``) by name, anything else (faust's assignor topics) as ``(other)``."""
+    logical = topic.removeprefix(prefix)
+    if topic.startswith(prefix) and logical in TOPICS:
+        return logical
+    if topic.endswith("-changelog"):
+        return "changelogs"
+    return topic if topic.startswith("__") else "(other)"
+
+
 def disk_by_topic(broker: EmbeddedBroker, prefix: str) -> dict[str, int]:
-    """Bytes on the broker's disk of each of the run's topics, by logical name; changelogs and the
-    broker's own topics together as ``(other)``."""
+    """Bytes on the broker's disk by ``topic_label``."""
     out: dict[str, int] = {}
     for topic, size in broker.topic_bytes().items():
-        logical = topic.removeprefix(prefix)
-        name = logical if topic.startswith(prefix) and logical in TOPICS else "(other)"
+        name = topic_label(topic, prefix)
         out[name] = out.get(name, 0) + size
     return dict(sorted(out.items()))
 
@@ -356,7 +388,7 @@ def figures(samples: list[dict], latency: list[dict], faults: list[Fault], warmu
                 born.setdefault(proc["pid"], s["t_s"])
                 if s["t_s"] - born[proc["pid"]] >= RSS_SETTLE_S:
                     points.append((s["t_s"], proc["pid"], proc))
-        slope = within_lives_slope_per_hour([(t, pid, p["rss_mb"]) for t, pid, p in points])
+        slope = within_lives_slope_per_hour([(t, pid, p.get("rss_floor_mb", p["rss_mb"])) for t, pid, p in points])
         rss_slope[name] = None if slope is None else round(slope, 2)
         slope = within_lives_slope_per_hour([(t, pid, p["fds"]) for t, pid, p in points])
         fd_slope[name] = None if slope is None else round(slope, 2)
@@ -425,11 +457,14 @@ def goals(report: dict) -> dict:
 # -- the soak --------------------------------------------------------------------------------------
 
 def sample(t_s: float, stages: StageProcesses, broker: EmbeddedBroker, probe: BrokerProbe, topics: Topics,
-           previous: dict | None) -> dict:
+           previous: dict | None, floor: RssFloor) -> dict:
     up = broker.is_running()
     ends = probe.end_offsets([topics.groups_accepted, topics.groups_rejected, topics.responses]) if up else None
     decided = ends[topics.groups_accepted] + ends[topics.groups_rejected] if ends else (previous or {}).get("decided")
     processes = {name: figures_ for name, proc in stages.procs.items() if (figures_ := tree_figures(proc.pid))}
+    for name, figures_ in processes.items():
+        low = floor.take(name, figures_["pid"])
+        figures_["rss_floor_mb"] = figures_["rss_mb"] if low is None else min(low, figures_["rss_mb"])
     if broker.is_running() and (figures_ := tree_figures(broker.pid)):
         processes["broker"] = figures_
     rate = None
@@ -466,14 +501,14 @@ def soak(args: argparse.Namespace, workdir: Path) -> dict:
         for stage in STAGES:
             stages.start(stage)
         duration, decided = args.minutes * 60, 0
-        next_sample, next_fault = 0.0, args.warmup_s
+        next_sample, next_fault, next_floor, floor = 0.0, args.warmup_s, 0.0, RssFloor()
         while (t := time.monotonic() - start) < duration:
             stages.check(finished=frozenset({"trainer"}))
             if broker.is_running():  # the broker fault: nothing is produced while it is away
                 decided = decided_now(probe, topics, decided)
                 feed.top_up(decided)
             if t >= next_sample:
-                samples.append(sample(t, stages, broker, probe, topics, samples[-1] if samples else None))
+                samples.append(sample(t, stages, broker, probe, topics, samples[-1] if samples else None, floor))
                 next_sample += args.sample_every_s
                 print(json.dumps({"t_s": samples[-1]["t_s"], "decided": samples[-1]["decided"],
                                   "rss_mb": {n: p["rss_mb"] for n, p in samples[-1]["processes"].items()}}), flush=True)
@@ -483,6 +518,9 @@ def soak(args: argparse.Namespace, workdir: Path) -> dict:
                 injector.inject(fault, killed)
                 faults.append(fault)
                 next_fault += args.fault_every_s
+            if t >= next_floor:
+                floor.observe(stages)
+                next_floor += FLOOR_EVERY_S
             tail.poll()
             track_recovery(faults, injector, killed, tail, start)
             time.sleep(1.0)
@@ -591,7 +629,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--minutes", type=float, default=60.0)
     parser.add_argument("--trainer", choices=("cheap", "model"), default="cheap")
     parser.add_argument("--sample-every-s", type=float, default=60.0)
-    parser.add_argument("--fault-every-s", type=float, default=150.0)
+    parser.add_argument("--fault-every-s", type=float, default=225.0,
+                        help="a round of the faults every len(faults) x this: at 225 s a stage lives 30 minutes "
+                        "between its kills, long enough to fit its RSS after RSS_SETTLE_S")
     parser.add_argument("--warmup-s", type=float, default=300.0, help="no fault and no slope before it")
     parser.add_argument("--window-s", type=float, default=600.0, help="latency percentiles per window")
     parser.add_argument("--end-timeout-s", type=float, default=600.0, help="the trainer's end after the marker")

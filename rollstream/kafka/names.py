@@ -46,4 +46,4 @@ def changelog_topics(topics: Topics, partitions: int) -> dict[str, tuple[int, bo
 def changelog_configs(topics: Topics, kafka: "KafkaConfig") -> dict[str, dict[str, str]]:
     """The changelog topics' configs by full name (``topic_settings`` of CHANGELOGS)."""
     settings = topic_settings(kafka, CHANGELOGS)
-    return {name: dict(settings) for name in changelog_topics(topics, kafka.partitions)} if settings else {}
+    return {name: dict(settings) for name in changelog_topics(topics, kafka.partitions)}

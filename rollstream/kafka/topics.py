@@ -52,6 +52,13 @@ PAYLOAD_SEGMENT_MS = 3_600_000
 
 CHANGELOGS = "changelogs"
 """The ``kafka.topic_configs`` key that applies to every table's changelog topic."""
+CHANGELOG_SEGMENT_MS = 600_000
+"""The changelogs' ``segment.ms``: the broker compacts closed segments only, and at its default
+(a week, or 1 GiB) a changelog keeps every update of the run until then."""
+CHANGELOG_DELETE_RETENTION_MS = 3_600_000
+"""The changelogs' ``delete.retention.ms``: how long a deleted key's tombstone outlives
+compaction (the broker's default is a day). A table restores in seconds, so an hour still lets
+every restore see the deletes it reads past."""
 
 
 def _config_value(value) -> str:
@@ -71,8 +78,9 @@ def topic_settings(kafka: "KafkaConfig", logical: str) -> dict[str, str]:
     ``max.message.bytes``, ``compression.type`` (``none`` -> ``uncompressed``), ``retention.ms``
     -1 (the trainer deletes payloads once no group needs them, rollstream.trainer.retention; the
     broker's clock never does) and ``segment.ms`` of an hour (the broker frees whole segments only:
-    the disk then follows the deletions within the hour); then the user's
-    ``kafka.topic_configs[logical]``, which win."""
+    the disk then follows the deletions within the hour); for the changelogs ``segment.ms`` and
+    ``delete.retention.ms`` that let compaction keep them near the tables' live size; then the
+    user's ``kafka.topic_configs[logical]``, which win."""
     configs: dict[str, str] = {}
     if kafka.min_insync_replicas is not None:
         configs["min.insync.replicas"] = str(kafka.min_insync_replicas)
@@ -81,6 +89,9 @@ def topic_settings(kafka: "KafkaConfig", logical: str) -> dict[str, str]:
         configs["compression.type"] = "uncompressed" if kafka.compression_type == "none" else kafka.compression_type
         configs["retention.ms"] = "-1"
         configs["segment.ms"] = str(PAYLOAD_SEGMENT_MS)
+    elif logical == CHANGELOGS:
+        configs["segment.ms"] = str(CHANGELOG_SEGMENT_MS)
+        configs["delete.retention.ms"] = str(CHANGELOG_DELETE_RETENTION_MS)
     configs.update({key: _config_value(value) for key, value in kafka.topic_configs.get(logical, {}).items()})
     return configs
 

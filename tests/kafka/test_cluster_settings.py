@@ -70,7 +70,11 @@ def test_topic_settings_layer_rollstreams_own_under_the_users():
                                                 "policy.versions", "metrics", "dead-letter")}
     changelogs = names.changelog_configs(topics, kafka)
     assert set(changelogs) == set(names.changelog_topics(topics, kafka.partitions))
-    assert all(c == {"min.insync.replicas": "2", "unclean.leader.election.enable": "false"} for c in changelogs.values())
+    assert all(c == {"min.insync.replicas": "2", "segment.ms": "600000", "delete.retention.ms": "3600000",
+                     "unclean.leader.election.enable": "false"} for c in changelogs.values())
+    # by default the changelogs roll segments every 10 minutes, so compaction bounds them
+    assert all(c == {"segment.ms": "600000", "delete.retention.ms": "3600000"}
+               for c in names.changelog_configs(topics, KafkaConfig()).values())
     assert Topics("x.").topic_configs(KafkaConfig()) == {  # defaults: only the payload topics' sizes
         n: topic_settings(KafkaConfig(), t) for n, t in (("x.responses", "responses"), ("x.trajectories", "trajectories"))}
 
