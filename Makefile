@@ -98,7 +98,7 @@ chaos: env
 	$(PY) benchmarks/soak.py --minutes 3 --warmup-s 30 --fault-every-s 15 --sample-every-s 10 --window-s 60 \
 		--check --out runs/chaos/soak.json
 
-# An hour of the RLVR pipeline with faults every 2.5 minutes, sampled each minute (benchmarks/soak.py);
+# An hour of the RLVR pipeline with a fault every 3.75 minutes, sampled each minute (benchmarks/soak.py);
 # then half an hour with the bundled model training. SOAK_MINUTES shortens both.
 SOAK_MINUTES ?= 60
 soak: env

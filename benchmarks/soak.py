@@ -28,12 +28,15 @@ so no server fault.
 Sampled every ``--sample-every-s`` (default 60): RSS, threads and open files of each stage's
 process tree (the reward pool's processes counted with the reward stage) and of the broker;
 bytes on the broker's disk per topic; each consumer group's lag; decisions (groups accepted and
-rejected) per second. Per window of ``--window-s``: the latency from a group's decision to the
-commit of the batch holding it, p50 and p99 (from the trainer's manifest). Slopes per hour, by
+rejected) per second. Per window of ``--window-s`` from the warm-up's end (default: one round of
+the faults, so the first and the last window compared hold the same faults): the latency from a
+group's decision to the commit of the batch holding it, p50 and p99 (from the trainer's
+manifest), and the mean lag. Slopes per hour, by
 least squares after the warm-up; a stage's RSS slope is fitted to its floor (the lowest of the
 readings every ``FLOOR_EVERY_S`` since the last sample) within each process's life (a restart
-starts a new line: the pooled within-process slope), leaving ``RSS_SETTLE_S`` of each life out. JSON to ``--out`` (time series, slopes, faults, goals), a PNG to ``--plot``. Never
-asserts on time; ``goals`` says which targets held.
+starts a new line: the pooled within-process slope), leaving ``RSS_SETTLE_S`` of each life out.
+JSON to ``--out`` (time series, slopes, faults, goals), a PNG to ``--plot``. Never asserts on
+time; ``goals`` says which targets held.
 
     .venv/bin/python benchmarks/soak.py [--minutes 60] [--trainer cheap|model] [--out runs/bench/soak.json]
         [--plot docs/img/soak.png]
@@ -376,7 +379,8 @@ def within_lives_slope_per_hour(points: list[tuple[float, int, float]]) -> float
 def figures(samples: list[dict], latency: list[dict], faults: list[Fault], warmup_s: float, window_s: float,
             duration_s: float) -> dict:
     """The report's slopes and first/last comparisons from the time series; the latency windows
-    compared are the first and last that lie wholly after the warm-up and before the data ended."""
+    compared are the first and the last that start after the warm-up, the last one cut by the
+    data's end if at least half of it came before."""
     after = [s for s in samples if s["t_s"] >= warmup_s]
     rss_slope, fd_slope = {}, {}
     for name in sorted({n for s in samples for n in s["processes"]}):
@@ -402,7 +406,8 @@ def figures(samples: list[dict], latency: list[dict], faults: list[Fault], warmu
         if s["responses_written"]:
             kept.append((size, s["responses_written"]))
     disks = [s for s in samples if s["disk_bytes"]]
-    windows = [w for w in latency if w["groups"] and w["from_s"] >= warmup_s and w["from_s"] + window_s <= duration_s]
+    windows = [w for w in latency if w["groups"] and w["from_s"] >= warmup_s
+               and w["from_s"] + window_s / 2 <= duration_s]  # the last may be cut by the data's end
     return {
         "rss_slope_mb_per_h": rss_slope, "fds_slope_per_h": fd_slope,
         "lag_slope_per_h": {g: round(v, 1) for g in sorted({g for s in lags for g in s["lag"]})
@@ -428,12 +433,13 @@ def window_means(samples: list[dict], windows: list[dict], window_s: float) -> d
     return {"first_window": mean(windows[0]), "last_window": mean(windows[-1])}
 
 
-def latency_windows(groups: list[tuple[int, int]], start_ms: int, window_s: float) -> list[dict]:
-    """Decision -> batch commit latency per window (by commit time): groups, p50, p99 (ms)."""
+def latency_windows(groups: list[tuple[int, int]], start_ms: int, window_s: float, offset_s: float = 0.0) -> list[dict]:
+    """Decision -> batch commit latency per window of ``window_s`` from ``offset_s`` (by commit
+    time; the windows before it too): groups, p50, p99 (ms)."""
     windows: dict[int, list[float]] = {}
     for decided, committed in groups:
-        windows.setdefault(int((committed - start_ms) / 1000 // window_s), []).append(committed - decided)
-    return [{"from_s": n * window_s, "groups": len(v), **{k: percentiles(v)[k] for k in ("p50", "p99")}}
+        windows.setdefault(int(((committed - start_ms) / 1000 - offset_s) // window_s), []).append(committed - decided)
+    return [{"from_s": offset_s + n * window_s, "groups": len(v), **{k: percentiles(v)[k] for k in ("p50", "p99")}}
             for n, v in sorted(windows.items())]
 
 
@@ -537,7 +543,7 @@ def soak(args: argparse.Namespace, workdir: Path) -> dict:
         letters = {(d["source_topic"], d["partition"], d["offset"]) for d in read_values(bootstrap, topics.dead_letter)}
     finally:
         broker.stop()
-    latency = latency_windows(tail.groups, start_ms, args.window_s)
+    latency = latency_windows(tail.groups, start_ms, args.window_s, args.warmup_s)
     report = {
         "smoke": args.smoke, "trainer": args.trainer, "minutes": args.minutes,
         "duration_s": round(time.monotonic() - start, 1),
@@ -633,7 +639,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         help="a round of the faults every len(faults) x this: at 225 s a stage lives 30 minutes "
                         "between its kills, long enough to fit its RSS after RSS_SETTLE_S")
     parser.add_argument("--warmup-s", type=float, default=300.0, help="no fault and no slope before it")
-    parser.add_argument("--window-s", type=float, default=600.0, help="latency percentiles per window")
+    parser.add_argument("--window-s", type=float, default=None, help="latency percentiles and lag per window, "
+                        "from the warm-up's end (default: a round of the faults, so every window holds the same ones)")
     parser.add_argument("--end-timeout-s", type=float, default=600.0, help="the trainer's end after the marker")
     parser.add_argument("--faults", default=",".join(FAULT_KINDS), help="kinds, injected in this order round and round")
     parser.add_argument("--out", type=Path, default=Path("runs/bench/soak.json"))
@@ -647,6 +654,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         args.minutes, args.sample_every_s, args.warmup_s, args.fault_every_s, args.window_s = 1.0, 5.0, 10.0, 15.0, 20.0
         args.faults = SMOKE_FAULTS
     args.faults = args.faults.split(",")
+    if args.window_s is None:
+        args.window_s = len(args.faults) * args.fault_every_s
     unknown = sorted(set(args.faults) - set(FAULT_KINDS))
     if unknown:
         parser.error(f"unknown faults {unknown}; known: {list(FAULT_KINDS)}")

@@ -9,7 +9,7 @@ from pathlib import Path
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
-from soak import RSS_SETTLE_S, figures, prompt_pool, topic_label  # noqa: E402
+from soak import RSS_SETTLE_S, figures, latency_windows, parse, prompt_pool, topic_label  # noqa: E402
 from soak_rewards import last_number  # noqa: E402
 
 
@@ -49,3 +49,20 @@ def test_disk_is_reported_by_logical_topic_with_changelogs_and_the_brokers_own_a
     assert topic_label("soak.aggregator-prompt-state-changelog", "soak.") == "changelogs"
     assert topic_label("__consumer_offsets", "soak.") == "__consumer_offsets"
     assert topic_label("soak.aggregator-__assignor-__leader", "soak.") == "(other)"
+
+
+def test_latency_windows_are_fault_rounds_from_the_warm_up_and_the_last_may_be_cut_by_the_end():
+    """Windows that hold different faults are not comparable (the hour's soak: minutes 10-20 held
+    two stage kills, minutes 50-60 a trainer kill, a broker stop and a hang): by default a window
+    is one round of the faults, from the warm-up's end."""
+    args = parse([])
+    assert args.window_s == len(args.faults) * args.fault_every_s == 1800.0
+    start_ms = 1_000_000
+    latency_ms = {100: 9000, 400: 1000, 2000: 1000, 2200: 2000, 3500: 2000}  # commit second -> latency
+    groups = [(start_ms + t * 1000 - ms, start_ms + t * 1000) for t, ms in latency_ms.items()]
+    windows = latency_windows(groups, start_ms, 1800.0, offset_s=300.0)
+    assert [(w["from_s"], w["groups"]) for w in windows] == [(-1500.0, 1), (300.0, 2), (2100.0, 2)]
+    p99 = figures([], windows, [], warmup_s=300.0, window_s=1800.0, duration_s=3600.0)["p99_latency_ms"]
+    assert p99 == {"first_window": 1000.0, "last_window": 2000.0}  # the second round, cut at 3600 s, counts
+    p99 = figures([], windows, [], warmup_s=300.0, window_s=1800.0, duration_s=2900.0)["p99_latency_ms"]
+    assert p99 == {"first_window": 1000.0, "last_window": 1000.0}  # less than half of it came before the end
