@@ -31,10 +31,10 @@ bytes on the broker's disk per topic; each consumer group's lag; decisions (grou
 rejected) per second. Per window of ``--window-s`` from the warm-up's end (default: one round of
 the faults, so the first and the last window compared hold the same faults): the latency from a
 group's decision to the commit of the batch holding it, p50 and p99 (from the trainer's
-manifest), and the mean lag. Slopes per hour, by
-least squares after the warm-up; a stage's RSS slope is fitted to its floor (the lowest of the
-readings every ``FLOOR_EVERY_S`` since the last sample) within each process's life (a restart
-starts a new line: the pooled within-process slope), leaving ``RSS_SETTLE_S`` of each life out.
+manifest), and the mean lag. Slopes per hour, by least squares after the warm-up; a stage's RSS
+slope is fitted to its floor (the lowest of the readings every ``FLOOR_EVERY_S`` since the last
+sample) within each process's life (a restart starts a new line: the pooled within-process
+slope), leaving ``RSS_SETTLE_S`` of each life out.
 JSON to ``--out`` (time series, slopes, faults, goals), a PNG to ``--plot``. Never asserts on
 time; ``goals`` says which targets held.
 
@@ -88,7 +88,7 @@ BROKER_DOWN_S = 5.0
 BURST = 20  # malformed events per topic per burst
 BACKLOG = 32  # prompts produced ahead of the decisions
 # Each process's first minutes are not a leak: imports, the model, the allocator's arenas filling
-# (the hour's soak saw the trainer climb ~10 MB over its first 10-15 minutes, then stay flat)
+# (a trainer was seen to climb ~10 MB over its first 10-15 minutes after a restart)
 RSS_SETTLE_S = 600.0
 FLOOR_EVERY_S = 5.0  # RSS readings between samples, for each process's floor (RssFloor)
 # Seconds from a fault to the first batch of groups decided after it: a stage's restart (backoff,
