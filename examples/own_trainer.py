@@ -136,7 +136,9 @@ def main() -> None:
                     (saved / STATE_FILE).write_text(json.dumps(batch.trainer_state))
                 batch.commit(checkpoint=saved, report={"loss": round(ranks.sum([float(loss)])[0], 6)})
         if ranks.is_main:
-            print(json.dumps({"outcome": stream.result.outcome, "steps": [e["step"] for e in stream.result.batches],
+            last = stream.result.last
+            print(json.dumps({"outcome": stream.result.outcome, "steps": stream.result.steps,
+                              "last_step": last["step"] if last is not None else None,
                               "checkpoint": str(saved) if saved else None}))
 
 

@@ -113,18 +113,20 @@ def _run_pipeline(config: Config, summary_json: Path | None, console: Console | 
             result = _build(config, bootstrap, topics, supervised, run_dir, console, started, early)
         except StageDied as exc:
             from rollstream.trainer.loop import LoopResult
-            from rollstream.trainer.manifest import Manifest
 
             outcome = ("config_error" if isinstance(exc, StageConfigError) else "disk_full"
                        if isinstance(exc, DiskFull) else "stage_failed")
-            result = LoopResult(outcome=outcome, detail=str(exc), batches=Manifest(run_dir / "batches.jsonl").entries())
+            result = LoopResult(outcome=outcome, detail=str(exc))
         finally:
             stages.close()
             if server is not None:
                 server.stop()
         summarize = summarize_agentic if isinstance(config, AgenticConfig) else summarize_rlvr
         read = functools.cache(functools.partial(read_values, bootstrap))  # each topic read once
-        summary = summarize(config, bootstrap, topics, result.batches, result.outcome, result.detail,
+        from rollstream.trainer.manifest import Manifest  # with torch: imported late, as the trainer
+
+        batches = Manifest(run_dir / "batches.jsonl").entries()  # this run's: the folder was new
+        summary = summarize(config, bootstrap, topics, batches, result.outcome, result.detail,
                             time.monotonic() - started, read)
         summary["startup_seconds"] = {"broker": broker_s, **startup_seconds(
             bootstrap, topics, isinstance(config, AgenticConfig), started_ms, read)}
@@ -250,9 +252,8 @@ def _build(config: Config, bootstrap: Cluster, topics: Topics, stages: Supervise
         bar = progress.add_task(f"0 of {config.max_steps} steps trained", total=target)
 
         def show(result: LoopResult, buffered: int) -> None:  # groups in: trained, or buffered to be
-            done = sum(b["accepted_groups"] for b in result.batches)
-            progress.update(bar, completed=min(target, done + buffered),
-                            description=f"{len(result.batches)} of {config.max_steps} steps trained")
+            progress.update(bar, completed=min(target, result.groups + buffered),
+                            description=f"{result.steps} of {config.max_steps} steps trained")
 
         metrics = start_metrics(StageContext(bootstrap, topics, "trainer"))
         # imported now, not with this module: torch's import would delay the broker and the stages

@@ -210,4 +210,4 @@ def _run(stage: Stage, config: Config, context: StageContext, max_idle_s: float 
             result = run_trainer(config, bootstrap, run_dir, should_stop=stop.is_set)
         finally:
             trackers.close()
-        log.info("trainer finished: %s %s (%d batches)", result.outcome, result.detail, len(result.batches))
+        log.info("trainer finished: %s %s (%d batches)", result.outcome, result.detail, result.steps)

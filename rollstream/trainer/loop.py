@@ -22,7 +22,7 @@ applies the configured ``min_fill_ratio``:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from rollstream.trainer.batch import RolloutBatch
@@ -38,11 +38,24 @@ CATCH_UP_S = 30.0
 
 @dataclass
 class LoopResult:
-    """How a trainer run ended and the manifest entries of the batches it committed."""
+    """How a trainer run ended, and what it committed: counts and the last manifest entry.
+
+    Every entry is in the run's manifest (``batches.jsonl``, read by
+    ``rollstream.trainer.manifest.Manifest``); the result keeps a constant amount of them, so a
+    trainer that runs for days holds no per-step state.
+    """
 
     outcome: str = "complete"  # complete | batch_underfilled | end_of_data | timed_out | stopped
     detail: str = ""
-    batches: list[dict] = field(default_factory=list)  # manifest entries
+    steps: int = 0  # batches committed by this run
+    groups: int = 0  # accepted groups in them
+    last: dict | None = None  # the last committed manifest entry
+
+    def add(self, entry: dict) -> None:
+        """Count one committed batch's manifest ``entry``; it becomes ``last``."""
+        self.steps += 1
+        self.groups += int(entry.get("accepted_groups", 0))
+        self.last = entry
 
 
 def _no_check() -> None:

@@ -44,8 +44,8 @@ The contract:
   as a partial batch when ``accepted / target >= min_fill_ratio``, else the iteration stops with
   outcome ``batch_underfilled``; an ``end_of_data`` verdict ships the accepted rest as a final
   partial batch (``batch.end_of_data`` True) when the ratio allows, then stops with outcome
-  ``end_of_data``. ``stream.result`` (a ``LoopResult``) says how it ended and lists the committed
-  manifest entries.
+  ``end_of_data``. ``stream.result`` (a ``LoopResult``) says how it ended, counts the committed
+  batches and holds the last manifest entry (the run's manifest holds them all).
 - **Data-parallel ranks** (``torch.distributed`` initialised, e.g. under ``torchrun``): create the
   stream on every rank with the same arguments. Rank 0 alone connects to Kafka; each batch is cut
   by whole groups into one shard per rank (sizes differing by at most one group; a rank may get
@@ -214,7 +214,7 @@ class StreamBatch:
         Returns:
             The manifest entry (``step``, ``status``, ``group_keys``, ``offsets``, ...; see
             ``BatchBuilder.commit``), the same on every rank; None with ``durable`` (the entry
-            joins ``stream.result.batches`` once committed).
+            becomes ``stream.result.last`` once committed).
 
         Raises:
             ValueError: the batch is not the stream's current one (committed already),
@@ -459,17 +459,17 @@ class RolloutStream:
                 entry = self._record(self._whole, _report(batch.step, checkpoint, report), batch.end_of_data)
             except BaseException as exc:  # the other ranks wait for the entry: tell them, with the
                 # entry when the batch was committed before the failure (its announcement failed)
-                last = self.result.batches[-1] if self.result.batches else None
+                last = self.result.last
                 committed = last if last is not None and last["step"] == batch.step else None
                 self.ranks.broadcast(("error", f"rank 0: {exc!r}", committed))
                 raise
         entry = self.ranks.broadcast(entry)
         if isinstance(entry, tuple):
             if entry[2] is not None:  # committed: every rank's result has it, as rank 0's does
-                self.result.batches.append(entry[2])
+                self.result.add(entry[2])
             raise RuntimeError(entry[1])
         if not self.ranks.is_main:
-            self.result.batches.append(entry)
+            self.result.add(entry)
         self._current = self._whole = None
         return entry
 
@@ -481,7 +481,7 @@ class RolloutStream:
         report = {**(report or {}), "end_of_data": True} if end_of_data else report
         version_of({**(report or {}), "step": whole.step})  # a version without its weights: refused before the commit
         entry = self._builder.commit(whole, report)
-        self.result.batches.append(entry)
+        self.result.add(entry)
         self._publisher.publish_step(entry)
         self._publisher.publish(*version_of(entry))
         return entry

@@ -59,7 +59,8 @@ def main(bootstrap: str, prefix: str, run_dir: Path, out: Path, mode: str) -> No
                     raise
                 record["error"] = str(exc)
         record["outcome"] = stream.result.outcome
-        record["result_steps"] = [e["step"] for e in stream.result.batches]
+        last = stream.result.last
+        record["result_steps"] = (stream.result.steps, last["step"] if last is not None else None)
         (out / f"rank{ranks.rank}.json").write_text(json.dumps(record))
 
 

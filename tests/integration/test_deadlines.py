@@ -64,6 +64,6 @@ def test_a_trainer_without_groups_or_verdicts_ends_timed_out_after_batch_timeout
     produce_groups(kafka_broker, topics, [accepted_group("a"), accepted_group("b")])  # 2 of the 4 a batch needs
     started = time.monotonic()
     result = commit_every_batch(kafka_broker, topics, tmp_path, 4, 3, min_fill_ratio=1.0, batch_timeout_s=4)
-    assert (result.outcome, result.batches) == ("timed_out", [])
+    assert (result.outcome, result.steps) == ("timed_out", 0)
     assert result.detail == "no accepted group and no verdict for 4 s (batch_timeout_s) with 2 of 4 groups of step 0"
     assert time.monotonic() - started < 60

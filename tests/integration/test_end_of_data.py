@@ -21,6 +21,7 @@ from rollstream.schemas.records import PROMPTS_END_KEY, batch_event, prompts_end
 from rollstream.tools.readback import read_values
 from rollstream.trainer.batch_builder import BatchBuilder
 from rollstream.trainer.loop import LoopControl
+from rollstream.trainer.manifest import Manifest
 from rollstream.trainer.verdicts import verdict_action
 
 from .harness import SyntheticRollout, commit_every_batch, produce, prompt, start_stages, wait_for, write_config
@@ -101,6 +102,10 @@ def setup_verdict(kafka_broker, topics: Topics, groups: list[str], step: int, ac
         producer.close()
 
 
+def manifest(run_dir: Path) -> list[dict]:
+    return Manifest(run_dir / "batches.jsonl").entries()
+
+
 def loop(kafka_broker, topics: Topics, tmp_path: Path, min_fill_ratio: float, **control):
     return commit_every_batch(kafka_broker, topics, tmp_path, 4, 10, min_fill_ratio=min_fill_ratio,
                               control=LoopControl(**control))
@@ -112,12 +117,13 @@ def test_end_of_data_ships_the_full_batches_then_the_rest_as_a_final_partial_bat
     setup_verdict(kafka_broker, topics, ["a", "b", "c", "d", "e", "f"], step=1, accepted=2)
     shown = []  # (batches committed, groups in) at each progress report
     result = loop(kafka_broker, topics, tmp_path, 0.5,
-                  on_progress=lambda result, buffered: shown.append((len(result.batches), buffered)))
+                  on_progress=lambda result, buffered: shown.append((result.steps, buffered)))
     assert (result.outcome, result.detail) == (
         "end_of_data", "step 1: 2/4 groups after 2 prompts (min_fill_ratio 0.5); rejected: {}")
     # a batch's groups are shown while it trains, before its commit (once the bar stayed short)
     assert any(committed == 0 and groups >= 4 for committed, groups in shown), shown
-    assert [(b["step"], b["status"], b["group_keys"], b.get("end_of_data")) for b in result.batches] == [
+    assert (result.steps, result.groups, result.last["step"]) == (2, 6, 1)
+    assert [(b["step"], b["status"], b["group_keys"], b.get("end_of_data")) for b in manifest(tmp_path)] == [
         (0, "complete", ["a", "b", "c", "d"], None), (1, "partial", ["e", "f"], True)]
 
 
@@ -134,16 +140,16 @@ def test_a_restarted_trainer_ends_at_once_on_the_verdict_it_already_answered(kaf
         producer.close()
     setup_verdict(kafka_broker, topics, ["a", "b", "c", "d", "e", "f"], step=1, accepted=2)
     first = loop(kafka_broker, topics, tmp_path, 0.5)
-    assert [b["status"] for b in first.batches] == ["complete", "partial"]
+    assert [b["status"] for b in manifest(tmp_path)] == ["complete", "partial"]
     again = loop(kafka_broker, topics, tmp_path, 0.5)  # before: batch_underfilled, on the step-0 verdict
-    assert (again.outcome, again.batches) == ("end_of_data", [])
+    assert (again.outcome, again.steps, again.last) == ("end_of_data", 0, None)
 
 
 def test_end_of_data_below_min_fill_ratio_ends_and_keeps_the_groups(kafka_broker, topic_factory, tmp_path):
     topics = topic_factory()
     setup_verdict(kafka_broker, topics, ["a", "b"], step=0, accepted=2)
     result = loop(kafka_broker, topics, tmp_path, 1.0)
-    assert (result.outcome, result.batches) == ("end_of_data", [])
+    assert (result.outcome, result.steps) == ("end_of_data", 0)
     # nothing was committed: a later trainer with the same group id still gets both groups
     again = BatchBuilder(kafka_broker, topics, 2, group_id=f"{topics.prefix}trainer", manifest_path=tmp_path / "m2.jsonl")
     try:

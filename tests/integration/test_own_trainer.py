@@ -43,7 +43,7 @@ def test_own_trainer_example_trains_checkpoints_commits_and_publishes(kafka_brok
             "--run-dir", str(tmp_path / "run"), "--groups-per-batch", "2", "--max-steps", "2"]
     done = run([*args, "--demo-groups", "6"])
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert summary["outcome"] == "complete" and summary["steps"] == [0, 1]
+    assert (summary["outcome"], summary["steps"], summary["last_step"]) == ("complete", 2, 1)
 
     def manifest():
         return [json.loads(line) for line in (tmp_path / "run" / "batches.jsonl").read_text().splitlines()]
@@ -58,7 +58,8 @@ def test_own_trainer_example_trains_checkpoints_commits_and_publishes(kafka_brok
     # a restart continues after the last commit, from the newest checkpoint, whose version it
     # republishes first
     done = run([*args[:-2], "--max-steps", "3"])
-    assert json.loads(done.stdout.strip().splitlines()[-1])["steps"] == [2]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (summary["steps"], summary["last_step"]) == (1, 2)  # this run's one batch: step 2
     assert [(e["step"], e["group_keys"], e["checkpoint"]) for e in manifest()][2:] == [
         (2, ["demo-0-4", "demo-0-5"], checkpoints[2])]
     versions = [(v["version"], v["checkpoint"]) for v in read_values(kafka_broker, topics.policy_versions)]
@@ -93,7 +94,7 @@ def test_a_step_committed_then_not_announced_is_in_every_ranks_result(kafka_brok
     produce(kafka_broker, topics, [dp_group("a", [1.0, 0.0], 3), dp_group("b", [0.0, 1.0], 2),
                                    dp_group("c", [0.0, 1.0], 4)])
     ranks = torchrun(kafka_broker, topics.prefix, tmp_path / "run", tmp_path / "out", "announce_fails")
-    assert [r["result_steps"] for r in ranks] == [[0], [0]]
+    assert [r["result_steps"] for r in ranks] == [[1, 0], [1, 0]]  # one batch committed: step 0
     assert ranks[0]["error"] == "the metrics topic is gone"
     assert ranks[1]["error"] == "rank 0: OSError('the metrics topic is gone')"
     [line] = [json.loads(line) for line in (tmp_path / "run" / "batches.jsonl").read_text().splitlines()]

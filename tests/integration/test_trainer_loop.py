@@ -49,7 +49,8 @@ def test_underfilled_batch_ships_partial_when_min_fill_ratio_allows(kafka_broker
     setup(kafka_broker, topics)
     result = commit_every_batch(kafka_broker, topics, tmp_path, 4, 1, min_fill_ratio=0.5)
     assert result.outcome == "complete"
-    [entry] = result.batches
+    assert result.steps == 1
+    entry = result.last
     assert (entry["status"], entry["accepted_groups"], entry["target_groups"]) == ("partial", 2, 4)
     assert sorted(entry["group_keys"]) == ["p05", "p17"]
 
@@ -59,7 +60,7 @@ def test_underfilled_batch_below_min_fill_ratio_fails_fast_and_keeps_the_groups(
     setup(kafka_broker, topics)
     group_id = f"{topics.prefix}trainer"
     result = commit_every_batch(kafka_broker, topics, tmp_path, 4, 1, min_fill_ratio=0.75)
-    assert (result.outcome, result.batches) == ("batch_underfilled", [])
+    assert (result.outcome, result.steps) == ("batch_underfilled", 0)
     assert "2/4 groups after 24 prompts" in result.detail and "zero_std" in result.detail
     # nothing was committed: a later trainer with the same group id still gets both groups
     again = BatchBuilder(kafka_broker, topics, 2, group_id=group_id, manifest_path=tmp_path / "m2.jsonl")
