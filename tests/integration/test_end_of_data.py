@@ -140,7 +140,7 @@ def test_a_restarted_trainer_ends_at_once_on_the_verdict_it_already_answered(kaf
         producer.close()
     setup_verdict(kafka_broker, topics, ["a", "b", "c", "d", "e", "f"], step=1, accepted=2)
     first = loop(kafka_broker, topics, tmp_path, 0.5)
-    assert [b["status"] for b in manifest(tmp_path)] == ["complete", "partial"]
+    assert (first.steps, [b["status"] for b in manifest(tmp_path)]) == (2, ["complete", "partial"])
     again = loop(kafka_broker, topics, tmp_path, 0.5)  # before: batch_underfilled, on the step-0 verdict
     assert (again.outcome, again.steps, again.last) == ("end_of_data", 0, None)
 
