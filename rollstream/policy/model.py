@@ -303,19 +303,25 @@ def chat_turn_ids(tokenizer, content: str, role: str = "user") -> list[int]:
     return [int(i) for i in tokenizer(suffix, add_special_tokens=False)["input_ids"]]
 
 
+def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    # pread, not the default mmap backend: each mmap load leaves objects behind for good (16 kB
+    # of RSS per load of a 27-tensor, 12 MB file), and a generation worker loads every version
+    return load_file(path, backend="pread")
+
+
 def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Read a state dict from a model folder (safetensors, sharded or not, or pytorch_model.bin)
     or from a single ``.safetensors`` / ``.pt`` / ``.bin`` file. Raises FileNotFoundError."""
     p = Path(path)
     if p.is_dir():
         if (p / "model.safetensors").is_file():
-            return load_file(p / "model.safetensors")
+            return _load_safetensors(p / "model.safetensors")
         index = p / "model.safetensors.index.json"
         if index.is_file():
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
             state: dict[str, torch.Tensor] = {}
             for shard in shards:
-                state.update(load_file(p / shard))
+                state.update(_load_safetensors(p / shard))
             return state
         if (p / "pytorch_model.bin").is_file():
             return torch.load(p / "pytorch_model.bin", map_location="cpu", weights_only=True)
@@ -323,7 +329,7 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     if not p.is_file():
         raise FileNotFoundError(f"weights not found: {p}")
     if p.suffix == ".safetensors":
-        return load_file(p)
+        return _load_safetensors(p)
     obj = torch.load(p, map_location="cpu", weights_only=True)
     if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
         obj = obj["state_dict"]
