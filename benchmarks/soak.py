@@ -435,11 +435,11 @@ def window_means(samples: list[dict], windows: list[dict], window_s: float) -> d
 
 def latency_windows(groups: list[tuple[int, int]], start_ms: int, window_s: float, offset_s: float = 0.0) -> list[dict]:
     """Decision -> batch commit latency per window of ``window_s`` from ``offset_s`` (by commit
-    time; the windows before it too): groups, p50, p99 (ms)."""
+    time), and of what came before it (from 0): groups, p50, p99 (ms)."""
     windows: dict[int, list[float]] = {}
     for decided, committed in groups:
         windows.setdefault(int(((committed - start_ms) / 1000 - offset_s) // window_s), []).append(committed - decided)
-    return [{"from_s": offset_s + n * window_s, "groups": len(v), **{k: percentiles(v)[k] for k in ("p50", "p99")}}
+    return [{"from_s": max(0.0, offset_s + n * window_s), "groups": len(v), **{k: percentiles(v)[k] for k in ("p50", "p99")}}
             for n, v in sorted(windows.items())]
 
 
