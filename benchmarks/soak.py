@@ -438,8 +438,9 @@ def latency_windows(groups: list[tuple[int, int]], start_ms: int, window_s: floa
     time), and of what came before it (from 0): groups, p50, p99 (ms)."""
     windows: dict[int, list[float]] = {}
     for decided, committed in groups:
-        windows.setdefault(int(((committed - start_ms) / 1000 - offset_s) // window_s), []).append(committed - decided)
-    return [{"from_s": max(0.0, offset_s + n * window_s), "groups": len(v), **{k: percentiles(v)[k] for k in ("p50", "p99")}}
+        n = int(((committed - start_ms) / 1000 - offset_s) // window_s)
+        windows.setdefault(max(n, -1), []).append(committed - decided)  # -1: everything before offset_s
+    return [{"from_s": offset_s + n * window_s if n >= 0 else 0.0, "groups": len(v), **{k: percentiles(v)[k] for k in ("p50", "p99")}}
             for n, v in sorted(windows.items())]
 
 

@@ -62,6 +62,8 @@ def test_latency_windows_are_fault_rounds_from_the_warm_up_and_the_last_may_be_c
     groups = [(start_ms + t * 1000 - ms, start_ms + t * 1000) for t, ms in latency_ms.items()]
     windows = latency_windows(groups, start_ms, 1800.0, offset_s=300.0)
     assert [(w["from_s"], w["groups"]) for w in windows] == [(0.0, 1), (300.0, 2), (2100.0, 2)]
+    before = latency_windows([(start_ms, start_ms + t * 1000) for t in (10, 100, 200, 400)], start_ms, 60.0, 300.0)
+    assert [(w["from_s"], w["groups"]) for w in before] == [(0.0, 3), (360.0, 1)]  # one window before the offset
     p99 = figures([], windows, [], warmup_s=300.0, window_s=1800.0, duration_s=3600.0)["p99_latency_ms"]
     assert p99 == {"first_window": 1000.0, "last_window": 2000.0}  # the second round, cut at 3600 s, counts
     p99 = figures([], windows, [], warmup_s=300.0, window_s=1800.0, duration_s=2900.0)["p99_latency_ms"]
