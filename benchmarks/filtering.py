@@ -163,12 +163,12 @@ def probe_v0(raw: dict, samples: int, k: int) -> dict:
 
 # -- the runs --------------------------------------------------------------------------------------
 
-def rollstream_run(raw: dict, workdir: Path) -> dict:
+def rollstream_run(raw: dict, workdir: Path, v0: dict | None = None) -> dict:
     """One rollstream run of the config ``raw`` without validation in the run (no eval_steps, and
     no validation prompts: they would be generated once at the start): every
     ``raw["eval_steps"]``-th version's weights are kept and validated afterwards
-    (``validate_versions``, on ``raw``'s validation prompts). Its validation curve and train
-    tokens by the version that generated them."""
+    (``validate_versions``, on ``raw``'s validation prompts; ``v0``: version 0's row from another
+    run of the same seed). Its validation curve and train tokens by the version that generated them."""
     from rollstream.app.run import run_pipeline
     from rollstream.config import parse_config
 
@@ -181,7 +181,7 @@ def rollstream_run(raw: dict, workdir: Path) -> dict:
     train = summary["train_reward_by_policy_version"]
     difficulty = summary.get("difficulty") or {}
     batches = summary["batches"]
-    validation, seconds = validate_versions(cfg, summary, started_ms, workdir / cfg.name / "checkpoints", every)
+    validation, seconds = validate_versions(cfg, summary, started_ms, workdir / cfg.name / "checkpoints", every, v0)
     return {"outcome": summary["outcome"], "wall_seconds": summary["elapsed_seconds"], "steps": len(batches),
             "train_seconds": [b.get("train_seconds") for b in batches],
             "fill_seconds": [b["fill_seconds"] for b in batches],
@@ -194,13 +194,16 @@ def rollstream_run(raw: dict, workdir: Path) -> dict:
             "prompts_skipped_by_history": summary["prompts_skipped_by_history"]}
 
 
-def validate_versions(cfg, summary: dict, started_ms: float, checkpoints: Path, every: int) -> tuple[list[dict], float]:
+def validate_versions(cfg, summary: dict, started_ms: float, checkpoints: Path, every: int,
+                      v0: dict | None = None) -> tuple[list[dict], float]:
     """Versions 0, ``every``, 2 ``every``, ... of a finished run, each validated by
     learning.validate_policy (the evaluator TRL's run uses in its own process) from its kept
     checkpoint, version 0 from the initial weights, seeded as TRL's round of that version.
     Rows as learning.version_curve's: ``seconds`` until the step that made the version ended,
     ``validated_seconds`` that plus the validation rounds up to this one (TRL's rule: its rounds
-    run between its steps). Also the seconds all rounds took."""
+    run between its steps), ``round_seconds`` what its round took. Also the seconds all rounds
+    took. ``v0``: version 0's row of another run of the same seed, the same weights and seed, so
+    the same figures: it is reused, its round counted as if run again."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -214,14 +217,26 @@ def validate_versions(cfg, summary: dict, started_ms: float, checkpoints: Path, 
     made_ms = {0: started_ms, **{b["policy_version"]: b["trained_ms"] for b in summary["batches"] if "trained_ms" in b}}
     rows, spent = [], 0.0
     for version in sorted(v for v in made_ms if v % every == 0):
-        t0 = time.monotonic()
-        folder = initial if version == 0 else CheckpointStore(checkpoints).path_of(version)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-        row = learning.validate_policy(model, tokenizer, val, cfg, seed=cfg.seed * 1000 + version)
-        spent += time.monotonic() - t0
+        if version == 0 and v0 is not None:
+            row, took = {"val_accuracy": v0["val_accuracy"], "domains": v0["domains"]}, v0["round_seconds"]
+        else:
+            t0 = time.monotonic()
+            folder = initial if version == 0 else CheckpointStore(checkpoints).path_of(version)
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+            row = learning.validate_policy(model, tokenizer, val, cfg, seed=cfg.seed * 1000 + version)
+            took = round(time.monotonic() - t0, 1)
+        spent += took
         made = round((made_ms[version] - started_ms) / 1000, 1)
-        rows.append({"policy_version": version, **row, "seconds": made, "validated_seconds": round(made + spent, 1)})
+        rows.append({"policy_version": version, **row, "seconds": made, "validated_seconds": round(made + spent, 1),
+                     "round_seconds": took})
     return rows, round(spent, 1)
+
+
+def known_v0(runs: dict[str, list[dict]], seed: int) -> dict | None:
+    """Version 0's validation row of a rollstream run of ``seed`` made already, if any."""
+    rows = (r["validation"][0] for v, rs in runs.items() if v != TRL for r in rs
+            if r["seed"] == seed and r.get("validation") and "round_seconds" in r["validation"][0])
+    return next(rows, None)
 
 
 def trl_run(seed: int, max_steps: int, out: Path, smoke: bool, base: Path = BASE) -> dict:
@@ -467,7 +482,8 @@ def main(argv: list[str] | None = None) -> int:
                     run = trl_run(seed, args.max_steps, Path(tmp) / f"trl-{seed}.json", args.smoke, base)
                 else:
                     run = rollstream_run(variant_config(variant, seed, args.max_steps, args.screening_samples,
-                                                        args.smoke, args.diagnose, base), Path(tmp))
+                                                        args.smoke, args.diagnose, base), Path(tmp),
+                                         known_v0(runs, seed))
                 runs[variant].append({"seed": seed, **run})
                 print(json.dumps({"variant": variant, "seed": seed, **{k: run.get(k) for k in (
                     "outcome", "wall_seconds", "tokens_generated", "not_run", "failed")},

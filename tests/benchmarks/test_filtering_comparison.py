@@ -67,3 +67,16 @@ def test_resume_keeps_the_runs_of_a_report_made_with_the_same_settings(filtering
     # a report whose runs were validated another way (validation inside the run, say) is refused
     with pytest.raises(ValueError, match=r"other settings \{'validation': \{'there': None, 'now': .one evaluator"):
         filtering.earlier(out, {**settings, "validation": filtering.VALIDATION})
+
+
+def test_version_0_is_validated_once_a_seed_and_its_round_still_counts(filtering):
+    """Every rollstream variant of a seed starts from the same weights and validates them with the
+    same seed: the first run's row is reused, its round time kept for the validation-inside clock.
+    TRL's rows and rows stored before round_seconds existed are not taken."""
+    row = {"policy_version": 0, "val_accuracy": 0.25, "domains": {"a": 0.25}, "seconds": 0.0,
+           "validated_seconds": 40.0, "round_seconds": 40.0}
+    trl = {"seed": 1, "validation": [{**row, "val_accuracy": 0.5}]}
+    old = {"seed": 2, "validation": [{k: v for k, v in row.items() if k != "round_seconds"}]}
+    runs = {"trl_grpo": [trl], "no_filter": [old, {"seed": 1, "validation": [row]}], "screening_history": []}
+    assert filtering.known_v0(runs, 1) == row
+    assert filtering.known_v0(runs, 2) is None and filtering.known_v0(runs, 3) is None

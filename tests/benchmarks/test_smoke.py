@@ -193,10 +193,12 @@ def test_filtering(benchmark_smoke, tmp_path):
     assert (r["diagnose"], screened["screening"]["checked_in_full"]) == (False, 0)
     assert [v["policy_version"] for v in r["variants"]["no_filter"]["runs"][0]["validation"]] == [0, 1]
     # one evaluator for every variant, after the run or between TRL's steps: version 0 is the same
-    # weights and seed everywhere, so the same figures
+    # weights and seed everywhere, so the same figures (the second rollstream variant reuses the
+    # first one's row, its round time too; TRL validates in its own process)
     v0 = {name: {k: v["runs"][0]["validation"][0][k] for k in ("val_accuracy", "domains")}
           for name, v in r["variants"].items()}
     assert v0["no_filter"] == v0["screening_history"] == v0["trl_grpo"], v0
+    assert screened["validation"][0] == r["variants"]["no_filter"]["runs"][0]["validation"][0]
     comparison = r["comparison"]
     assert set(comparison) == {"screening_history_over_no_filter", "screening_history_sooner_than_trl_grpo"}
     assert set(comparison["screening_history_over_no_filter"]) == {"tokens_to_target", "seconds_to_target",

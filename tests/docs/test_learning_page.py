@@ -46,7 +46,7 @@ def test_the_mixed_workload_holds_the_prompts_the_page_gives():
     assert tuple(len(prompts["val", d]) for d in domains) == (16, 48)
     assert tuple(cfg.domain_interleave_probs[d] for d in domains) == (0.25, 0.75)
     assert (cfg.num_return_sequences_in_group, cfg.rollout_batch_size, cfg.actor_infer.generating_args.max_new_tokens,
-            cfg.max_steps, cfg.eval_steps) == (16, 2, 32, 24, 4)
+            cfg.max_steps, cfg.eval_steps) == (16, 2, 32, 16, 4)
     assert all(f.query_filter_config.type == "mean_filter" for f in cfg.rewards.values())
     assert (cfg.history_filter.revisit_versions, cfg.history_filter.max_skips, cfg.num_epochs) == (8, 3, 64)
     train = [p["prompt"] for d in domains for p in prompts["train", d]]
@@ -61,7 +61,7 @@ def test_the_filtering_benchmark_runs_the_workload_for_its_own_steps(monkeypatch
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     filtering = importlib.import_module("filtering")
     mixed = ROOT / "examples" / "rlvr_mixed.yaml"
-    assert filtering.horizon(None, mixed) == load_config(mixed).max_steps == 24  # it once ran 16 of 24
+    assert filtering.horizon(None, mixed) == load_config(mixed).max_steps == 16
     assert filtering.horizon(3, mixed) == 3
 
 
