@@ -333,9 +333,11 @@ def compare(variants: dict, seeds: list[int]) -> dict:
             out[f"{OURS}_over_{BASELINE}"][key].update(at_most(key))
     if OURS in variants and TRL in variants:
         key = "seconds_to_target"
+        both = set(variants[OURS]["seeds"]) & set(variants[TRL]["seeds"])  # a seed not run yet is no verdict
         out[f"{OURS}_sooner_than_{TRL}"] = {
             "mean": sooner(variants[OURS][key]["mean"], variants[TRL][key]["mean"]),
-            "per_seed": [sooner(d, e) for d, e in zip(per_seed(OURS, key), per_seed(TRL, key))]}
+            "per_seed": [sooner(d, e) if s in both else None
+                         for s, d, e in zip(seeds, per_seed(OURS, key), per_seed(TRL, key))]}
     return out
 
 

@@ -80,3 +80,13 @@ def test_version_0_is_validated_once_a_seed_and_its_round_still_counts(filtering
     runs = {"trl_grpo": [trl], "no_filter": [old, {"seed": 1, "validation": [row]}], "screening_history": []}
     assert filtering.known_v0(runs, 1) == row
     assert filtering.known_v0(runs, 2) is None and filtering.known_v0(runs, 3) is None
+
+
+def test_a_seed_trl_has_not_run_yet_is_no_verdict_against_it(filtering):
+    """A seed TRL never reached counts for (d); a seed TRL has not run (a partial report) is None."""
+    runs = {"no_filter": [run(1, [(0, 0.0, 0.0), (4, 0.2, 40.0)], 100), run(2, [(0, 0.0, 0.0), (4, 0.2, 40.0)], 100)],
+            "screening_history": [run(1, [(0, 0.0, 0.0), (4, 0.25, 30.0)], 50),
+                                  run(2, [(0, 0.0, 0.0), (4, 0.25, 30.0)], 50)],
+            "trl_grpo": [run(1, [(0, 0.0, 0.0), (4, 0.1, 50.0)], 100)]}
+    _, figures = filtering.report_variants(runs, {})
+    assert filtering.compare(figures, [1, 2, 3])["screening_history_sooner_than_trl_grpo"]["per_seed"] == [True, None, None]
