@@ -24,7 +24,8 @@ One evaluator validates every variant: learning.validate_policy, on versions 0, 
 config's sampling, seeded by seed and version). A rollstream run validates nothing while it runs:
 it keeps those versions' weights and they are validated after it ends; TRL's run validates
 between its steps and takes that time off its clock. The same weights give the same figures
-either way (version 0 is the same for every variant), and no validation competes with a run for
+either way (version 0 is the same for every variant, so the rollstream variants of a seed validate
+it once and reuse the row, its round time included), and no validation competes with a run for
 the 2 cores.
 
 The target is the validation accuracy (a) ends at: the mean over seeds of its last validated
@@ -56,7 +57,7 @@ the validation accuracy against seconds and against generated tokens, one line p
 the last): the full run takes hours on 2 cores, and ``--resume`` goes on from such a file, running
 only the variant-seed pairs it lacks (same settings, or it refuses).
 
-    .venv/bin/python benchmarks/filtering.py [--base examples/rlvr_mixed.yaml] [--seeds 1,2,3] [--variants no_filter,...] [--max-steps 24]
+    .venv/bin/python benchmarks/filtering.py [--base examples/rlvr_mixed.yaml] [--seeds 1,2,3] [--variants no_filter,...] [--max-steps 16]
         [--screening-samples 4] [--diagnose] [--out runs/bench/filtering.json] [--resume] [--plots docs/img]
 """
 
